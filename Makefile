@@ -1,0 +1,78 @@
+# Everything a fresh machine with Python 3.11, pip and git needs: `make serve`, `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(abspath $(VENV))/bin
+STAMP := $(VENV)/.installed-stamp
+THIRD_PARTY := .build/third_party
+RELEASED_IMAGE := proto/released/acp-1.1.binpb
+export PATH := $(BIN):$(PATH)
+
+.PHONY: setup serve test lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick release-image clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/python -m cleveragents.acp.client.cli.serve_dev
+
+test: $(STAMP)
+	$(MAKE) --no-print-directory lint typecheck buf-lint gen-check buf-breaking import-lint pytest
+
+lint: $(STAMP)
+	ruff check .
+	ruff format --check .
+
+typecheck: $(STAMP)
+	@rm -rf .build/typecheck && mkdir -p .build/typecheck/cleveragents/acp
+	@for d in facade gateway client; do ln -s ../../../../$$d .build/typecheck/cleveragents/acp/$$d; done
+	@ln -s ../../../../gen/cleveragents/acp/v1 .build/typecheck/cleveragents/acp/v1
+	mypy
+
+# google/api and google/rpc come from the installed googleapis-common-protos wheel.
+buf-deps: $(STAMP)
+	@rm -rf $(THIRD_PARTY) && mkdir -p $(THIRD_PARTY)/google
+	@src=$$($(BIN)/python -c "import google.api, pathlib; print(pathlib.Path(next(iter(google.api.__path__))).parent)"); \
+	for d in api rpc; do mkdir -p $(THIRD_PARTY)/google/$$d && cp $$src/$$d/*.proto $(THIRD_PARTY)/google/$$d/; done
+
+buf-lint: buf-deps
+	buf lint
+
+# A wire- or JSON-breaking change against the released 1.1 contract fails here.
+buf-breaking: buf-deps
+	buf breaking proto --against $(RELEASED_IMAGE)
+
+# Run deliberately, when a contract version is released.
+release-image: buf-deps
+	@mkdir -p $(dir $(RELEASED_IMAGE))
+	buf build proto --exclude-source-info -o $(RELEASED_IMAGE)
+
+gen: $(STAMP)
+	rm -rf gen/cleveragents
+	$(BIN)/python proto/generate.py gen
+
+gen-check: $(STAMP)
+	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
+	$(BIN)/python proto/generate.py $$tmp >/dev/null && \
+	if diff -r -q -x __pycache__ gen/cleveragents $$tmp/cleveragents; then echo "gen/ is up to date"; \
+	else echo "gen/ differs from proto/: run 'make gen' and commit"; exit 1; fi
+
+import-lint: $(STAMP)
+	lint-imports
+
+# pytest exits 5 when it collects nothing: that must fail, never pass as green.
+pytest: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m bench --quick
+
+clean:
+	rm -rf $(VENV) .build .mypy_cache .ruff_cache

@@ -1,0 +1,71 @@
+"""The one proto <-> JSON conversion of ACP, with one set of options.
+
+JSON uses proto field names (``plan_id``), prints fields without presence even when they
+hold their default (states, counts, empty lists), and follows proto3 JSON for the rest:
+int64 values are strings, enums are their value names, Timestamps RFC 3339 strings.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from google.protobuf import json_format, message
+
+M = TypeVar("M", bound=message.Message)
+
+# Deeper JSON than this is refused before the parser sees it.
+MAX_DEPTH = 64
+
+
+def to_dict(msg: message.Message) -> dict[str, Any]:
+    return json_format.MessageToDict(
+        msg,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+
+
+def depth(value: Any, limit: int = MAX_DEPTH) -> int:
+    """Nesting depth of a JSON value, without recursion (so no RecursionError)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        if deepest > limit:
+            return deepest
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def from_dict(data: Any, cls: type[M], *, what: str = "params") -> M:
+    """Parse JSON params into a request message, or raise INVALID_PARAMS saying why."""
+    if not isinstance(data, dict):
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"{what} must be a JSON object, not {type(data).__name__}",
+            {"field": what},
+        )
+    if depth(data) > MAX_DEPTH:
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"{what} is nested deeper than {MAX_DEPTH} levels",
+            {"field": what, "max_depth": MAX_DEPTH},
+        )
+    try:
+        return json_format.ParseDict(data, cls(), ignore_unknown_fields=False)
+    except json_format.ParseError as exc:
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"invalid {what}: {exc}",
+            {"field": what, "message_type": cls.DESCRIPTOR.full_name},
+        ) from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ACPError(ErrorCode.INVALID_PARAMS, f"invalid {what}: {exc}", {"field": what}) from None

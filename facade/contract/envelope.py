@@ -1,0 +1,114 @@
+"""The canonical JSON envelope of ADR-026, whose schema is ``RequestEnvelope`` and
+``ResponseEnvelope`` in envelope.proto.
+
+Responses are built as plain dicts in the proto's JSON shape (``data`` and ``error`` are
+JSON null when absent), because they sit on every request's path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from ulid import ULID
+
+REQUEST_FIELDS = frozenset({"acp_version", "request_id", "operation", "params", "auth"})
+
+
+@dataclass(frozen=True)
+class Request:
+    acp_version: str | None
+    request_id: str
+    operation: str
+    params: dict[str, Any]
+    token: str | None
+
+
+def new_request_id() -> str:
+    return str(ULID())
+
+
+def ok(acp_version: str, request_id: str, data: dict[str, Any], duration_ms: float) -> dict[str, Any]:
+    return {
+        "acp_version": acp_version,
+        "request_id": request_id,
+        "status": "ok",
+        "data": data,
+        "error": None,
+        "timing": {"duration_ms": round(duration_ms, 3)},
+    }
+
+
+def error(acp_version: str, request_id: str, err: ACPError, duration_ms: float) -> dict[str, Any]:
+    return {
+        "acp_version": acp_version,
+        "request_id": request_id,
+        "status": "error",
+        "data": None,
+        "error": {"code": err.code, "message": err.message, "details": err.details},
+        "timing": {"duration_ms": round(duration_ms, 3)},
+    }
+
+
+def _invalid(message: str, field: str) -> ACPError:
+    return ACPError(ErrorCode.INVALID_PARAMS, message, {"field": field})
+
+
+def _optional_str(body: dict[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _invalid(f"{key} must be a string", key)
+    return value
+
+
+def parse_request(body: Any) -> Request:
+    """Validate a request envelope's shape; the params are parsed later, per operation."""
+    if not isinstance(body, dict):
+        raise _invalid(f"the request envelope must be a JSON object, not {type(body).__name__}", "envelope")
+    unknown = sorted(set(body) - REQUEST_FIELDS)
+    if unknown:
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"unknown envelope field{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}",
+            {"field": "envelope", "unknown_fields": unknown},
+        )
+    operation = _optional_str(body, "operation")
+    if not operation:
+        raise _invalid("operation is required", "operation")
+    params = body.get("params")
+    if params is None:
+        params = {}
+    elif not isinstance(params, dict):
+        raise _invalid("params must be a JSON object", "params")
+    auth = body.get("auth")
+    token = None
+    if auth is not None:
+        if not isinstance(auth, dict) or set(auth) - {"token"}:
+            raise _invalid('auth must be an object {"token": "..."}', "auth")
+        token = _optional_str(auth, "token")
+    return Request(
+        acp_version=_optional_str(body, "acp_version"),
+        request_id=_optional_str(body, "request_id") or new_request_id(),
+        operation=operation,
+        params=params,
+        token=token,
+    )
+
+
+def raise_for_error(envelope: dict[str, Any]) -> dict[str, Any]:
+    """A client's view of a response envelope: its data, or the ACPError it carries."""
+    if envelope.get("status") == "ok":
+        data = envelope.get("data")
+        return data if isinstance(data, dict) else {}
+    err = envelope.get("error") or {}
+    code = err.get("code", "INTERNAL_ERROR")
+    try:
+        return_error = ACPError(code, str(err.get("message", "")), err.get("details") or {})
+    except ValueError:
+        return_error = ACPError(
+            ErrorCode.INTERNAL_ERROR, f"unknown error code {code!r}: {err.get('message')}"
+        )
+    raise return_error

@@ -1,0 +1,93 @@
+"""ACP errors: the one exception type, and the only table of HTTP statuses and gRPC codes.
+
+Domain code raises ``ACPError``; each transport adapter maps it with ``http_status`` or
+``grpc_code``, and every client turns the wire form back into the same ``ACPError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import grpc
+from cleveragents.acp.v1.errors_pb2 import ErrorCode
+
+__all__ = ["ERROR_DOMAIN", "ACPError", "ErrorCode", "WireMapping", "code_name", "grpc_code", "http_status"]
+
+ERROR_DOMAIN = "acp.cleveragents.dev"
+
+
+@dataclass(frozen=True)
+class WireMapping:
+    http_status: int
+    grpc_code: grpc.StatusCode
+
+
+# The nine codes of ADR-026. A test checks the keys against the proto enum.
+TABLE: Mapping[str, WireMapping] = MappingProxyType(
+    {
+        "AUTH_REQUIRED": WireMapping(401, grpc.StatusCode.UNAUTHENTICATED),
+        "AUTH_FORBIDDEN": WireMapping(403, grpc.StatusCode.PERMISSION_DENIED),
+        "NOT_FOUND": WireMapping(404, grpc.StatusCode.NOT_FOUND),
+        "ALREADY_EXISTS": WireMapping(409, grpc.StatusCode.ALREADY_EXISTS),
+        "INVALID_PARAMS": WireMapping(422, grpc.StatusCode.INVALID_ARGUMENT),
+        "INVALID_STATE": WireMapping(409, grpc.StatusCode.FAILED_PRECONDITION),
+        "BUDGET_EXCEEDED": WireMapping(429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        "VERSION_MISMATCH": WireMapping(400, grpc.StatusCode.FAILED_PRECONDITION),
+        "INTERNAL_ERROR": WireMapping(500, grpc.StatusCode.INTERNAL),
+    }
+)
+
+
+def code_name(code: ErrorCode.ValueType | str) -> str:
+    name = code if isinstance(code, str) else ErrorCode.Name(code)
+    if name not in TABLE:
+        raise ValueError(f"{name!r} is not an ACP error code")
+    return name
+
+
+class ACPError(Exception):
+    """An ACP error: a taxonomy code, a message for people, details for programs.
+
+    ``refinement`` names an entity-specific code (``PLAN_NOT_FOUND``); it keeps the
+    category's status and travels in ``details["refinement"]``.
+    """
+
+    def __init__(
+        self,
+        code: ErrorCode.ValueType | str,
+        message: str,
+        details: Mapping[str, Any] | None = None,
+        *,
+        refinement: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code_name(code)
+        self.message = message
+        self.details: dict[str, Any] = dict(details or {})
+        if refinement is not None:
+            self.details["refinement"] = refinement
+
+    def __repr__(self) -> str:
+        return f"ACPError({self.code}, {self.message!r}, {self.details!r})"
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ACPError):
+            return NotImplemented
+        return (self.code, self.message, self.details) == (other.code, other.message, other.details)
+
+    def __hash__(self) -> int:
+        return hash((self.code, self.message))
+
+
+def http_status(code: str) -> int:
+    return TABLE[code].http_status
+
+
+def grpc_code(code: str) -> grpc.StatusCode:
+    return TABLE[code].grpc_code

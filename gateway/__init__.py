@@ -1,0 +1,1 @@
+"""Presentation: the JSON/HTTPS gateway (FastAPI) over the facade, REST routes and SSE."""

@@ -1,0 +1,161 @@
+"""The catalog is complete, unique and derived from the descriptors."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from cleveragents.acp.facade.contract import catalog
+from google.protobuf import descriptor_pb2, descriptor_pool
+
+REGISTRY_KINDS = (
+    "actor",
+    "skill",
+    "tool",
+    "validation",
+    "resource",
+    "resource_type",
+    "project",
+    "action",
+    "automation_profile",
+    "invariant",
+)
+EXPECTED = (
+    [f"session.{v}" for v in ("create", "resume", "list", "show", "delete", "export", "import", "tell")]
+    + [
+        f"plan.{v}"
+        for v in (
+            "use",
+            "execute",
+            "apply",
+            "cancel",
+            "status",
+            "tree",
+            "explain",
+            "correct",
+            "diff",
+            "artifacts",
+            "prompt",
+            "rollback",
+            "list",
+        )
+    ]
+    + [f"{k}.{v}" for k in REGISTRY_KINDS for v in ("list", "show", "add", "update", "remove")]
+    + [f"context.{v}" for v in ("show", "inspect", "simulate", "set")]
+    + ["events.subscribe", "meta.version"]
+)
+
+
+def test_every_adr_operation_resolves_exactly_once() -> None:
+    assert len(EXPECTED) == 77
+    assert sorted(catalog.OPERATIONS) == sorted(EXPECTED)
+    methods = [op.full_method for op in catalog.OPERATIONS.values()]
+    assert len(methods) == len(set(methods))
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_operation_is_fully_described(name: str) -> None:
+    op = catalog.OPERATIONS[name]
+    assert re.fullmatch(r"[a-z_]+\.[a-z_]+", op.name)
+    assert op.since in {"1.0", "1.1"}
+    assert op.summary
+    assert op.http.method in {"GET", "POST", "PUT", "PATCH", "DELETE"}
+    assert op.http.path.startswith("/api/v1/")
+    assert op.request_type.DESCRIPTOR.full_name.startswith("cleveragents.acp.v1.")
+    assert op.response_type.DESCRIPTOR.full_name.startswith("cleveragents.acp.v1.")
+    for param in op.http.path_params:
+        assert param in op.request_type.DESCRIPTOR.fields_by_name, (name, param)
+    assert op.full_method == f"/{op.service}/{op.method}"
+    assert catalog.BY_FULL_METHOD[op.full_method] is op
+
+
+def test_routes_are_unique() -> None:
+    routes = [(op.http.method, op.http.path) for op in catalog.OPERATIONS.values()]
+    assert len(routes) == len(set(routes))
+
+
+def test_version_gating_is_real() -> None:
+    assert catalog.OPERATIONS["plan.list"].since == "1.1"
+    assert catalog.OPERATIONS["meta.version"].since == "1.1"
+    assert catalog.OPERATIONS["plan.status"].since == "1.0"
+
+
+def test_only_subscribe_streams() -> None:
+    streaming = [op.name for op in catalog.OPERATIONS.values() if op.server_streaming]
+    assert streaming == ["events.subscribe"]
+    assert catalog.OPERATIONS["events.subscribe"].http.path == "/api/v1/events/stream"
+
+
+def _file(methods: str, extra_messages: str = "") -> descriptor_pb2.FileDescriptorProto:
+    """A test-only proto file built in a private pool, to show the catalog's rules."""
+    from google.protobuf import text_format
+
+    text = f"""
+      name: "test/extra.proto" package: "test.extra" syntax: "proto3"
+      dependency: "cleveragents/acp/v1/options.proto" dependency: "google/api/annotations.proto"
+      message_type {{ name: "Req" }} message_type {{ name: "Resp" }} {extra_messages}
+      service {{ name: "ExtraService" {methods} }}
+    """
+    return text_format.Parse(text, descriptor_pb2.FileDescriptorProto())
+
+
+def _pool_with(file: descriptor_pb2.FileDescriptorProto) -> descriptor_pool.DescriptorPool:
+    from cleveragents.acp.v1 import options_pb2
+
+    pool = descriptor_pool.DescriptorPool()
+    for dep in (options_pb2.DESCRIPTOR.dependencies[0], options_pb2.DESCRIPTOR):
+        proto = descriptor_pb2.FileDescriptorProto()
+        dep.CopyToProto(proto)
+        pool.Add(proto)
+    from google.api import annotations_pb2, http_pb2
+
+    for dep in (http_pb2.DESCRIPTOR, annotations_pb2.DESCRIPTOR):
+        proto = descriptor_pb2.FileDescriptorProto()
+        dep.CopyToProto(proto)
+        pool.Add(proto)
+    pool.Add(file)
+    return pool
+
+
+def _method(name: str, options: str) -> str:
+    return (
+        f'method {{ name: "{name}" input_type: ".test.extra.Req" output_type: ".test.extra.Resp" {options} }}'
+    )
+
+
+def _options(op_name: str, route: str) -> str:
+    return (
+        "options { "
+        f'[cleveragents.acp.v1.operation] {{ name: "{op_name}" since: "1.1" summary: "x" }} '
+        f'[google.api.http] {{ get: "{route}" }} }}'
+    )
+
+
+def test_a_new_rpc_appears_in_the_catalog_without_other_changes() -> None:
+    file = _file(_method("DoThing", _options("extra.thing", "/api/v1/extra")))
+    pool = _pool_with(file)
+    table = catalog.build(iter([pool.FindFileByName("test/extra.proto")]))
+    assert list(table) == ["extra.thing"]
+    assert table["extra.thing"].http.path == "/api/v1/extra"
+
+
+@pytest.mark.parametrize(
+    ("methods", "message"),
+    [
+        (_method("A", ""), "has no (cleveragents.acp.v1.operation) option"),
+        (_method("A", _options("Bad-Name", "/api/v1/a")), "is not <group>.<verb>"),
+        (_method("A", _options("x.a", "/v2/a")), "is not under /api/v1/"),
+        (
+            _method("A", _options("x.a", "/api/v1/a")) + _method("B", _options("x.a", "/api/v1/b")),
+            "declared twice",
+        ),
+        (
+            _method("A", _options("x.a", "/api/v1/a")) + _method("B", _options("x.b", "/api/v1/a")),
+            "share the route",
+        ),
+    ],
+)
+def test_the_catalog_refuses_a_broken_contract(methods: str, message: str) -> None:
+    pool = _pool_with(_file(methods))
+    with pytest.raises(catalog.CatalogError, match=re.escape(message)):
+        catalog.build(iter([pool.FindFileByName("test/extra.proto")]))

@@ -13,10 +13,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-import cleveragents.acp.v1 as acp_v1
-from cleveragents.acp.v1 import options_pb2
 from google.api import annotations_pb2, http_pb2
 from google.protobuf import descriptor, message, message_factory
+
+import cleveragents.acp.v1 as acp_v1
+from cleveragents.acp.v1 import options_pb2
 
 NAME_PATTERN = re.compile(r"^[a-z_]+\.[a-z_]+$")
 _PATH_PARAM = re.compile(r"\{([a-z_][a-z0-9_.]*)(?:=[^}]*)?\}")
@@ -43,6 +44,7 @@ class Operation:
     response_type: type[message.Message]
     server_streaming: bool
     http: HttpRule
+    anonymous: bool
     descriptor: descriptor.MethodDescriptor = field(repr=False, compare=False)
 
     @property
@@ -96,6 +98,7 @@ def _operation(method: descriptor.MethodDescriptor) -> Operation:
         response_type=message_factory.GetMessageClass(method.output_type),
         server_streaming=method.server_streaming,
         http=_http_rule(method),
+        anonymous=op.anonymous,
         descriptor=method,
     )
 

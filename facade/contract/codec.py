@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
 from google.protobuf import json_format, message
+
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
 
 M = TypeVar("M", bound=message.Message)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
 from ulid import ULID
+
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
 
 REQUEST_FIELDS = frozenset({"acp_version", "request_id", "operation", "params", "auth"})
 

@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 import grpc
+
 from cleveragents.acp.v1.errors_pb2 import ErrorCode
 
 __all__ = ["ERROR_DOMAIN", "ACPError", "ErrorCode", "WireMapping", "code_name", "grpc_code", "http_status"]

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from functools import cache
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
 from google.api import field_behavior_pb2
 from google.protobuf import descriptor, message
+
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
 
 
 @cache

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from cleveragents.acp.facade.contract import catalog
 from google.protobuf import descriptor_pb2, descriptor_pool
+
+from cleveragents.acp.facade.contract import catalog
 
 REGISTRY_KINDS = (
     "actor",

@@ -6,10 +6,11 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import json_format
+
 from cleveragents.acp.facade.contract import codec, envelope, errors, versions
 from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.v1 import envelope_pb2, errors_pb2, session_pb2
-from google.protobuf import json_format
 
 ADR_CODES = {
     "AUTH_REQUIRED": 401,

@@ -29,22 +29,26 @@ class Operation(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     SINCE_FIELD_NUMBER: _builtins.int
     SUMMARY_FIELD_NUMBER: _builtins.int
+    ANONYMOUS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The ACP operation name, `<group>.<verb>` (for example `plan.status`)."""
     since: _builtins.str
     """The ACP minor version that introduced the operation (`1.0`, `1.1`)."""
     summary: _builtins.str
     """One line for help texts and the OpenAPI summary."""
+    anonymous: _builtins.bool
+    """Served without a token in server mode (`meta.version`); every other operation needs one."""
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         since: _builtins.str = ...,
         summary: _builtins.str = ...,
+        anonymous: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "since", b"since", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anonymous", b"anonymous", "name", b"name", "since", b"since", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,38 @@
+"""``LocalTransport``: direct facade calls, with no serialization, no network and no auth."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from google.protobuf import message
+
+from cleveragents.acp.client.transport import CallOptions
+from cleveragents.acp.facade.call import CallContext
+from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.facade.service_facade import ServiceFacade
+
+
+class LocalTransport:
+    def __init__(self, facade: ServiceFacade, *, owns_facade: bool = False) -> None:
+        self.facade = facade
+        self._owns_facade = owns_facade
+
+    @staticmethod
+    def _context(options: CallOptions) -> CallContext:
+        return CallContext(
+            token=options.token, acp_version=options.acp_version, request_id=options.request_id
+        )
+
+    async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
+        return await self.facade.invoke(op, request, self._context(options))
+
+    async def stream(
+        self, op: Operation, request: message.Message, options: CallOptions
+    ) -> AsyncIterator[message.Message]:
+        items = await self.facade.stream(op, request, self._context(options))
+        async for item in items:
+            yield item
+
+    async def close(self) -> None:
+        if self._owns_facade:
+            await self.facade.close()

@@ -1,0 +1,34 @@
+"""The transport interface of ``ACPClient``: one call, one stream, close.
+
+Transports never interpret results: they carry a request message to the service and
+bring back the response message, or raise the service's ``ACPError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from google.protobuf import message
+
+from cleveragents.acp.facade.contract.catalog import Operation
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    acp_version: str | None
+    token: str | None
+    request_id: str
+
+
+class Transport(Protocol):
+    async def call(
+        self, op: Operation, request: message.Message, options: CallOptions
+    ) -> message.Message: ...
+
+    def stream(
+        self, op: Operation, request: message.Message, options: CallOptions
+    ) -> AsyncIterator[message.Message]: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,82 @@
+"""What a call carries below the transports: credentials, version, request id, principal.
+
+Every transport builds a ``CallContext`` and hands it to ``ServiceFacade.invoke``; the
+version, authentication and namespace checks happen there and in the domain services,
+once, so no wire can skip them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+
+DEFAULT_NAMESPACE = "default"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling and which namespaces it may use (``None``: all of them)."""
+
+    name: str
+    namespaces: frozenset[str] | None
+
+    def may_use(self, namespace: str) -> bool:
+        return self.namespaces is None or namespace in self.namespaces
+
+
+LOCAL_PRINCIPAL = Principal("local", None)
+
+
+@dataclass
+class CallContext:
+    token: str | None = None
+    acp_version: str | None = None
+    request_id: str = ""
+    # Filled by the facade once the token is verified (or local mode skips auth).
+    principal: Principal | None = None
+    # The version the call is served at, after negotiation.
+    served_version: str = field(default="")
+
+    @staticmethod
+    def of(context: object) -> CallContext:
+        """The call context a servicer method receives as its ``context`` argument.
+
+        Servicer methods declare ``context: object`` (wider than the generated stubs'
+        type, so they stay valid overrides) and read it back through here."""
+        if not isinstance(context, CallContext):
+            raise ACPError(ErrorCode.INTERNAL_ERROR, "servicer called outside ServiceFacade.invoke")
+        return context
+
+    def authorize(self, namespace: str) -> None:
+        """Refuse an entity or namespace outside the principal's namespaces."""
+        principal = self.require_principal()
+        if not principal.may_use(namespace):
+            raise ACPError(
+                ErrorCode.AUTH_FORBIDDEN,
+                f"principal {principal.name!r} may not use namespace {namespace!r}",
+                {"namespace": namespace, "principal": principal.name},
+            )
+
+    def namespace(self, requested: str) -> str:
+        """The namespace a request names (default ``default``), once authorized."""
+        namespace = requested or DEFAULT_NAMESPACE
+        self.authorize(namespace)
+        return namespace
+
+    def visible_namespaces(self, requested: str = "") -> frozenset[str] | None:
+        """Namespaces a list may show: the requested one, or all permitted (None: all)."""
+        if requested:
+            self.authorize(requested)
+            return frozenset({requested})
+        return self.require_principal().namespaces
+
+    def require_principal(self) -> Principal:
+        if self.principal is None:
+            raise ACPError(ErrorCode.INTERNAL_ERROR, "call reached the domain without a principal")
+        return self.principal
+
+    def visible(self, namespaces: Iterable[str]) -> list[str]:
+        principal = self.require_principal()
+        return [ns for ns in namespaces if principal.may_use(ns)]

@@ -1,0 +1,43 @@
+"""Assembles a ``ServiceFacade`` over a store: the composition root of the Application layer.
+
+Presentation code opens a facade here and never touches the store or domain modules.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+from cleveragents.acp.facade.service_facade import Authenticator, ServiceFacade
+from cleveragents.acp.facade.services.meta import MetaFacade
+from cleveragents.acp.facade.store.sqlite import SQLiteStore
+
+
+def default_db_path() -> pathlib.Path:
+    """``$ACP_DB``, else the user's data directory (XDG_DATA_HOME)."""
+    if env := os.environ.get("ACP_DB"):
+        return pathlib.Path(env)
+    data_home = os.environ.get("XDG_DATA_HOME") or str(pathlib.Path.home() / ".local" / "share")
+    return pathlib.Path(data_home) / "cleveragents" / "acp.db"
+
+
+class _StoreResource:
+    def __init__(self, store: SQLiteStore) -> None:
+        self.store = store
+
+    async def close(self) -> None:
+        self.store.close()
+
+
+def open_facade(
+    db: str | pathlib.Path | None = None,
+    *,
+    authenticator: Authenticator | None = None,
+) -> ServiceFacade:
+    """A facade over the SQLite file ``db`` (default: ``default_db_path()``).
+
+    Without an authenticator the facade runs in local mode: every call acts as the
+    local principal with access to all namespaces."""
+    store = SQLiteStore(db if db is not None else default_db_path())
+    servicers: list[object] = [MetaFacade()]
+    return ServiceFacade(servicers, authenticator=authenticator, resources=[_StoreResource(store)])

@@ -1,0 +1,142 @@
+"""``ServiceFacade``: the one entry point every transport calls.
+
+It routes an operation of the catalog to the servicer that implements its RPC (the
+servicers subclass the generated ones) and runs, once for every transport, the checks
+no wire may skip: authentication, version gating, required fields, and the mapping of
+unexpected faults to INTERNAL_ERROR with a correlation id.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, Protocol, cast
+
+from google.protobuf import message
+from ulid import ULID
+
+from cleveragents.acp.facade.call import LOCAL_PRINCIPAL, CallContext, Principal
+from cleveragents.acp.facade.contract import catalog, versions
+from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.contract.required import check_required
+
+log = logging.getLogger(__name__)
+
+Unary = Callable[[Any, CallContext], Awaitable[message.Message]]
+Streaming = Callable[[Any, CallContext], AsyncIterator[message.Message]]
+
+
+class Authenticator(Protocol):
+    """Turns a bearer token into a principal, or raises AUTH_REQUIRED."""
+
+    def authenticate(self, token: str | None) -> Principal: ...
+
+
+class Closeable(Protocol):
+    async def close(self) -> None: ...
+
+
+def _generated_base(servicer: object, service: str) -> type | None:
+    short = service.rsplit(".", 1)[-1]
+    for base in type(servicer).__mro__:
+        if base.__name__ == f"{short}Servicer" and base.__module__.startswith("cleveragents.acp.v1."):
+            return base
+    return None
+
+
+def internal_error(exc: BaseException, where: str) -> ACPError:
+    correlation_id = str(ULID())
+    log.error("internal error in %s (correlation id %s)", where, correlation_id, exc_info=exc)
+    return ACPError(
+        ErrorCode.INTERNAL_ERROR,
+        f"internal error; correlation id {correlation_id}",
+        {"correlation_id": correlation_id},
+    )
+
+
+class ServiceFacade:
+    def __init__(
+        self,
+        servicers: Iterable[object],
+        *,
+        authenticator: Authenticator | None = None,
+        resources: Iterable[Closeable] = (),
+    ) -> None:
+        self.authenticator = authenticator
+        self._resources = list(resources)
+        self._handlers: dict[str, Any] = {}
+        servicers = list(servicers)
+        for op in catalog.OPERATIONS.values():
+            for servicer in servicers:
+                base = _generated_base(servicer, op.service)
+                if base is None:
+                    continue
+                handler = getattr(servicer, op.method)
+                if getattr(type(servicer), op.method) is getattr(base, op.method):
+                    continue
+                self._handlers[op.name] = handler
+                break
+
+    @property
+    def served_operations(self) -> frozenset[str]:
+        return frozenset(self._handlers)
+
+    def _admit(self, op: Operation, request: message.Message, ctx: CallContext) -> Any:
+        if op.anonymous:
+            ctx.principal = ctx.principal or LOCAL_PRINCIPAL
+        elif self.authenticator is None:
+            ctx.principal = LOCAL_PRINCIPAL
+        else:
+            ctx.principal = self.authenticator.authenticate(ctx.token)
+        ctx.served_version = versions.negotiate(ctx.acp_version)
+        versions.check_operation(ctx.served_version, op.name, op.since)
+        if not isinstance(request, op.request_type):
+            raise ACPError(
+                ErrorCode.INVALID_PARAMS,
+                f"{op.name} takes {op.request_type.DESCRIPTOR.full_name}, not {type(request).__name__}",
+            )
+        check_required(request)
+        handler = self._handlers.get(op.name)
+        if handler is None:
+            raise ACPError(
+                ErrorCode.NOT_FOUND,
+                f"operation {op.name} is not served by this server",
+                {"operation": op.name},
+            )
+        return handler
+
+    async def invoke(self, op: Operation, request: message.Message, ctx: CallContext) -> message.Message:
+        if op.server_streaming:
+            raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is a stream; subscribe to it")
+        handler = cast(Unary, self._admit(op, request, ctx))
+        try:
+            return await handler(request, ctx)
+        except ACPError:
+            raise
+        except Exception as exc:
+            raise internal_error(exc, op.name) from exc
+
+    async def stream(
+        self, op: Operation, request: message.Message, ctx: CallContext
+    ) -> AsyncIterator[message.Message]:
+        """Admission happens before the first item, so early errors surface before any
+        response headers are sent."""
+        if not op.server_streaming:
+            raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is not a stream")
+        handler = cast(Streaming, self._admit(op, request, ctx))
+        return self._guarded(handler(request, ctx), op.name)
+
+    @staticmethod
+    async def _guarded(items: AsyncIterator[message.Message], where: str) -> AsyncIterator[message.Message]:
+        try:
+            async for item in items:
+                yield item
+        except ACPError:
+            raise
+        except Exception as exc:
+            raise internal_error(exc, where) from exc
+
+    async def close(self) -> None:
+        for resource in reversed(self._resources):
+            await resource.close()

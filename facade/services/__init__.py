@@ -1,0 +1,1 @@
+"""The facade's servicers: each subclasses a generated servicer and delegates to the domain."""

@@ -1,0 +1,26 @@
+"""meta.version: what this server speaks."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from cleveragents.acp.facade.contract import versions
+from cleveragents.acp.v1 import meta_pb2, meta_pb2_grpc
+
+
+def server_build() -> str:
+    try:
+        return f"cleveragents-acp {metadata.version('cleveragents-acp')}"
+    except metadata.PackageNotFoundError:
+        return "cleveragents-acp (not installed)"
+
+
+class MetaFacade(meta_pb2_grpc.MetaServiceServicer):
+    async def GetVersion(
+        self, request: meta_pb2.GetVersionRequest, context: object
+    ) -> meta_pb2.GetVersionResponse:
+        return meta_pb2.GetVersionResponse(
+            supported_versions=list(versions.SUPPORTED),
+            current_version=versions.CURRENT,
+            server_build=server_build(),
+        )

@@ -1,0 +1,128 @@
+"""The storage interface the domain services use, narrow enough for a PostgreSQL twin.
+
+Entities of every kind live as *records*: a few indexed columns (kind, id, namespace,
+name, revision, state, attrs, labels) and the entity itself as serialized proto bytes.
+Ordered child rows (a session's messages) are *items*. The event log has its own table
+(see ``append_events``) because its sequence is global.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+
+class StoreConflictError(Exception):
+    """A record with the same (kind, namespace, name) or (kind, id) exists."""
+
+
+class StaleRevisionError(Exception):
+    """The record is not at the revision the writer read."""
+
+    def __init__(self, current: int) -> None:
+        super().__init__(f"current revision is {current}")
+        self.current = current
+
+
+@dataclass
+class Record:
+    kind: str
+    id: str
+    namespace: str
+    body: bytes
+    name: str | None = None
+    revision: int = 1
+    state: str = ""
+    # Indexed string attributes lists filter on (orchestrator, project, session_id...).
+    attrs: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    # Seconds since the epoch.
+    create_time: float = 0.0
+    update_time: float = 0.0
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    sequence: int
+    namespace: str
+    type: str
+    plan_id: str
+    session_id: str
+    time: float
+    body: bytes
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """Newest first (ids are ULIDs, so id order is creation order)."""
+
+    kind: str
+    # None: every namespace.
+    namespaces: frozenset[str] | None = None
+    state: str | None = None
+    attrs: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # Continue after this id (exclusive), in newest-first order.
+    before_id: str | None = None
+    limit: int = 50
+
+
+class Store(abc.ABC):
+    @abc.abstractmethod
+    def transaction(self) -> AbstractContextManager[None]:
+        """Group writes atomically; nested use joins the outer transaction."""
+
+    @abc.abstractmethod
+    def get(self, kind: str, id: str) -> Record | None: ...
+
+    @abc.abstractmethod
+    def get_by_name(self, kind: str, namespace: str, name: str) -> Record | None: ...
+
+    @abc.abstractmethod
+    def insert(self, record: Record) -> None:
+        """Raises StoreConflictError on a duplicate id or (kind, namespace, name)."""
+
+    @abc.abstractmethod
+    def update(self, record: Record, expected_revision: int | None = None) -> None:
+        """Replace a record; raises StaleRevisionError when it is not at expected_revision."""
+
+    @abc.abstractmethod
+    def delete(self, kind: str, id: str, expected_revision: int | None = None) -> bool: ...
+
+    @abc.abstractmethod
+    def query(self, query: ListQuery) -> list[Record]: ...
+
+    @abc.abstractmethod
+    def iter_kind(self, kind: str, namespace: str | None = None) -> Iterator[Record]:
+        """Every record of a kind (for reference checks and restart recovery)."""
+
+    @abc.abstractmethod
+    def append_items(self, collection: str, owner_id: str, bodies: Sequence[bytes]) -> list[int]:
+        """Append ordered child rows; returns their indices (from 0 per owner)."""
+
+    @abc.abstractmethod
+    def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]: ...
+
+    @abc.abstractmethod
+    def delete_items(self, collection: str, owner_id: str) -> None: ...
+
+    @abc.abstractmethod
+    def append_events(self, events: Sequence[StoredEvent]) -> list[int]:
+        """Append in one transaction; the store assigns global, gap-free sequences."""
+
+    @abc.abstractmethod
+    def read_events(self, after_sequence: int, limit: int) -> list[StoredEvent]: ...
+
+    @abc.abstractmethod
+    def last_sequence(self) -> int: ...
+
+    @abc.abstractmethod
+    def first_sequence(self) -> int: ...
+
+    @abc.abstractmethod
+    def prune_events(self, *, keep_last: int | None = None, older_than: float | None = None) -> int: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,302 @@
+"""The embedded default store: one SQLite file in WAL mode.
+
+``synchronous=FULL``: a commit returns only after the WAL is on disk, so an acknowledged
+write survives a ``kill -9`` and a power cut alike.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from cleveragents.acp.facade.store.base import (
+    ListQuery,
+    Record,
+    StaleRevisionError,
+    Store,
+    StoreConflictError,
+    StoredEvent,
+)
+from cleveragents.acp.facade.store.migrations import MIGRATIONS
+
+_COLUMNS = "kind, id, namespace, name, revision, state, attrs, labels, create_time, update_time, body"
+
+
+def _record(row: sqlite3.Row | tuple[Any, ...]) -> Record:
+    kind, id_, namespace, name, revision, state, attrs, labels, created, updated, body = row
+    return Record(
+        kind=kind,
+        id=id_,
+        namespace=namespace,
+        name=name,
+        revision=revision,
+        state=state,
+        attrs=json.loads(attrs),
+        labels=json.loads(labels),
+        create_time=created,
+        update_time=updated,
+        body=bytes(body),
+    )
+
+
+def _json(value: dict[str, str]) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+class SQLiteStore(Store):
+    def __init__(self, path: str | pathlib.Path, *, synchronous: str = "FULL") -> None:
+        self.path = pathlib.Path(path)
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={synchronous}")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self.migrate()
+
+    # schema ---------------------------------------------------------------------------
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def migrate(self) -> None:
+        with self._lock:
+            for version, script in enumerate(MIGRATIONS, start=1):
+                if version <= self.schema_version:
+                    continue
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    for statement in script.split(";"):
+                        if statement.strip():
+                            self._db.execute(statement)
+                    self._db.execute(f"PRAGMA user_version={version}")
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+
+    # transactions ---------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            self._depth = 1
+            try:
+                yield
+            except BaseException:
+                self._depth = 0
+                self._db.execute("ROLLBACK")
+                raise
+            self._depth = 0
+            self._db.execute("COMMIT")
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        """Run one statement (inside the caller's transaction, if any)."""
+        with self._lock:
+            return self._db.execute(sql, params)
+
+    # records --------------------------------------------------------------------------
+
+    def get(self, kind: str, id: str) -> Record | None:
+        row = self.execute(f"SELECT {_COLUMNS} FROM records WHERE kind=? AND id=?", (kind, id)).fetchone()
+        return _record(row) if row else None
+
+    def get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
+        row = self.execute(
+            f"SELECT {_COLUMNS} FROM records WHERE kind=? AND namespace=? AND name=?",
+            (kind, namespace, name),
+        ).fetchone()
+        return _record(row) if row else None
+
+    def insert(self, record: Record) -> None:
+        try:
+            with self.transaction():
+                self.execute(
+                    f"INSERT INTO records ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        record.kind,
+                        record.id,
+                        record.namespace,
+                        record.name,
+                        record.revision,
+                        record.state,
+                        _json(record.attrs),
+                        _json(record.labels),
+                        record.create_time,
+                        record.update_time,
+                        record.body,
+                    ),
+                )
+        except sqlite3.IntegrityError as exc:
+            raise StoreConflictError(str(exc)) from None
+
+    def update(self, record: Record, expected_revision: int | None = None) -> None:
+        with self.transaction():
+            current = self.execute(
+                "SELECT revision FROM records WHERE kind=? AND id=?", (record.kind, record.id)
+            ).fetchone()
+            if current is None:
+                raise KeyError(f"{record.kind} {record.id}")
+            if expected_revision is not None and current[0] != expected_revision:
+                raise StaleRevisionError(current[0])
+            self.execute(
+                "UPDATE records SET namespace=?, name=?, revision=?, state=?, attrs=?, labels=?, "
+                "update_time=?, body=? WHERE kind=? AND id=?",
+                (
+                    record.namespace,
+                    record.name,
+                    record.revision,
+                    record.state,
+                    _json(record.attrs),
+                    _json(record.labels),
+                    record.update_time,
+                    record.body,
+                    record.kind,
+                    record.id,
+                ),
+            )
+
+    def delete(self, kind: str, id: str, expected_revision: int | None = None) -> bool:
+        with self.transaction():
+            current = self.execute(
+                "SELECT revision FROM records WHERE kind=? AND id=?", (kind, id)
+            ).fetchone()
+            if current is None:
+                return False
+            if expected_revision is not None and current[0] != expected_revision:
+                raise StaleRevisionError(current[0])
+            self.execute("DELETE FROM records WHERE kind=? AND id=?", (kind, id))
+            return True
+
+    def query(self, query: ListQuery) -> list[Record]:
+        where = ["kind=?"]
+        params: list[Any] = [query.kind]
+        if query.namespaces is not None:
+            if not query.namespaces:
+                return []
+            where.append(f"namespace IN ({','.join('?' * len(query.namespaces))})")
+            params.extend(sorted(query.namespaces))
+        if query.state:
+            where.append("state=?")
+            params.append(query.state)
+        for key, value in sorted(query.attrs.items()):
+            where.append("json_extract(attrs, ?) = ?")
+            params.extend([f'$."{key}"', value])
+        for key, value in sorted(query.labels.items()):
+            where.append("json_extract(labels, ?) = ?")
+            params.extend([f'$."{key}"', value])
+        if query.before_id:
+            where.append("id < ?")
+            params.append(query.before_id)
+        params.append(query.limit)
+        rows = self.execute(
+            f"SELECT {_COLUMNS} FROM records WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?",
+            params,
+        ).fetchall()
+        return [_record(row) for row in rows]
+
+    def iter_kind(self, kind: str, namespace: str | None = None) -> Iterator[Record]:
+        if namespace is None:
+            rows = self.execute(
+                f"SELECT {_COLUMNS} FROM records WHERE kind=? ORDER BY id", (kind,)
+            ).fetchall()
+        else:
+            rows = self.execute(
+                f"SELECT {_COLUMNS} FROM records WHERE kind=? AND namespace=? ORDER BY id", (kind, namespace)
+            ).fetchall()
+        return iter([_record(row) for row in rows])
+
+    # items ----------------------------------------------------------------------------
+
+    def append_items(self, collection: str, owner_id: str, bodies: Sequence[bytes]) -> list[int]:
+        with self.transaction():
+            row = self.execute(
+                "SELECT COALESCE(MAX(idx), -1) FROM items WHERE collection=? AND owner_id=?",
+                (collection, owner_id),
+            ).fetchone()
+            start = int(row[0]) + 1
+            indices = list(range(start, start + len(bodies)))
+            self._db.executemany(
+                "INSERT INTO items (collection, owner_id, idx, body) VALUES (?,?,?,?)",
+                [(collection, owner_id, idx, body) for idx, body in zip(indices, bodies, strict=True)],
+            )
+            return indices
+
+    def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
+        rows = self.execute(
+            "SELECT idx, body FROM items WHERE collection=? AND owner_id=? ORDER BY idx",
+            (collection, owner_id),
+        ).fetchall()
+        return [(int(idx), bytes(body)) for idx, body in rows]
+
+    def delete_items(self, collection: str, owner_id: str) -> None:
+        self.execute("DELETE FROM items WHERE collection=? AND owner_id=?", (collection, owner_id))
+
+    # events ---------------------------------------------------------------------------
+
+    def append_events(self, events: Sequence[StoredEvent]) -> list[int]:
+        """Append events in one transaction; sequences are assigned here, gap-free."""
+        with self.transaction():
+            row = self.execute("SELECT COALESCE(MAX(sequence), 0) FROM events").fetchone()
+            first = int(row[0]) + 1
+            sequences = list(range(first, first + len(events)))
+            self._db.executemany(
+                "INSERT INTO events (sequence, namespace, type, plan_id, session_id, time, body) "
+                "VALUES (?,?,?,?,?,?,?)",
+                [
+                    (seq, e.namespace, e.type, e.plan_id, e.session_id, e.time, e.body)
+                    for seq, e in zip(sequences, events, strict=True)
+                ],
+            )
+            return sequences
+
+    def read_events(self, after_sequence: int, limit: int) -> list[StoredEvent]:
+        rows = self.execute(
+            "SELECT sequence, namespace, type, plan_id, session_id, time, body FROM events "
+            "WHERE sequence > ? ORDER BY sequence LIMIT ?",
+            (after_sequence, limit),
+        ).fetchall()
+        return [StoredEvent(int(r[0]), r[1], r[2], r[3], r[4], float(r[5]), bytes(r[6])) for r in rows]
+
+    def last_sequence(self) -> int:
+        return int(self.execute("SELECT COALESCE(MAX(sequence), 0) FROM events").fetchone()[0])
+
+    def first_sequence(self) -> int:
+        return int(self.execute("SELECT COALESCE(MIN(sequence), 0) FROM events").fetchone()[0])
+
+    def prune_events(self, *, keep_last: int | None = None, older_than: float | None = None) -> int:
+        """Retention: drop events beyond the newest ``keep_last`` or older than a time.
+        The newest event is always kept, so the sequence never restarts."""
+        with self.transaction():
+            last = self.last_sequence()
+            removed = 0
+            if keep_last is not None:
+                removed += self.execute(
+                    "DELETE FROM events WHERE sequence <= ?", (last - keep_last,)
+                ).rowcount
+            if older_than is not None:
+                removed += self.execute(
+                    "DELETE FROM events WHERE time < ? AND sequence < ?", (older_than, last)
+                ).rowcount
+            return removed
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

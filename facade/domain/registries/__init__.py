@@ -1,0 +1,8 @@
+"""The registries of actors, skills, tools, validations, resources, resource types,
+projects, actions, automation profiles and invariants."""
+
+from cleveragents.acp.facade.domain.registries.builtins import BUILTIN_TOOLS, BUILTINS
+from cleveragents.acp.facade.domain.registries.kinds import KINDS, Kind, kind_of
+from cleveragents.acp.facade.domain.registries.registry import Registries
+
+__all__ = ["BUILTINS", "BUILTIN_TOOLS", "KINDS", "Kind", "Registries", "kind_of"]

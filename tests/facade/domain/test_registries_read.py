@@ -1,0 +1,59 @@
+"""The read API other domain services use: built-ins, typed fetch, NOT_FOUND refinements."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.facade.domain.registries import KINDS, Registries
+from cleveragents.acp.facade.store.sqlite import SQLiteStore
+from cleveragents.acp.v1 import registry_pb2
+
+
+@pytest.fixture
+def registries(tmp_path: pathlib.Path) -> Registries:
+    return Registries(SQLiteStore(tmp_path / "acp.db"))
+
+
+def test_kinds_come_from_the_contract() -> None:
+    assert sorted(KINDS) == [
+        "action",
+        "actor",
+        "automation_profile",
+        "invariant",
+        "project",
+        "resource",
+        "resource_type",
+        "skill",
+        "tool",
+        "validation",
+    ]
+    assert KINDS["automation_profile"].list_field == "automation_profiles"
+    assert KINDS["resource_type"].entry_type is registry_pb2.ResourceType
+
+
+def test_builtins_are_in_every_namespace(registries: Registries) -> None:
+    for namespace in ("default", "team-a"):
+        actor = registries.fetch(registry_pb2.Actor, namespace, "scripted")
+        assert actor.spec.provider == "scripted"
+        assert actor.meta.namespace == namespace
+        assert actor.labels["builtin"] == "true"
+    assert [a.name for a in registries.entries("actor", "x")] == ["orchestrator", "scripted"]  # type: ignore[attr-defined]
+    assert registries.find("resource_type", "x", "directory") is not None
+
+
+@pytest.mark.parametrize("kind", ["actor", "automation_profile"])
+def test_missing_entry_is_refined_not_found(registries: Registries, kind: str) -> None:
+    assert registries.find(kind, "default", "nope") is None
+    with pytest.raises(ACPError) as info:
+        registries.get(kind, "default", "nope")
+    assert info.value.code == "NOT_FOUND"
+    assert info.value.details["refinement"] == f"{kind.upper()}_NOT_FOUND"
+
+
+def test_unknown_kind_is_invalid_params(registries: Registries) -> None:
+    with pytest.raises(ACPError) as info:
+        registries.find("widget", "default", "x")
+    assert info.value.code == "INVALID_PARAMS"

@@ -1,0 +1,1 @@
+"""The plan engine: Strategize -> Execute -> Apply over a project's directory resources."""

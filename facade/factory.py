@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import pathlib
 
-from cleveragents.acp.facade.service_facade import Authenticator, ServiceFacade
+from cleveragents.acp.facade.domain.events import EventLog
+from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
+from cleveragents.acp.facade.services.events import EventFacade
 from cleveragents.acp.facade.services.meta import MetaFacade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 
@@ -29,6 +31,14 @@ class _StoreResource:
         self.store.close()
 
 
+class _EventLogResource:
+    def __init__(self, events: EventLog) -> None:
+        self.events = events
+
+    async def close(self) -> None:
+        self.events.close()
+
+
 def open_facade(
     db: str | pathlib.Path | None = None,
     *,
@@ -39,5 +49,8 @@ def open_facade(
     Without an authenticator the facade runs in local mode: every call acts as the
     local principal with access to all namespaces."""
     store = SQLiteStore(db if db is not None else default_db_path())
-    servicers: list[object] = [MetaFacade()]
-    return ServiceFacade(servicers, authenticator=authenticator, resources=[_StoreResource(store)])
+    events = EventLog(store)
+    servicers: list[object] = [MetaFacade(), EventFacade(events)]
+    # Closed in reverse: the event log ends its subscriptions before the store goes.
+    resources: list[Closeable] = [_StoreResource(store), _EventLogResource(events)]
+    return ServiceFacade(servicers, authenticator=authenticator, resources=resources)

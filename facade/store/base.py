@@ -9,7 +9,7 @@ Ordered child rows (a session's messages) are *items*. The event log has its own
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
@@ -55,6 +55,25 @@ class StoredEvent:
 
 
 @dataclass(frozen=True)
+class EventFilter:
+    """Which events a reader wants; empty fields match everything."""
+
+    # None: every namespace; an empty set: none.
+    namespaces: frozenset[str] | None = None
+    plan_id: str = ""
+    session_id: str = ""
+    types: frozenset[str] = frozenset()
+
+    def matches(self, namespace: str, type: str, plan_id: str, session_id: str) -> bool:
+        return (
+            (self.namespaces is None or namespace in self.namespaces)
+            and (not self.plan_id or plan_id == self.plan_id)
+            and (not self.session_id or session_id == self.session_id)
+            and (not self.types or type in self.types)
+        )
+
+
+@dataclass(frozen=True)
 class ListQuery:
     """Newest first (ids are ULIDs, so id order is creation order)."""
 
@@ -73,6 +92,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def transaction(self) -> AbstractContextManager[None]:
         """Group writes atomically; nested use joins the outer transaction."""
+
+    @abc.abstractmethod
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the outermost open transaction commits (at once when none
+        is open); dropped on rollback. Callbacks run in commit order, before any later
+        transaction commits, so the event log can fan out in sequence order."""
 
     @abc.abstractmethod
     def get(self, kind: str, id: str) -> Record | None: ...
@@ -113,16 +138,24 @@ class Store(abc.ABC):
         """Append in one transaction; the store assigns global, gap-free sequences."""
 
     @abc.abstractmethod
-    def read_events(self, after_sequence: int, limit: int) -> list[StoredEvent]: ...
+    def read_events(
+        self, after_sequence: int, limit: int, where: EventFilter | None = None
+    ) -> list[StoredEvent]:
+        """Up to ``limit`` events after a sequence, matching ``where``, in sequence order."""
 
     @abc.abstractmethod
-    def last_sequence(self) -> int: ...
+    def last_sequence(self) -> int:
+        """The newest sequence ever assigned (0 for an empty log)."""
 
     @abc.abstractmethod
-    def first_sequence(self) -> int: ...
+    def first_sequence(self) -> int:
+        """The oldest retained sequence (0 for an empty log)."""
 
     @abc.abstractmethod
-    def prune_events(self, *, keep_last: int | None = None, older_than: float | None = None) -> int: ...
+    def prune_events(self, *, keep_last: int | None = None, older_than: float | None = None) -> int:
+        """Retention: drop events beyond the newest ``keep_last`` or older than a time
+        (seconds since the epoch); returns how many went. The newest event always stays,
+        so sequences never restart."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

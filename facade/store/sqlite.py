@@ -7,14 +7,16 @@ write survives a ``kill -9`` and a power cut alike.
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from cleveragents.acp.facade.store.base import (
+    EventFilter,
     ListQuery,
     Record,
     StaleRevisionError,
@@ -23,6 +25,8 @@ from cleveragents.acp.facade.store.base import (
     StoredEvent,
 )
 from cleveragents.acp.facade.store.migrations import MIGRATIONS
+
+log = logging.getLogger(__name__)
 
 _COLUMNS = "kind, id, namespace, name, revision, state, attrs, labels, create_time, update_time, body"
 
@@ -55,6 +59,7 @@ class SQLiteStore(Store):
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._depth = 0
+        self._after_commit: list[Callable[[], None]] = []
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous}")
@@ -100,12 +105,32 @@ class SQLiteStore(Store):
             self._depth = 1
             try:
                 yield
+                self._db.execute("COMMIT")
             except BaseException:
                 self._depth = 0
-                self._db.execute("ROLLBACK")
+                self._after_commit.clear()
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
             self._depth = 0
-            self._db.execute("COMMIT")
+            callbacks, self._after_commit = self._after_commit, []
+            for callback in callbacks:
+                self._run(callback)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if self._depth:
+                self._after_commit.append(callback)
+            else:
+                self._run(callback)
+
+    @staticmethod
+    def _run(callback: Callable[[], None]) -> None:
+        """The write is committed and acknowledged; a failing callback must not undo that."""
+        try:
+            callback()
+        except Exception:
+            log.exception("after-commit callback %r failed", callback)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         """Run one statement (inside the caller's transaction, if any)."""
@@ -267,11 +292,29 @@ class SQLiteStore(Store):
             )
             return sequences
 
-    def read_events(self, after_sequence: int, limit: int) -> list[StoredEvent]:
+    def read_events(
+        self, after_sequence: int, limit: int, where: EventFilter | None = None
+    ) -> list[StoredEvent]:
+        clauses = ["sequence > ?"]
+        params: list[Any] = [after_sequence]
+        if where is not None:
+            if where.namespaces is not None:
+                if not where.namespaces:
+                    return []
+                clauses.append(f"namespace IN ({','.join('?' * len(where.namespaces))})")
+                params.extend(sorted(where.namespaces))
+            for column, value in (("plan_id", where.plan_id), ("session_id", where.session_id)):
+                if value:
+                    clauses.append(f"{column} = ?")
+                    params.append(value)
+            if where.types:
+                clauses.append(f"type IN ({','.join('?' * len(where.types))})")
+                params.extend(sorted(where.types))
+        params.append(limit)
         rows = self.execute(
             "SELECT sequence, namespace, type, plan_id, session_id, time, body FROM events "
-            "WHERE sequence > ? ORDER BY sequence LIMIT ?",
-            (after_sequence, limit),
+            f"WHERE {' AND '.join(clauses)} ORDER BY sequence LIMIT ?",
+            params,
         ).fetchall()
         return [StoredEvent(int(r[0]), r[1], r[2], r[3], r[4], float(r[5]), bytes(r[6])) for r in rows]
 
@@ -282,14 +325,12 @@ class SQLiteStore(Store):
         return int(self.execute("SELECT COALESCE(MIN(sequence), 0) FROM events").fetchone()[0])
 
     def prune_events(self, *, keep_last: int | None = None, older_than: float | None = None) -> int:
-        """Retention: drop events beyond the newest ``keep_last`` or older than a time.
-        The newest event is always kept, so the sequence never restarts."""
         with self.transaction():
             last = self.last_sequence()
             removed = 0
             if keep_last is not None:
                 removed += self.execute(
-                    "DELETE FROM events WHERE sequence <= ?", (last - keep_last,)
+                    "DELETE FROM events WHERE sequence <= ?", (last - max(keep_last, 1),)
                 ).rowcount
             if older_than is not None:
                 removed += self.execute(

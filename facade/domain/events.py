@@ -1,0 +1,376 @@
+"""The event log: append-only, one global gap-free sequence, in-process publish/subscribe.
+
+Every event is written to the store first; its sequence is the store's and it reaches
+live subscribers only once committed, in sequence order (so in causal order within a
+plan, whose events are published one after another).
+
+A subscriber attaches to live events *before* it reads the retained backlog, then drops
+live events the backlog already gave it (by sequence), so nothing published between the
+two is lost. While it is still catching up from the store it cannot fall behind: when its
+queue overflows the queue is discarded and it keeps reading the store. Once live, an
+overflow ends it with BUDGET_EXCEEDED (refinement SUBSCRIBER_TOO_SLOW) naming the last
+sequence it got, so it resubscribes with that ``after_sequence`` and misses nothing.
+Producers never wait for a subscriber.
+
+Retention (by count and/or age) prunes old events. A subscriber that asks for events
+older than what is retained gets what is retained: an unfiltered stream then starts
+above ``after_sequence + 1``, and ``Subscription.missed`` is true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType, TracebackType
+
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.store.base import EventFilter, Store, StoredEvent
+from cleveragents.acp.v1 import events_pb2
+
+__all__ = ["EVENT_TYPES", "EventLog", "Subscription", "event_type"]
+
+# Payload field name -> event type (`plan_phase_changed` -> `plan.phase_changed`), read from
+# the descriptor so a new payload in the proto is a new event type with no edit here.
+_TYPE_OF_FIELD: Mapping[str, str] = MappingProxyType(
+    {
+        field.name: field.name.replace("_", ".", 1)
+        for field in events_pb2.Event.DESCRIPTOR.oneofs_by_name["payload"].fields
+    }
+)
+EVENT_TYPES: frozenset[str] = frozenset(_TYPE_OF_FIELD.values())
+
+# Backlog rows read from the store per query.
+BACKLOG_BATCH = 256
+
+
+def event_type(event: events_pb2.Event) -> str:
+    """The type an event's payload gives it; ValueError when no payload is set."""
+    field = event.WhichOneof("payload")
+    if field is None:
+        raise ValueError("an event needs a payload")
+    return _TYPE_OF_FIELD[field]
+
+
+def _decode(stored: StoredEvent) -> events_pb2.Event:
+    event = events_pb2.Event.FromString(stored.body)
+    event.sequence = stored.sequence
+    return event
+
+
+class EventLog:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        queue_size: int = 1024,
+        retention_count: int | None = None,
+        retention_seconds: float | None = None,
+    ) -> None:
+        if queue_size < 1:
+            raise ValueError("queue_size must be at least 1")
+        if retention_count is not None and retention_count < 1:
+            raise ValueError("retention_count must be at least 1")
+        if retention_seconds is not None and retention_seconds <= 0:
+            raise ValueError("retention_seconds must be positive")
+        self._store = store
+        self.queue_size = queue_size
+        self.retention_count = retention_count
+        self.retention_seconds = retention_seconds
+        # Guards the subscriber set and every subscription's queue. Never held while
+        # waiting for the store (fan-out runs under the store's lock, so the reverse
+        # order would deadlock).
+        self._lock = threading.Lock()
+        self._subscribers: set[Subscription] = set()
+        self._closed = False
+        # Pruning is amortized: after a tenth of the count limit, or a tenth of the age.
+        self._prune_every = max(1, min(1000, (retention_count or 0) // 10))
+        self._prune_interval = min(60.0, (retention_seconds or 0.0) / 10)
+        self._since_prune = 0
+        self._last_prune = time.monotonic()
+        self.prune()
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    # publishing -----------------------------------------------------------------------
+
+    def publish(self, event: events_pb2.Event) -> events_pb2.Event:
+        """Append one event; returns a copy with type, time and sequence filled in.
+
+        Inside an open store transaction the event is committed (and delivered) with it."""
+        return self.publish_many([event])[0]
+
+    def publish_many(self, events: Sequence[events_pb2.Event]) -> list[events_pb2.Event]:
+        """Append events in one transaction, with consecutive sequences."""
+        if self._closed:
+            raise RuntimeError("the event log is closed")
+        if not events:
+            return []
+        prepared: list[events_pb2.Event] = []
+        stored: list[StoredEvent] = []
+        now_ns = time.time_ns()
+        for given in events:
+            if not given.namespace:
+                raise ValueError("an event needs a namespace")
+            event = events_pb2.Event()
+            event.CopyFrom(given)
+            event.type = event_type(given)
+            event.sequence = 0
+            event.time.FromNanoseconds(now_ns)
+            prepared.append(event)
+            stored.append(
+                StoredEvent(
+                    sequence=0,
+                    namespace=event.namespace,
+                    type=event.type,
+                    plan_id=event.plan_id,
+                    session_id=event.session_id,
+                    time=now_ns / 1e9,
+                    body=event.SerializeToString(),
+                )
+            )
+        with self._store.transaction():
+            sequences = self._store.append_events(stored)
+            for event, sequence in zip(prepared, sequences, strict=True):
+                event.sequence = sequence
+            delivered = [_copy(event) for event in prepared]
+            self._store.after_commit(lambda: self._fan_out(delivered))
+        self._since_prune += len(prepared)
+        self._maybe_prune()
+        return prepared
+
+    def _fan_out(self, events: list[events_pb2.Event]) -> None:
+        """Runs after the commit, in commit (so sequence) order; only fills queues."""
+        with self._lock:
+            if not self._subscribers:
+                return
+            subscribers = list(self._subscribers)
+            for event in events:
+                for subscriber in subscribers:
+                    subscriber._offer(event)
+
+    # retention ------------------------------------------------------------------------
+
+    def _maybe_prune(self) -> None:
+        due_by_count = self.retention_count is not None and self._since_prune >= self._prune_every
+        due_by_age = (
+            self.retention_seconds is not None and time.monotonic() - self._last_prune >= self._prune_interval
+        )
+        if due_by_count or due_by_age:
+            self.prune()
+
+    def prune(self) -> int:
+        """Apply retention now; returns how many events were dropped."""
+        self._since_prune = 0
+        self._last_prune = time.monotonic()
+        if self.retention_count is None and self.retention_seconds is None:
+            return 0
+        older_than = time.time() - self.retention_seconds if self.retention_seconds is not None else None
+        return self._store.prune_events(keep_last=self.retention_count, older_than=older_than)
+
+    # subscribing ----------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        *,
+        namespaces: frozenset[str] | None,
+        plan_id: str = "",
+        session_id: str = "",
+        event_types: Sequence[str] = (),
+        after_sequence: int = 0,
+    ) -> Subscription:
+        """Attach now; the backlog after ``after_sequence`` is read as the caller iterates.
+
+        ``namespaces`` None means every namespace (local mode)."""
+        unknown = sorted(set(event_types) - EVENT_TYPES)
+        if unknown:
+            raise ACPError(
+                ErrorCode.INVALID_PARAMS,
+                f"unknown event type{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                f"valid types: {', '.join(sorted(EVENT_TYPES))}",
+                {"field": "event_type", "unknown": unknown, "valid": sorted(EVENT_TYPES)},
+            )
+        if after_sequence < 0:
+            raise ACPError(
+                ErrorCode.INVALID_PARAMS,
+                "after_sequence must not be negative",
+                {"field": "after_sequence"},
+            )
+        where = EventFilter(
+            namespaces=namespaces,
+            plan_id=plan_id,
+            session_id=session_id,
+            types=frozenset(event_types),
+        )
+        subscription = Subscription(self, where, after_sequence)
+        with self._lock:
+            if self._closed:
+                subscription._closed = True
+            else:
+                self._subscribers.add(subscription)
+        return subscription
+
+    def _detach(self, subscription: Subscription) -> None:
+        with self._lock:
+            self._subscribers.discard(subscription)
+
+    @property
+    def subscriber_count(self) -> int:
+        with self._lock:
+            return len(self._subscribers)
+
+    def close(self) -> None:
+        """End every subscription (its reader stops iterating) and refuse new events."""
+        with self._lock:
+            self._closed = True
+            subscribers = list(self._subscribers)
+            self._subscribers.clear()
+            for subscriber in subscribers:
+                subscriber._closed = True
+                subscriber._wake()
+
+
+def _copy(event: events_pb2.Event) -> events_pb2.Event:
+    copied = events_pb2.Event()
+    copied.CopyFrom(event)
+    return copied
+
+
+class Subscription:
+    """An async iterator of events: the backlog, then live events, each exactly once.
+
+    The events it yields are shared with other subscribers: read them, do not modify them."""
+
+    def __init__(self, log: EventLog, where: EventFilter, after_sequence: int) -> None:
+        self._log = log
+        self.filter = where
+        self.after_sequence = after_sequence
+        # The sequence of the last event handed to the reader.
+        self.last_sequence = after_sequence
+        # True once retention had dropped events this subscriber asked for.
+        self.missed = False
+        # Events to hand out, in order: a backlog batch, or live events moved from _queue.
+        self._pending: deque[events_pb2.Event] = deque()
+        # Filled by the producer (under the log's lock), bounded by the log's queue_size.
+        self._queue: deque[events_pb2.Event] = deque()
+        self._live = False
+        self._overflowed = False
+        self._closed = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+
+    # producer side (called with the log's lock held) ----------------------------------
+
+    def _offer(self, event: events_pb2.Event) -> None:
+        if self._closed or self._overflowed:
+            return
+        if not self.filter.matches(event.namespace, event.type, event.plan_id, event.session_id):
+            return
+        if len(self._queue) < self._log.queue_size:
+            self._queue.append(event)
+        else:
+            self._overflowed = True
+            if self._live:
+                # Ended: it keeps what it has queued, then learns where to resume.
+                self._log._subscribers.discard(self)
+            else:
+                # Still reading the store, which holds all of these: no need to keep them.
+                self._queue.clear()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self._loop is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            waiter.set_result(None)
+        else:
+            self._loop.call_soon_threadsafe(_resolve, waiter)
+
+    # reader side ----------------------------------------------------------------------
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> events_pb2.Event:
+        while True:
+            if self._closed:
+                raise StopAsyncIteration
+            if self._pending:
+                event = self._pending.popleft()
+                self.last_sequence = event.sequence
+                return event
+            if not self._live:
+                self._catch_up()
+                continue
+            waiter = self._take_live()
+            if waiter is not None:
+                await waiter
+
+    def _catch_up(self) -> None:
+        """One backlog batch from the store, or the switch to live events."""
+        store = self._log.store
+        batch = store.read_events(self.last_sequence, BACKLOG_BATCH, self.filter)
+        if not self.missed and self.last_sequence + 1 < store.first_sequence():
+            self.missed = True
+        if batch:
+            self._pending.extend(_decode(stored) for stored in batch)
+            return
+        with self._log._lock:
+            if self._overflowed:
+                # Live events were dropped meanwhile; they are in the store: read on.
+                self._overflowed = False
+                self._queue.clear()
+                return
+            self._live = True
+
+    def _take_live(self) -> asyncio.Future[None] | None:
+        """Move queued events to pending (dropping what the backlog gave), or a future to
+        wait on; raises when the subscriber was ended for being too slow."""
+        with self._log._lock:
+            while self._queue:
+                event = self._queue.popleft()
+                if event.sequence > self.last_sequence:
+                    self._pending.append(event)
+            if self._pending or self._closed:
+                return None
+            if self._overflowed:
+                raise ACPError(
+                    ErrorCode.BUDGET_EXCEEDED,
+                    f"subscriber fell more than {self._log.queue_size} events behind and was ended; "
+                    f"resubscribe with after_sequence={self.last_sequence}",
+                    {"last_sequence": self.last_sequence, "queue_size": self._log.queue_size},
+                    refinement="SUBSCRIBER_TOO_SLOW",
+                )
+            self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
+            self._waiter = self._loop.create_future()
+            return self._waiter
+
+    def close(self) -> None:
+        """Detach; a reader waiting on this subscription stops iterating."""
+        self._log._detach(self)
+        with self._log._lock:
+            self._closed = True
+            self._wake()
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -9,9 +9,11 @@ import os
 import pathlib
 
 from cleveragents.acp.facade.domain.events import EventLog
+from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
 from cleveragents.acp.facade.services.events import EventFacade
 from cleveragents.acp.facade.services.meta import MetaFacade
+from cleveragents.acp.facade.services.registries import registry_servicers
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 
 
@@ -50,7 +52,8 @@ def open_facade(
     local principal with access to all namespaces."""
     store = SQLiteStore(db if db is not None else default_db_path())
     events = EventLog(store)
-    servicers: list[object] = [MetaFacade(), EventFacade(events)]
+    registries = Registries(store)
+    servicers: list[object] = [MetaFacade(), EventFacade(events), *registry_servicers(registries)]
     # Closed in reverse: the event log ends its subscriptions before the store goes.
     resources: list[Closeable] = [_StoreResource(store), _EventLogResource(events)]
     return ServiceFacade(servicers, authenticator=authenticator, resources=resources)

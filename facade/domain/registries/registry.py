@@ -7,18 +7,43 @@ the entry, with the serialized entry as body and its labels indexed. Built-in en
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-from typing import Protocol, TypeVar, cast
+import json
+import re
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any, Protocol, TypeVar, cast
 
 from google.protobuf import message
+from google.protobuf.timestamp_pb2 import Timestamp
+from ulid import ULID
 
+from cleveragents.acp.facade.call import DEFAULT_NAMESPACE
 from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain.registries.builtins import builtin_entry, builtin_names
-from cleveragents.acp.facade.domain.registries.kinds import BY_ENTRY_TYPE, Kind, kind_of
-from cleveragents.acp.facade.store.base import Record, Store
+from cleveragents.acp.facade.domain import paging
+from cleveragents.acp.facade.domain.registries.builtins import (
+    BUILTIN_LABEL,
+    BUILTIN_TOOLS,
+    builtin_entry,
+    builtin_names,
+    is_builtin,
+)
+from cleveragents.acp.facade.domain.registries.kinds import BY_ENTRY_TYPE, KINDS, Kind, kind_of
+from cleveragents.acp.facade.domain.registries.references import (
+    references,
+    referring_kinds,
+    resolvable_without_registry,
+)
+from cleveragents.acp.facade.domain.registries.specs import check_spec, invalid
+from cleveragents.acp.facade.store.base import Record, StaleRevisionError, Store, StoreConflictError
 from cleveragents.acp.v1 import common_pb2
 
 M = TypeVar("M", bound=message.Message)
+
+# Dots allow tool names in the style of `fs.read`.
+NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}")
+MAX_LABEL_VALUE = 256
+MAX_DESCRIPTION = 4096
+MASKABLE = frozenset({"description", "labels", "spec"})
 
 
 class Entry(Protocol):
@@ -43,6 +68,7 @@ def _entry(kind: Kind, record: Record) -> message.Message:
 class Registries:
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._tokens = paging.PageTokens(store)
 
     # reads ----------------------------------------------------------------------------
 
@@ -78,3 +104,279 @@ class Registries:
     def fetch(self, entry_type: type[M], namespace: str, name: str) -> M:
         """``get`` typed by the entry class: ``fetch(registry_pb2.Actor, ns, "scripted")``."""
         return cast(M, self.get(BY_ENTRY_TYPE[entry_type].name, namespace, name))
+
+    def referrers(self, kind: str, namespace: str, name: str) -> list[str]:
+        """The entries (``action/deploy``) whose specs name this one, in its namespace."""
+        found = set()
+        for referring in referring_kinds(kind_of(kind).name):
+            for record in self.store.iter_kind(KINDS[referring].record_kind, namespace):
+                entry = view(_entry(KINDS[referring], record))
+                if any(h.target == kind and h.name == name for h in references(referring, entry.spec)):
+                    found.add(f"{referring}/{entry.name}")
+        return sorted(found)
+
+    def list_page(
+        self,
+        kind: str,
+        namespaces: frozenset[str] | None,
+        *,
+        labels: Mapping[str, str] | None = None,
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> tuple[list[message.Message], str]:
+        """One page of entries, ordered by (namespace, name), carrying all ``labels``.
+
+        ``namespaces=None`` lists every namespace; built-ins then appear in ``default``
+        and in each namespace that holds an entry of this kind. Registries are small, so
+        the page is cut from the whole (filtered) kind rather than by a store cursor."""
+        k = kind_of(kind)
+        wanted = dict(labels or {})
+        size = paging.page_size(page_size)
+        filters = {"namespaces": sorted(namespaces) if namespaces is not None else None, "labels": wanted}
+        after = _position(self._tokens.decode(page_token, k.record_kind, filters))
+        if namespaces is None:
+            records = list(self.store.iter_kind(k.record_kind))
+            shown = {DEFAULT_NAMESPACE} | {r.namespace for r in records}
+        else:
+            records = [r for ns in sorted(namespaces) for r in self.store.iter_kind(k.record_kind, ns)]
+            shown = set(namespaces)
+        found = [_entry(k, r) for r in records]
+        for ns in shown:
+            found.extend(e for n in builtin_names(k.name) if (e := builtin_entry(k.name, ns, n)) is not None)
+        keyed = sorted(
+            ((view(e).meta.namespace, view(e).name), e)
+            for e in found
+            if all(view(e).labels.get(key) == value for key, value in wanted.items())
+        )
+        rest = [(key, e) for key, e in keyed if after is None or key > after]
+        page = rest[:size]
+        token = ""
+        if len(rest) > size:
+            token = self._tokens.encode(k.record_kind, filters, json.dumps(list(page[-1][0])))
+        return [e for _, e in page], token
+
+    # writes ---------------------------------------------------------------------------
+
+    def add(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        *,
+        spec: message.Message,
+        description: str = "",
+        labels: Mapping[str, str] | None = None,
+    ) -> message.Message:
+        k = kind_of(kind)
+        check_name(name)
+        _check_description(description)
+        _check_labels(labels or {})
+        if is_builtin(k.name, name) or (k.name == "tool" and name in BUILTIN_TOOLS):
+            raise _exists(k, namespace, name, builtin=True)
+        with self.store.transaction():
+            if self.store.get_by_name(k.record_kind, namespace, name) is not None:
+                raise _exists(k, namespace, name)
+            checked = self._checked_spec(k, namespace, spec)
+            now = Timestamp()
+            now.GetCurrentTime()
+            entry: Any = k.entry_type(
+                meta=common_pb2.EntityMeta(
+                    id=str(ULID()), namespace=namespace, create_time=now, update_time=now
+                ),
+                name=name,
+                description=description,
+                labels=dict(labels or {}),
+                revision=1,
+            )
+            entry.spec.CopyFrom(checked)
+            try:
+                self.store.insert(_record(k, entry))
+            except StoreConflictError:
+                raise _exists(k, namespace, name) from None
+        return cast(message.Message, entry)
+
+    def update(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        *,
+        revision: int,
+        spec: message.Message | None = None,
+        description: str = "",
+        labels: Mapping[str, str] | None = None,
+        mask: Sequence[str] = (),
+    ) -> message.Message:
+        """Replace the fields in ``mask`` (all of ``description``, ``labels``, ``spec``
+        when empty) of the entry at ``revision``; a stale revision is INVALID_STATE."""
+        k = kind_of(kind)
+        check_name(name)
+        fields = _mask(mask)
+        if "description" in fields:
+            _check_description(description)
+        if "labels" in fields:
+            _check_labels(labels or {})
+        self._refuse_builtin(k, namespace, name, "updated")
+        with self.store.transaction():
+            record = self._record(k, namespace, name)
+            _check_revision(k, record, revision)
+            entry: Any = _entry(k, record)
+            if "description" in fields:
+                entry.description = description
+            if "labels" in fields:
+                entry.labels.clear()
+                entry.labels.update(labels or {})
+            if "spec" in fields:
+                entry.spec.CopyFrom(self._checked_spec(k, namespace, spec or k.spec_type()))
+            entry.revision = record.revision + 1
+            entry.meta.update_time.GetCurrentTime()
+            try:
+                self.store.update(_record(k, entry, record.id), expected_revision=record.revision)
+            except StaleRevisionError as exc:
+                raise _stale(k, name, revision, exc.current) from None
+        return cast(message.Message, entry)
+
+    def remove(self, kind: str, namespace: str, name: str, *, revision: int = 0) -> message.Message:
+        """Remove an entry nothing refers to; ``revision`` (when not 0) must be current."""
+        k = kind_of(kind)
+        check_name(name)
+        self._refuse_builtin(k, namespace, name, "removed")
+        with self.store.transaction():
+            record = self._record(k, namespace, name)
+            if revision:
+                _check_revision(k, record, revision)
+            referrers = self.referrers(k.name, namespace, name)
+            if referrers:
+                raise ACPError(
+                    ErrorCode.INVALID_STATE,
+                    f"{k.label} {name!r} is still referred to by {', '.join(referrers)}",
+                    {"kind": k.name, "namespace": namespace, "name": name, "referrers": referrers},
+                )
+            self.store.delete(k.record_kind, record.id)
+        return _entry(k, record)
+
+    # helpers --------------------------------------------------------------------------
+
+    def _record(self, k: Kind, namespace: str, name: str) -> Record:
+        record = self.store.get_by_name(k.record_kind, namespace, name)
+        if record is None:
+            self.get(k.name, namespace, name)
+            raise AssertionError("unreachable: get raises NOT_FOUND")
+        return record
+
+    def _refuse_builtin(self, k: Kind, namespace: str, name: str, verb: str) -> None:
+        if is_builtin(k.name, name):
+            raise ACPError(
+                ErrorCode.INVALID_STATE,
+                f"{k.label} {name!r} is built in and cannot be {verb}",
+                {"kind": k.name, "namespace": namespace, "name": name, "builtin": True},
+            )
+
+    def _checked_spec(self, k: Kind, namespace: str, spec: message.Message) -> message.Message:
+        """A validated copy of ``spec`` with defaults filled; references must exist."""
+        if not isinstance(spec, k.spec_type):
+            raise invalid("spec", f"a {k.label} takes a {k.spec_type.DESCRIPTOR.name}")
+        checked = k.spec_type()
+        checked.CopyFrom(spec)
+        check_spec(k.name, checked, lambda target, name: self.find(target, namespace, name))
+        seen: set[tuple[str, str]] = set()
+        for hit in references(k.name, checked):
+            listed = hit.field.endswith("]")
+            if not hit.name:
+                if listed:
+                    raise invalid(hit.field, f"must name a {KINDS[hit.target].label}")
+                continue
+            if listed:
+                key = (hit.field.rsplit("[", 1)[0], hit.name)
+                if key in seen:
+                    raise invalid(hit.field, f"{hit.name!r} is listed twice")
+                seen.add(key)
+            if not resolvable_without_registry(hit) and self.find(hit.target, namespace, hit.name) is None:
+                raise invalid(
+                    hit.field,
+                    f"names a missing {KINDS[hit.target].label} {hit.name!r}",
+                    missing=f"{hit.target}/{hit.name}",
+                    namespace=namespace,
+                )
+        return checked
+
+
+def _record(k: Kind, entry: Any, record_id: str | None = None) -> Record:
+    return Record(
+        kind=k.record_kind,
+        id=record_id or entry.meta.id,
+        namespace=entry.meta.namespace,
+        name=entry.name,
+        revision=entry.revision,
+        labels=dict(entry.labels),
+        create_time=entry.meta.create_time.ToNanoseconds() / 1e9,
+        update_time=entry.meta.update_time.ToNanoseconds() / 1e9,
+        body=entry.SerializeToString(deterministic=True),
+    )
+
+
+def _position(position: str | None) -> tuple[str, str] | None:
+    if position is None:
+        return None
+    value = json.loads(position)
+    return (str(value[0]), str(value[1]))
+
+
+def check_name(name: str) -> None:
+    if not NAME.fullmatch(name):
+        raise invalid(
+            "name", f"{name!r} is not a valid name (lowercase letters, digits, '.', '_', '-'; <= 63)"
+        )
+
+
+def _check_description(description: str) -> None:
+    if len(description) > MAX_DESCRIPTION:
+        raise invalid("description", f"must be at most {MAX_DESCRIPTION} characters")
+
+
+def _check_labels(labels: Mapping[str, str]) -> None:
+    for key, value in labels.items():
+        if not LABEL_KEY.fullmatch(key):
+            raise invalid(f"labels.{key}", "label keys are 1-63 of letters, digits, '.', '_', '-', '/'")
+        if key == BUILTIN_LABEL:
+            raise invalid(f"labels.{key}", "the builtin label is reserved for built-in entries")
+        if len(value) > MAX_LABEL_VALUE:
+            raise invalid(f"labels.{key}", f"label values are at most {MAX_LABEL_VALUE} characters")
+
+
+def _mask(paths: Sequence[str]) -> frozenset[str]:
+    unknown = sorted(set(paths) - MASKABLE)
+    if unknown:
+        raise invalid(
+            "update_mask", f"unknown path {unknown[0]!r}; use {', '.join(sorted(MASKABLE))}", paths=unknown
+        )
+    return frozenset(paths) or MASKABLE
+
+
+def _check_revision(k: Kind, record: Record, revision: int) -> None:
+    if record.revision != revision:
+        raise _stale(k, record.name or "", revision, record.revision)
+
+
+def _stale(k: Kind, name: str, revision: int, current: int) -> ACPError:
+    return ACPError(
+        ErrorCode.INVALID_STATE,
+        f"{k.label} {name!r} is at revision {current}, not {revision}: read it again",
+        {
+            "kind": k.name,
+            "name": name,
+            "field": "revision",
+            "revision": revision,
+            "current_revision": current,
+        },
+    )
+
+
+def _exists(k: Kind, namespace: str, name: str, *, builtin: bool = False) -> ACPError:
+    what = "a built-in" if builtin else "an existing"
+    return ACPError(
+        ErrorCode.ALREADY_EXISTS,
+        f"{name!r} is {what} {k.label} in namespace {namespace!r}",
+        {"kind": k.name, "namespace": namespace, "name": name},
+        refinement=f"{k.name.upper()}_ALREADY_EXISTS",
+    )

@@ -1,4 +1,5 @@
-"""ACP errors: the one exception type, and the only table of HTTP statuses and gRPC codes.
+"""ACP errors: the one exception type, and the only table of HTTP statuses, gRPC codes and
+CLI exit codes.
 
 Domain code raises ``ACPError``; each transport adapter maps it with ``http_status`` or
 ``grpc_code``, and every client turns the wire form back into the same ``ACPError``.
@@ -15,7 +16,16 @@ import grpc
 
 from cleveragents.acp.v1.errors_pb2 import ErrorCode
 
-__all__ = ["ERROR_DOMAIN", "ACPError", "ErrorCode", "WireMapping", "code_name", "grpc_code", "http_status"]
+__all__ = [
+    "ERROR_DOMAIN",
+    "ACPError",
+    "ErrorCode",
+    "WireMapping",
+    "code_name",
+    "exit_code",
+    "grpc_code",
+    "http_status",
+]
 
 ERROR_DOMAIN = "acp.cleveragents.dev"
 
@@ -24,20 +34,22 @@ ERROR_DOMAIN = "acp.cleveragents.dev"
 class WireMapping:
     http_status: int
     grpc_code: grpc.StatusCode
+    # The `agents` CLI exits with this (0 is success, 2 a usage error, 12 unreachable).
+    exit_code: int
 
 
 # The nine codes of ADR-026. A test checks the keys against the proto enum.
 TABLE: Mapping[str, WireMapping] = MappingProxyType(
     {
-        "AUTH_REQUIRED": WireMapping(401, grpc.StatusCode.UNAUTHENTICATED),
-        "AUTH_FORBIDDEN": WireMapping(403, grpc.StatusCode.PERMISSION_DENIED),
-        "NOT_FOUND": WireMapping(404, grpc.StatusCode.NOT_FOUND),
-        "ALREADY_EXISTS": WireMapping(409, grpc.StatusCode.ALREADY_EXISTS),
-        "INVALID_PARAMS": WireMapping(422, grpc.StatusCode.INVALID_ARGUMENT),
-        "INVALID_STATE": WireMapping(409, grpc.StatusCode.FAILED_PRECONDITION),
-        "BUDGET_EXCEEDED": WireMapping(429, grpc.StatusCode.RESOURCE_EXHAUSTED),
-        "VERSION_MISMATCH": WireMapping(400, grpc.StatusCode.FAILED_PRECONDITION),
-        "INTERNAL_ERROR": WireMapping(500, grpc.StatusCode.INTERNAL),
+        "AUTH_REQUIRED": WireMapping(401, grpc.StatusCode.UNAUTHENTICATED, 3),
+        "AUTH_FORBIDDEN": WireMapping(403, grpc.StatusCode.PERMISSION_DENIED, 4),
+        "NOT_FOUND": WireMapping(404, grpc.StatusCode.NOT_FOUND, 5),
+        "ALREADY_EXISTS": WireMapping(409, grpc.StatusCode.ALREADY_EXISTS, 6),
+        "INVALID_PARAMS": WireMapping(422, grpc.StatusCode.INVALID_ARGUMENT, 7),
+        "INVALID_STATE": WireMapping(409, grpc.StatusCode.FAILED_PRECONDITION, 8),
+        "BUDGET_EXCEEDED": WireMapping(429, grpc.StatusCode.RESOURCE_EXHAUSTED, 9),
+        "VERSION_MISMATCH": WireMapping(400, grpc.StatusCode.FAILED_PRECONDITION, 10),
+        "INTERNAL_ERROR": WireMapping(500, grpc.StatusCode.INTERNAL, 11),
     }
 )
 
@@ -92,3 +104,7 @@ def http_status(code: str) -> int:
 
 def grpc_code(code: str) -> grpc.StatusCode:
     return TABLE[code].grpc_code
+
+
+def exit_code(code: str) -> int:
+    return TABLE[code].exit_code

@@ -163,3 +163,9 @@ def test_versions() -> None:
     versions.check_operation("1.1", "plan.list", "1.1")
     with pytest.raises(ACPError, match=r"introduced in ACP 1\.1"):
         versions.check_operation("1.0", "plan.list", "1.1")
+
+
+def test_cli_exit_codes_are_distinct_and_clear_of_usage_codes() -> None:
+    codes = [errors.exit_code(name) for name in ADR_CODES]
+    assert len(set(codes)) == len(codes)
+    assert not {0, 1, 2} & set(codes)

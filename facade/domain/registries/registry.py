@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
 from google.protobuf import message
@@ -37,6 +37,7 @@ from cleveragents.acp.facade.store.base import Record, StaleRevisionError, Store
 from cleveragents.acp.v1 import common_pb2
 
 M = TypeVar("M", bound=message.Message)
+ReferrerSource = Callable[[str, str, str], Iterable[str]]
 
 # Dots allow tool names in the style of `fs.read`.
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
@@ -69,6 +70,13 @@ class Registries:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._tokens = paging.PageTokens(store)
+        self._referrer_sources: list[ReferrerSource] = []
+
+    def add_referrer_source(self, source: ReferrerSource) -> None:
+        """Let entities outside the registries (sessions naming an actor, plans naming an
+        action or project) block a remove: ``source(kind, namespace, name)`` returns
+        referrers such as ``session/01J...``."""
+        self._referrer_sources.append(source)
 
     # reads ----------------------------------------------------------------------------
 
@@ -85,13 +93,7 @@ class Registries:
         """The entry, or NOT_FOUND refined as ``<KIND>_NOT_FOUND``."""
         entry = self.find(kind, namespace, name)
         if entry is None:
-            k = kind_of(kind)
-            raise ACPError(
-                ErrorCode.NOT_FOUND,
-                f"no {k.label} {name!r} in namespace {namespace!r}",
-                {"kind": k.name, "namespace": namespace, "name": name},
-                refinement=k.not_found,
-            )
+            raise _not_found(kind_of(kind), namespace, name)
         return entry
 
     def entries(self, kind: str, namespace: str) -> list[message.Message]:
@@ -106,13 +108,15 @@ class Registries:
         return cast(M, self.get(BY_ENTRY_TYPE[entry_type].name, namespace, name))
 
     def referrers(self, kind: str, namespace: str, name: str) -> list[str]:
-        """The entries (``action/deploy``) whose specs name this one, in its namespace."""
+        """What names this entry in its namespace (``action/deploy``), sorted."""
         found = set()
         for referring in referring_kinds(kind_of(kind).name):
             for record in self.store.iter_kind(KINDS[referring].record_kind, namespace):
                 entry = view(_entry(KINDS[referring], record))
                 if any(h.target == kind and h.name == name for h in references(referring, entry.spec)):
                     found.add(f"{referring}/{entry.name}")
+        for source in self._referrer_sources:
+            found.update(source(kind, namespace, name))
         return sorted(found)
 
     def list_page(
@@ -231,7 +235,7 @@ class Registries:
             entry.revision = record.revision + 1
             entry.meta.update_time.GetCurrentTime()
             try:
-                self.store.update(_record(k, entry, record.id), expected_revision=record.revision)
+                self.store.update(_record(k, entry), expected_revision=record.revision)
             except StaleRevisionError as exc:
                 raise _stale(k, name, revision, exc.current) from None
         return cast(message.Message, entry)
@@ -260,8 +264,7 @@ class Registries:
     def _record(self, k: Kind, namespace: str, name: str) -> Record:
         record = self.store.get_by_name(k.record_kind, namespace, name)
         if record is None:
-            self.get(k.name, namespace, name)
-            raise AssertionError("unreachable: get raises NOT_FOUND")
+            raise _not_found(k, namespace, name)
         return record
 
     def _refuse_builtin(self, k: Kind, namespace: str, name: str, verb: str) -> None:
@@ -301,10 +304,10 @@ class Registries:
         return checked
 
 
-def _record(k: Kind, entry: Any, record_id: str | None = None) -> Record:
+def _record(k: Kind, entry: Any) -> Record:
     return Record(
         kind=k.record_kind,
-        id=record_id or entry.meta.id,
+        id=entry.meta.id,
         namespace=entry.meta.namespace,
         name=entry.name,
         revision=entry.revision,
@@ -324,9 +327,7 @@ def _position(position: str | None) -> tuple[str, str] | None:
 
 def check_name(name: str) -> None:
     if not NAME.fullmatch(name):
-        raise invalid(
-            "name", f"{name!r} is not a valid name (lowercase letters, digits, '.', '_', '-'; <= 63)"
-        )
+        raise invalid("name", f"{name!r} is not a name: 1-63 of a-z 0-9 . _ -, starting a-z or 0-9")
 
 
 def _check_description(description: str) -> None:
@@ -369,6 +370,15 @@ def _stale(k: Kind, name: str, revision: int, current: int) -> ACPError:
             "revision": revision,
             "current_revision": current,
         },
+    )
+
+
+def _not_found(k: Kind, namespace: str, name: str) -> ACPError:
+    return ACPError(
+        ErrorCode.NOT_FOUND,
+        f"no {k.label} {name!r} in namespace {namespace!r}",
+        {"kind": k.name, "namespace": namespace, "name": name},
+        refinement=k.not_found,
     )
 
 

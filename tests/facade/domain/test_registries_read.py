@@ -9,7 +9,7 @@ import pytest
 from cleveragents.acp.facade.contract.errors import ACPError
 from cleveragents.acp.facade.domain.registries import KINDS, Registries
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
-from cleveragents.acp.v1 import registry_pb2
+from cleveragents.acp.v1 import registry_pb2, specs_pb2
 
 
 @pytest.fixture
@@ -57,3 +57,33 @@ def test_unknown_kind_is_invalid_params(registries: Registries) -> None:
     with pytest.raises(ACPError) as info:
         registries.find("widget", "default", "x")
     assert info.value.code == "INVALID_PARAMS"
+
+
+def test_entries_fetch_and_referrers(registries: Registries, tmp_path: pathlib.Path) -> None:
+    registries.add("skill", "default", "style", spec=specs_pb2.SkillSpec(instructions="Be terse."))
+    registries.add("actor", "default", "bot", spec=specs_pb2.ActorSpec(provider="scripted", skills=["style"]))
+    names = [
+        registry_pb2.Actor.FromString(e.SerializeToString()).name
+        for e in registries.entries("actor", "default")
+    ]
+    assert names == ["bot", "orchestrator", "scripted"]
+    assert registries.fetch(registry_pb2.Actor, "default", "bot").spec.skills == ["style"]
+    assert registries.referrers("skill", "default", "style") == ["actor/bot"]
+    assert registries.referrers("skill", "other", "style") == []
+
+
+def test_outside_referrers_block_removal(registries: Registries) -> None:
+    registries.add("skill", "default", "style", spec=specs_pb2.SkillSpec(instructions="Be terse."))
+    registries.add_referrer_source(
+        lambda kind, namespace, name: ["session/01J0000000000000000000000"] if name == "style" else []
+    )
+    with pytest.raises(ACPError) as info:
+        registries.remove("skill", "default", "style")
+    assert info.value.code == "INVALID_STATE"
+    assert info.value.details["referrers"] == ["session/01J0000000000000000000000"]
+
+
+def test_wrong_spec_type_is_invalid_params(registries: Registries) -> None:
+    with pytest.raises(ACPError) as info:
+        registries.add("skill", "default", "s", spec=specs_pb2.ToolSpec(argv=["x"]))
+    assert info.value.details["field"] == "spec"

@@ -307,19 +307,23 @@ class Subscription:
                 return event
             if not self._live:
                 self._catch_up()
+                # A long backlog is read batch by batch; let producers and others run.
+                await asyncio.sleep(0)
                 continue
             waiter = self._take_live()
             if waiter is not None:
                 await waiter
 
     def _catch_up(self) -> None:
-        """One backlog batch from the store, or the switch to live events."""
+        """Read one backlog batch from the store; after a short one (the head of the log
+        as of that read), switch to the live queue, which holds everything committed since
+        unless it overflowed meanwhile."""
         store = self._log.store
         batch = store.read_events(self.last_sequence, BACKLOG_BATCH, self.filter)
         if not self.missed and self.last_sequence + 1 < store.first_sequence():
             self.missed = True
-        if batch:
-            self._pending.extend(_decode(stored) for stored in batch)
+        self._pending.extend(_decode(stored) for stored in batch)
+        if len(batch) == BACKLOG_BATCH:
             return
         with self._log._lock:
             if self._overflowed:

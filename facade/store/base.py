@@ -18,6 +18,10 @@ class StoreConflictError(Exception):
     """A record with the same (kind, namespace, name) or (kind, id) exists."""
 
 
+class SchemaTooNewError(Exception):
+    """The database was written by a newer release: opening it could corrupt it."""
+
+
 class StaleRevisionError(Exception):
     """The record is not at the revision the writer read."""
 
@@ -111,7 +115,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def update(self, record: Record, expected_revision: int | None = None) -> None:
-        """Replace a record; raises StaleRevisionError when it is not at expected_revision."""
+        """Replace a record; raises StaleRevisionError when it is not at expected_revision,
+        KeyError when it does not exist."""
 
     @abc.abstractmethod
     def delete(self, kind: str, id: str, expected_revision: int | None = None) -> bool: ...

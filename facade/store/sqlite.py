@@ -19,6 +19,7 @@ from cleveragents.acp.facade.store.base import (
     EventFilter,
     ListQuery,
     Record,
+    SchemaTooNewError,
     StaleRevisionError,
     Store,
     StoreConflictError,
@@ -65,7 +66,11 @@ class SQLiteStore(Store):
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA busy_timeout=5000")
-        self.migrate()
+        try:
+            self.migrate()
+        except BaseException:
+            self._db.close()
+            raise
 
     # schema ---------------------------------------------------------------------------
 
@@ -74,20 +79,38 @@ class SQLiteStore(Store):
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
     def migrate(self) -> None:
+        """Run, each in its own transaction, the migrations this file has not seen.
+
+        The version is read again under the write lock, so two processes opening one new
+        file do not both run a step."""
         with self._lock:
             for version, script in enumerate(MIGRATIONS, start=1):
-                if version <= self.schema_version:
+                if version <= self._check_version():
                     continue
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
+                    if version <= self._check_version():
+                        self._db.execute("ROLLBACK")
+                        continue
                     for statement in script.split(";"):
                         if statement.strip():
                             self._db.execute(statement)
                     self._db.execute(f"PRAGMA user_version={version}")
                     self._db.execute("COMMIT")
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
                     raise
+            self._check_version()
+
+    def _check_version(self) -> int:
+        version = self.schema_version
+        if version > len(MIGRATIONS):
+            raise SchemaTooNewError(
+                f"{self.path} is at schema version {version}; "
+                f"this release knows versions up to {len(MIGRATIONS)}"
+            )
+        return version
 
     # transactions ---------------------------------------------------------------------
 

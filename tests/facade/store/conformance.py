@@ -1,0 +1,315 @@
+"""The ``Store`` contract, written once: every backend's test module subclasses
+``StoreConformance`` and provides a ``store`` fixture (and ``reopen`` for durability)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from cleveragents.acp.facade.store.base import (
+    EventFilter,
+    ListQuery,
+    Record,
+    StaleRevisionError,
+    Store,
+    StoreConflictError,
+    StoredEvent,
+)
+
+
+def record(kind: str = "session", id: str = "01A", namespace: str = "default", **kw: Any) -> Record:
+    now = time.time()
+    fields: dict[str, Any] = {"body": b"body-" + id.encode(), "create_time": now, "update_time": now}
+    fields.update(kw)
+    return Record(kind=kind, id=id, namespace=namespace, **fields)
+
+
+def event(
+    namespace: str = "default",
+    type: str = "plan.created",
+    plan_id: str = "",
+    session_id: str = "",
+    when: float | None = None,
+) -> StoredEvent:
+    return StoredEvent(
+        sequence=0,
+        namespace=namespace,
+        type=type,
+        plan_id=plan_id,
+        session_id=session_id,
+        time=time.time() if when is None else when,
+        body=f"{namespace}/{type}/{plan_id}/{session_id}".encode(),
+    )
+
+
+def fails_in_transaction(store: Store, body: Callable[[], object]) -> None:
+    """Run ``body`` in a transaction that then fails (so it must roll back)."""
+    with pytest.raises(RuntimeError, match="abort"):
+        _abort(store, body)
+
+
+def _abort(store: Store, body: Callable[[], object]) -> None:
+    with store.transaction():
+        body()
+        raise RuntimeError("abort")
+
+
+class StoreConformance:
+    """Subclasses named ``Test<Backend>`` provide a ``store`` fixture."""
+
+    # records --------------------------------------------------------------------------
+
+    def test_insert_get_and_get_by_name(self, store: Store) -> None:
+        rec = record(id="01A", name="alpha", state="active", attrs={"project": "p"}, labels={"team": "x"})
+        store.insert(rec)
+        got = store.get("session", "01A")
+        assert got is not None
+        assert (got.name, got.state, got.attrs, got.labels, got.body) == (
+            "alpha",
+            "active",
+            {"project": "p"},
+            {"team": "x"},
+            b"body-01A",
+        )
+        assert store.get_by_name("session", "default", "alpha") == got
+        assert store.get("session", "nope") is None
+        assert store.get("plan", "01A") is None
+        assert store.get_by_name("session", "other", "alpha") is None
+
+    def test_duplicates_conflict(self, store: Store) -> None:
+        store.insert(record(id="01A", name="alpha"))
+        with pytest.raises(StoreConflictError):
+            store.insert(record(id="01A", name="beta"))
+        with pytest.raises(StoreConflictError):
+            store.insert(record(id="01B", name="alpha"))
+        # The same name in another namespace or kind, and unnamed records, are fine.
+        store.insert(record(id="01C", name="alpha", namespace="other"))
+        store.insert(record(kind="plan", id="01D", name="alpha"))
+        store.insert(record(id="01E"))
+        store.insert(record(id="01F"))
+
+    def test_update_checks_revision(self, store: Store) -> None:
+        store.insert(record(id="01A", name="alpha"))
+        changed = record(id="01A", name="alpha", revision=2, state="closed", body=b"new")
+        store.update(changed, expected_revision=1)
+        got = store.get("session", "01A")
+        assert got is not None
+        assert (got.revision, got.state, got.body) == (2, "closed", b"new")
+        with pytest.raises(StaleRevisionError) as info:
+            store.update(record(id="01A", revision=3), expected_revision=1)
+        assert info.value.current == 2
+        with pytest.raises(KeyError):
+            store.update(record(id="01Z"))
+
+    def test_delete(self, store: Store) -> None:
+        store.insert(record(id="01A"))
+        with pytest.raises(StaleRevisionError):
+            store.delete("session", "01A", expected_revision=7)
+        assert store.delete("session", "01A", expected_revision=1) is True
+        assert store.delete("session", "01A") is False
+        assert store.get("session", "01A") is None
+
+    def test_query_filters_and_pages_newest_first(self, store: Store) -> None:
+        for i in range(6):
+            store.insert(
+                record(
+                    id=f"01{i}",
+                    namespace="a" if i % 2 else "b",
+                    state="active" if i < 4 else "closed",
+                    attrs={"project": "p" if i < 3 else "q"},
+                    labels={"even": str(i % 2 == 0)},
+                )
+            )
+        store.insert(record(kind="plan", id="019"))
+        ids = [r.id for r in store.query(ListQuery(kind="session"))]
+        assert ids == ["015", "014", "013", "012", "011", "010"]
+        assert [r.id for r in store.query(ListQuery(kind="session", namespaces=frozenset({"a"})))] == [
+            "015",
+            "013",
+            "011",
+        ]
+        assert store.query(ListQuery(kind="session", namespaces=frozenset())) == []
+        assert [r.id for r in store.query(ListQuery(kind="session", state="closed"))] == ["015", "014"]
+        assert [r.id for r in store.query(ListQuery(kind="session", attrs={"project": "p"}))] == [
+            "012",
+            "011",
+            "010",
+        ]
+        assert [r.id for r in store.query(ListQuery(kind="session", labels={"even": "True"}))] == [
+            "014",
+            "012",
+            "010",
+        ]
+        first = store.query(ListQuery(kind="session", limit=4))
+        rest = store.query(ListQuery(kind="session", limit=4, before_id=first[-1].id))
+        assert [r.id for r in first + rest] == ids
+
+    def test_iter_kind(self, store: Store) -> None:
+        store.insert(record(id="01B", namespace="x"))
+        store.insert(record(id="01A", namespace="y"))
+        store.insert(record(kind="plan", id="01C"))
+        assert [r.id for r in store.iter_kind("session")] == ["01A", "01B"]
+        assert [r.id for r in store.iter_kind("session", "x")] == ["01B"]
+        assert list(store.iter_kind("actor")) == []
+
+    # transactions ---------------------------------------------------------------------
+
+    def test_transaction_rolls_back_everything(self, store: Store) -> None:
+        def writes() -> None:
+            store.insert(record(id="01A"))
+            with store.transaction():
+                store.insert(record(id="01B"))
+                store.append_events([event()])
+
+        fails_in_transaction(store, writes)
+        assert store.get("session", "01A") is None
+        assert store.get("session", "01B") is None
+        assert store.last_sequence() == 0
+        with store.transaction():
+            store.insert(record(id="01A"))
+        assert store.get("session", "01A") is not None
+
+    def test_failed_write_inside_transaction_keeps_earlier_ones_out(self, store: Store) -> None:
+        store.insert(record(id="01A", name="alpha"))
+
+        def writes() -> None:
+            with store.transaction():
+                store.insert(record(id="01B", name="beta"))
+                store.insert(record(id="01C", name="alpha"))
+
+        with pytest.raises(StoreConflictError):
+            writes()
+        assert store.get("session", "01B") is None
+
+    def test_after_commit_runs_on_commit_only(self, store: Store) -> None:
+        calls: list[str] = []
+        store.after_commit(lambda: calls.append("now"))
+        assert calls == ["now"]
+        with store.transaction():
+            store.after_commit(lambda: calls.append("outer"))
+            with store.transaction():
+                store.after_commit(lambda: calls.append("inner"))
+            assert calls == ["now"]
+        assert calls == ["now", "outer", "inner"]
+        fails_in_transaction(store, lambda: store.after_commit(lambda: calls.append("rolled back")))
+        assert calls == ["now", "outer", "inner"]
+
+    def test_failing_after_commit_callback_keeps_the_write(
+        self, store: Store, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        def boom() -> None:
+            raise RuntimeError("callback failed")
+
+        calls: list[int] = []
+        with store.transaction():
+            store.insert(record(id="01A"))
+            store.after_commit(boom)
+            store.after_commit(lambda: calls.append(1))
+        assert store.get("session", "01A") is not None
+        assert calls == [1]
+        assert "after-commit callback" in caplog.text
+
+    # items ----------------------------------------------------------------------------
+
+    def test_items_are_ordered_per_owner(self, store: Store) -> None:
+        assert store.append_items("messages", "s1", [b"a", b"b"]) == [0, 1]
+        assert store.append_items("messages", "s2", [b"x"]) == [0]
+        assert store.append_items("messages", "s1", [b"c"]) == [2]
+        assert store.append_items("messages", "s1", []) == []
+        assert store.list_items("messages", "s1") == [(0, b"a"), (1, b"b"), (2, b"c")]
+        assert store.list_items("other", "s1") == []
+        store.delete_items("messages", "s1")
+        assert store.list_items("messages", "s1") == []
+        assert store.list_items("messages", "s2") == [(0, b"x")]
+
+    # events ---------------------------------------------------------------------------
+
+    def test_event_sequences_are_global_and_gap_free(self, store: Store) -> None:
+        assert (store.first_sequence(), store.last_sequence()) == (0, 0)
+        assert store.read_events(0, 10) == []
+        assert store.append_events([event(), event()]) == [1, 2]
+        assert store.append_events([]) == []
+        assert store.append_events([event(namespace="x")]) == [3]
+        read = store.read_events(0, 10)
+        assert [e.sequence for e in read] == [1, 2, 3]
+        assert read[2].namespace == "x"
+        assert read[2].body == b"x/plan.created//"
+        assert [e.sequence for e in store.read_events(1, 1)] == [2]
+        assert (store.first_sequence(), store.last_sequence()) == (1, 3)
+
+    def test_rolled_back_events_leave_no_gap(self, store: Store) -> None:
+        store.append_events([event()])
+        assigned: list[int] = []
+        fails_in_transaction(store, lambda: assigned.extend(store.append_events([event(), event()])))
+        assert assigned == [2, 3]
+        assert store.append_events([event()]) == [2]
+
+    def test_read_events_filters(self, store: Store) -> None:
+        store.append_events(
+            [
+                event("a", "plan.created", plan_id="p1"),
+                event("a", "tool.invoked", plan_id="p1", session_id="s1"),
+                event("b", "tool.invoked", plan_id="p2"),
+                event("b", "session.message", session_id="s1"),
+                event("c", "plan.error", plan_id="p1"),
+            ]
+        )
+
+        def seqs(where: EventFilter, after: int = 0) -> list[int]:
+            return [e.sequence for e in store.read_events(after, 100, where)]
+
+        assert seqs(EventFilter()) == [1, 2, 3, 4, 5]
+        assert seqs(EventFilter(namespaces=frozenset({"a", "c"}))) == [1, 2, 5]
+        assert seqs(EventFilter(namespaces=frozenset())) == []
+        assert seqs(EventFilter(plan_id="p1")) == [1, 2, 5]
+        assert seqs(EventFilter(session_id="s1")) == [2, 4]
+        assert seqs(EventFilter(types=frozenset({"tool.invoked", "plan.error"}))) == [2, 3, 5]
+        assert seqs(EventFilter(plan_id="p1", types=frozenset({"tool.invoked"}))) == [2]
+        assert seqs(EventFilter(plan_id="p1"), after=2) == [5]
+        assert [e.sequence for e in store.read_events(0, 2, EventFilter(plan_id="p1"))] == [1, 2]
+        for stored in store.read_events(0, 100):
+            assert EventFilter(plan_id="p1").matches(
+                stored.namespace, stored.type, stored.plan_id, stored.session_id
+            ) == (stored.plan_id == "p1")
+
+    def test_prune_by_count_keeps_the_newest(self, store: Store) -> None:
+        store.append_events([event() for _ in range(10)])
+        assert store.prune_events(keep_last=4) == 6
+        assert (store.first_sequence(), store.last_sequence()) == (7, 10)
+        assert store.prune_events(keep_last=4) == 0
+        assert store.prune_events(keep_last=0) == 3
+        assert (store.first_sequence(), store.last_sequence()) == (10, 10)
+        assert store.append_events([event()]) == [11]
+
+    def test_prune_by_age_keeps_the_newest(self, store: Store) -> None:
+        old = time.time() - 3600
+        store.append_events([event(when=old) for _ in range(3)])
+        store.append_events([event()])
+        assert store.prune_events(older_than=time.time() - 60) == 3
+        assert [e.sequence for e in store.read_events(0, 10)] == [4]
+        store.append_events([event(when=old)])
+        # Even an old newest event stays, so the sequence never restarts.
+        assert store.prune_events(older_than=time.time()) == 1
+        assert [e.sequence for e in store.read_events(0, 10)] == [5]
+        assert store.append_events([event()]) == [6]
+        assert store.prune_events() == 0
+
+
+def reopen_keeps_everything(open_store: Callable[[], Store]) -> None:
+    """Shared by durable backends: what one store wrote, the next one reads."""
+    first = open_store()
+    first.insert(record(id="01A", name="alpha"))
+    first.append_items("messages", "01A", [b"m0", b"m1"])
+    first.append_events([event(), event()])
+    first.prune_events(keep_last=1)
+    first.close()
+    second = open_store()
+    try:
+        assert second.get("session", "01A") is not None
+        assert second.list_items("messages", "01A") == [(0, b"m0"), (1, b"m1")]
+        assert second.append_events([event()]) == [3]
+    finally:
+        second.close()

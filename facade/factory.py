@@ -8,12 +8,16 @@ from __future__ import annotations
 import os
 import pathlib
 
+from cleveragents.acp.facade.domain.context import Context
 from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.registries import Registries
+from cleveragents.acp.facade.domain.sessions import Sessions
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
+from cleveragents.acp.facade.services.context import ContextFacade
 from cleveragents.acp.facade.services.events import EventFacade
 from cleveragents.acp.facade.services.meta import MetaFacade
 from cleveragents.acp.facade.services.registries import registry_servicers
+from cleveragents.acp.facade.services.sessions import SessionFacade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 
 
@@ -53,7 +57,10 @@ def open_facade(
     store = SQLiteStore(db if db is not None else default_db_path())
     events = EventLog(store)
     registries = Registries(store)
+    context = Context(store, registries)
+    sessions = Sessions(store, registries, events, context)
     servicers: list[object] = [MetaFacade(), EventFacade(events), *registry_servicers(registries)]
+    servicers += [SessionFacade(sessions), ContextFacade(context)]
     # Closed in reverse: the event log ends its subscriptions before the store goes.
     resources: list[Closeable] = [_StoreResource(store), _EventLogResource(events)]
     return ServiceFacade(servicers, authenticator=authenticator, resources=resources)

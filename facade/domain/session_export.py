@@ -1,0 +1,171 @@
+"""The session export document (format ``cleveragents.acp.session``, version 1).
+
+``build`` writes it; ``parse`` reads it back, refusing anything malformed with
+INVALID_PARAMS naming the JSON path of what is wrong (``$.messages[2].role``). The
+format is specified in docs/session-export.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import json_format, message, timestamp_pb2
+from ulid import ULID
+
+from cleveragents.acp.facade.contract import codec
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain.session_records import STATE_NAMES
+from cleveragents.acp.v1 import context_pb2, session_pb2
+
+FORMAT = "cleveragents.acp.session"
+VERSION = 1
+SUPPORTED_VERSIONS = (VERSION,)
+_FIELDS = ("format", "version", "exported_at", "session", "messages", "context")
+_ROLES = {
+    value: session_pb2.MessageRole.Name(value)
+    for value in session_pb2.MessageRole.values()
+    if value != session_pb2.MESSAGE_ROLE_UNSPECIFIED
+}
+_REQUIRED = ("format", "version", "exported_at", "session", "messages")
+
+
+@dataclass(frozen=True)
+class Exported:
+    session: session_pb2.Session
+    messages: list[session_pb2.Message]
+    context: context_pb2.ContextConfig | None
+
+
+def build(
+    session: session_pb2.Session,
+    messages: list[session_pb2.Message],
+    context: context_pb2.ContextConfig | None,
+    exported_at: timestamp_pb2.Timestamp,
+) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "exported_at": exported_at.ToJsonString(),
+        "session": codec.to_dict(session),
+        "messages": [codec.to_dict(m) for m in messages],
+        "context": codec.to_dict(context) if context is not None else None,
+    }
+
+
+def invalid(path: str, problem: str, **details: Any) -> ACPError:
+    """INVALID_PARAMS about the document, naming the JSON path of what is wrong."""
+    return ACPError(
+        ErrorCode.INVALID_PARAMS,
+        f"invalid session export document at {path}: {problem}",
+        {"field": "document", "path": path, **details},
+    )
+
+
+def _parse_message(value: Any, cls: type[codec.M], path: str) -> codec.M:
+    if not isinstance(value, dict):
+        raise invalid(path, f"expected an object, got {_json_type(value)}")
+    try:
+        return json_format.ParseDict(value, cls(), ignore_unknown_fields=False)
+    except (json_format.ParseError, ValueError, TypeError) as exc:
+        raise invalid(path, str(exc)) from None
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _require_time(msg: message.Message, field_name: str, path: str) -> None:
+    if not msg.HasField(field_name):
+        raise invalid(f"{path}.{field_name}", "missing")
+
+
+def parse(document: dict[str, Any]) -> Exported:
+    """The session, messages and context configuration a document holds, all checked."""
+    unknown = sorted(set(document) - set(_FIELDS))
+    if unknown:
+        raise invalid(
+            f"$.{unknown[0]}", f"unknown field (a version {VERSION} document has {', '.join(_FIELDS)})"
+        )
+    for key in _REQUIRED:
+        if key not in document:
+            raise invalid(f"$.{key}", "missing")
+    if document["format"] != FORMAT:
+        raise invalid("$.format", f"expected {FORMAT!r}, got {document['format']!r}")
+    version = document["version"]
+    if isinstance(version, bool) or not isinstance(version, int | float) or version not in SUPPORTED_VERSIONS:
+        raise invalid(
+            "$.version",
+            f"unsupported version {version!r}; this server reads version {VERSION}",
+            supported_versions=list(SUPPORTED_VERSIONS),
+        )
+    exported_at = document["exported_at"]
+    if not isinstance(exported_at, str):
+        raise invalid("$.exported_at", f"expected an RFC 3339 string, got {_json_type(exported_at)}")
+    try:
+        timestamp_pb2.Timestamp().FromJsonString(exported_at)
+    except ValueError as exc:
+        raise invalid("$.exported_at", f"not an RFC 3339 time: {exc}") from None
+
+    session = _parse_message(document["session"], session_pb2.Session, "$.session")
+    _check_session(session)
+    raw_messages = document["messages"]
+    if not isinstance(raw_messages, list):
+        raise invalid("$.messages", f"expected an array, got {_json_type(raw_messages)}")
+    messages = [
+        _parse_message(m, session_pb2.Message, f"$.messages[{i}]") for i, m in enumerate(raw_messages)
+    ]
+    _check_messages(messages)
+    if session.message_count != len(messages):
+        raise invalid(
+            "$.session.message_count",
+            f"says {session.message_count} but the document holds {len(messages)} messages",
+        )
+    raw_context = document.get("context")
+    context = (
+        None if raw_context is None else _parse_message(raw_context, context_pb2.ContextConfig, "$.context")
+    )
+    return Exported(session, messages, context)
+
+
+def _check_session(session: session_pb2.Session) -> None:
+    if not session.HasField("meta"):
+        raise invalid("$.session.meta", "missing")
+    try:
+        ULID.from_str(session.meta.id)
+    except ValueError as exc:
+        raise invalid("$.session.meta.id", f"not a ULID: {exc}") from None
+    if not session.meta.namespace:
+        raise invalid("$.session.meta.namespace", "missing")
+    _require_time(session.meta, "create_time", "$.session.meta")
+    _require_time(session.meta, "update_time", "$.session.meta")
+    if not session.orchestrator:
+        raise invalid("$.session.orchestrator", "missing")
+    if session.state not in STATE_NAMES:
+        raise invalid("$.session.state", "must be SESSION_STATE_ACTIVE or SESSION_STATE_CLOSED")
+
+
+def _check_messages(messages: list[session_pb2.Message]) -> None:
+    ids: set[str] = set()
+    for i, msg in enumerate(messages):
+        path = f"$.messages[{i}]"
+        if not msg.id:
+            raise invalid(f"{path}.id", "missing")
+        if msg.id in ids:
+            raise invalid(f"{path}.id", f"{msg.id!r} is used by an earlier message")
+        ids.add(msg.id)
+        if msg.index != i:
+            raise invalid(f"{path}.index", f"is {msg.index}, but the message is at position {i}")
+        if msg.role not in _ROLES:
+            raise invalid(f"{path}.role", f"must be one of {', '.join(sorted(_ROLES.values()))}")
+        _require_time(msg, "create_time", path)

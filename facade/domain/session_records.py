@@ -1,0 +1,70 @@
+"""How sessions and their messages sit in the store, shared by sessions, context and export.
+
+A session is a record of kind ``session`` (state ``active``/``closed``; attrs
+``orchestrator`` and ``project`` for the list filters) with the ``Session`` proto as
+body; its messages are items of the ``session.messages`` collection, in order.
+"""
+
+from __future__ import annotations
+
+from google.protobuf import timestamp_pb2
+
+from cleveragents.acp.facade.call import CallContext
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.store.base import Record, Store
+from cleveragents.acp.v1 import session_pb2
+
+SESSION_KIND = "session"
+MESSAGES = "session.messages"
+
+STATE_NAMES: dict[int, str] = {
+    session_pb2.SESSION_STATE_ACTIVE: "active",
+    session_pb2.SESSION_STATE_CLOSED: "closed",
+}
+
+
+def now() -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.GetCurrentTime()
+    return stamp
+
+
+def seconds(stamp: timestamp_pb2.Timestamp) -> float:
+    return stamp.seconds + stamp.nanos / 1e9
+
+
+def to_record(session: session_pb2.Session, revision: int = 1) -> Record:
+    return Record(
+        kind=SESSION_KIND,
+        id=session.meta.id,
+        namespace=session.meta.namespace,
+        body=session.SerializeToString(deterministic=True),
+        revision=revision,
+        state=STATE_NAMES[session.state],
+        attrs={"orchestrator": session.orchestrator, "project": session.project},
+        labels=dict(session.labels),
+        create_time=seconds(session.meta.create_time),
+        update_time=seconds(session.meta.update_time),
+    )
+
+
+def not_found(session_id: str) -> ACPError:
+    return ACPError(
+        ErrorCode.NOT_FOUND,
+        f"no session {session_id!r}",
+        {"session_id": session_id},
+        refinement="SESSION_NOT_FOUND",
+    )
+
+
+def load(store: Store, ctx: CallContext, session_id: str) -> tuple[Record, session_pb2.Session]:
+    """The session record and message, once the caller may use its namespace."""
+    record = store.get(SESSION_KIND, session_id)
+    if record is None:
+        raise not_found(session_id)
+    ctx.authorize(record.namespace)
+    return record, session_pb2.Session.FromString(record.body)
+
+
+def messages(store: Store, session_id: str) -> list[session_pb2.Message]:
+    return [session_pb2.Message.FromString(body) for _, body in store.list_items(MESSAGES, session_id)]

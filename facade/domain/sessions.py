@@ -1,0 +1,317 @@
+"""Sessions: a conversation between a user and an orchestrator actor (``session.*``).
+
+``tell`` stores the user's message, runs the session's orchestrator, stores its replies
+and emits one ``session.message`` event per message, each in the same transaction as the
+message it reports. A session is ``active`` or ``closed``; the orchestrator's ``/close``
+closes it and ``resume`` reopens it. Semantics in docs/sessions.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from google.protobuf import json_format
+from ulid import ULID
+
+from cleveragents.acp.facade.call import CallContext
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain import paging, session_export
+from cleveragents.acp.facade.domain.context import Context, session_key
+from cleveragents.acp.facade.domain.orchestrator import BuiltinOrchestrator, Orchestrator, PlanStarter
+from cleveragents.acp.facade.domain.registries import Registries
+from cleveragents.acp.facade.domain.session_records import (
+    MESSAGES,
+    SESSION_KIND,
+    STATE_NAMES,
+    load,
+    messages,
+    not_found,
+    now,
+    seconds,
+    to_record,
+)
+from cleveragents.acp.facade.store.base import ListQuery, StaleRevisionError, Store, StoreConflictError
+from cleveragents.acp.v1 import common_pb2, events_pb2, registry_pb2, session_pb2
+
+DEFAULT_ORCHESTRATOR = "orchestrator"
+MAX_MESSAGE_CHARS = 100_000
+MAX_TITLE_CHARS = 1_000
+LIST_SCOPE = "session.list"
+
+ACTIVE = session_pb2.SESSION_STATE_ACTIVE
+CLOSED = session_pb2.SESSION_STATE_CLOSED
+
+
+class EventPublisher(Protocol):
+    def publish(self, event: events_pb2.Event) -> events_pb2.Event: ...
+
+
+def _invalid(field: str, message: str) -> ACPError:
+    return ACPError(ErrorCode.INVALID_PARAMS, message, {"field": field})
+
+
+class Sessions:
+    def __init__(
+        self,
+        store: Store,
+        registries: Registries,
+        events: EventPublisher,
+        context: Context,
+        *,
+        plan_starter: PlanStarter | None = None,
+    ) -> None:
+        self.store = store
+        self.registries = registries
+        self.events = events
+        self.context = context
+        self.pages = paging.PageTokens(store)
+        # Actor provider -> the orchestrator that runs sessions of actors of that provider.
+        self.orchestrators: dict[str, Orchestrator] = {
+            BuiltinOrchestrator.provider: BuiltinOrchestrator(registries, plan_starter)
+        }
+
+    # create, show, list, delete, resume ----------------------------------------------
+
+    def create(self, ctx: CallContext, req: session_pb2.CreateSessionRequest) -> session_pb2.Session:
+        namespace = ctx.namespace(req.namespace)
+        orchestrator = req.orchestrator or DEFAULT_ORCHESTRATOR
+        if len(req.title) > MAX_TITLE_CHARS:
+            raise _invalid("title", f"title is longer than {MAX_TITLE_CHARS} characters")
+        problem = self._reference_problem(namespace, orchestrator, req.project)
+        if problem is not None:
+            raise _invalid(*problem)
+        stamp = now()
+        session = session_pb2.Session(
+            meta=common_pb2.EntityMeta(
+                id=str(ULID()), namespace=namespace, create_time=stamp, update_time=stamp
+            ),
+            title=req.title,
+            orchestrator=orchestrator,
+            project=req.project,
+            state=ACTIVE,
+            labels=dict(req.labels),
+        )
+        self.store.insert(to_record(session))
+        return session
+
+    def _reference_problem(self, namespace: str, orchestrator: str, project: str) -> tuple[str, str] | None:
+        """(field, problem) when the orchestrator actor or the project does not exist."""
+        if self.registries.find("actor", namespace, orchestrator) is None:
+            return "orchestrator", f"no actor {orchestrator!r} in namespace {namespace!r} to orchestrate"
+        if project and self.registries.find("project", namespace, project) is None:
+            return "project", f"no project {project!r} in namespace {namespace!r}"
+        return None
+
+    def show(self, ctx: CallContext, session_id: str) -> session_pb2.GetSessionResponse:
+        _, session = load(self.store, ctx, session_id)
+        return session_pb2.GetSessionResponse(session=session, messages=messages(self.store, session_id))
+
+    def list_sessions(
+        self, ctx: CallContext, req: session_pb2.ListSessionsRequest
+    ) -> session_pb2.ListSessionsResponse:
+        namespaces = ctx.visible_namespaces(req.namespace)
+        size = paging.page_size(req.page_size)
+        state = None
+        if req.state != session_pb2.SESSION_STATE_UNSPECIFIED:
+            state = STATE_NAMES.get(req.state)
+            if state is None:
+                raise _invalid("state", f"unknown session state {req.state}")
+        attrs = {
+            key: value for key, value in (("orchestrator", req.actor), ("project", req.project)) if value
+        }
+        filters = {
+            "namespaces": sorted(namespaces) if namespaces is not None else None,
+            "state": state,
+            "attrs": attrs,
+        }
+        position = self.pages.decode(req.page_token, LIST_SCOPE, filters)
+        records = self.store.query(
+            ListQuery(
+                kind=SESSION_KIND,
+                namespaces=namespaces,
+                state=state,
+                attrs=attrs,
+                before_id=position,
+                limit=size + 1,
+            )
+        )
+        response = session_pb2.ListSessionsResponse(
+            sessions=[session_pb2.Session.FromString(r.body) for r in records[:size]]
+        )
+        if len(records) > size:
+            response.next_page_token = self.pages.encode(LIST_SCOPE, filters, records[size - 1].id)
+        return response
+
+    def delete(self, ctx: CallContext, session_id: str) -> None:
+        record, _ = load(self.store, ctx, session_id)
+        with self.store.transaction():
+            self.store.delete_items(MESSAGES, session_id)
+            self.context.configs.delete(record.namespace, session_key(session_id))
+            self.store.delete(SESSION_KIND, session_id)
+
+    def resume(self, ctx: CallContext, session_id: str) -> session_pb2.Session:
+        with self.store.transaction():
+            record, session = load(self.store, ctx, session_id)
+            if session.state != CLOSED:
+                raise ACPError(
+                    ErrorCode.INVALID_STATE,
+                    f"session {session_id} is {STATE_NAMES[session.state]}; only a closed session resumes",
+                    {"session_id": session_id, "state": STATE_NAMES[session.state]},
+                )
+            session.state = ACTIVE
+            session.meta.update_time.CopyFrom(now())
+            self._save(session, record.revision)
+        return session
+
+    def _save(self, session: session_pb2.Session, read_revision: int) -> None:
+        try:
+            self.store.update(to_record(session, read_revision + 1), expected_revision=read_revision)
+        except (StaleRevisionError, KeyError):
+            raise ACPError(
+                ErrorCode.INVALID_STATE,
+                f"session {session.meta.id} changed or went away meanwhile; read it again",
+                {"session_id": session.meta.id},
+            ) from None
+
+    # tell -----------------------------------------------------------------------------
+
+    async def tell(
+        self, ctx: CallContext, req: session_pb2.TellSessionRequest
+    ) -> session_pb2.TellSessionResponse:
+        _, session = load(self.store, ctx, req.session_id)
+        if len(req.content) > MAX_MESSAGE_CHARS:
+            raise _invalid("content", f"a message holds at most {MAX_MESSAGE_CHARS} characters")
+        if session.state == CLOSED:
+            raise ACPError(
+                ErrorCode.INVALID_STATE,
+                f"session {session.meta.id} is closed; session.resume reopens it",
+                {"session_id": session.meta.id, "state": "closed"},
+            )
+        orchestrator = self._orchestrator(session)
+        user = session_pb2.Message(role=session_pb2.MESSAGE_ROLE_USER, content=req.content)
+        (stored_user,) = self._append(session.meta.id, [user])
+        outcome = await orchestrator.respond(ctx, session, req.content)
+        replies = [
+            session_pb2.Message(
+                role=session_pb2.MESSAGE_ROLE_ORCHESTRATOR, content=r.content, plan_id=r.plan_id
+            )
+            for r in outcome.replies
+        ]
+        stored_replies = self._append(session.meta.id, replies, close=outcome.close)
+        return session_pb2.TellSessionResponse(message=stored_user, replies=stored_replies)
+
+    def _orchestrator(self, session: session_pb2.Session) -> Orchestrator:
+        namespace, name = session.meta.namespace, session.orchestrator
+        actor = self.registries.find("actor", namespace, name)
+        if not isinstance(actor, registry_pb2.Actor):
+            raise ACPError(
+                ErrorCode.INVALID_STATE,
+                f"the session's orchestrator actor {name!r} no longer exists in namespace {namespace!r}",
+                {"session_id": session.meta.id, "orchestrator": name},
+            )
+        orchestrator = self.orchestrators.get(actor.spec.provider)
+        if orchestrator is None:
+            providers = sorted(self.orchestrators)
+            raise ACPError(
+                ErrorCode.INVALID_STATE,
+                f"actor {name!r} has provider {actor.spec.provider!r}, which cannot orchestrate a session "
+                f"on this server; providers that can: {', '.join(providers)}",
+                {
+                    "session_id": session.meta.id,
+                    "orchestrator": name,
+                    "provider": actor.spec.provider,
+                    "orchestrating_providers": providers,
+                },
+            )
+        return orchestrator
+
+    def _append(
+        self, session_id: str, new: Iterable[session_pb2.Message], *, close: bool = False
+    ) -> list[session_pb2.Message]:
+        """Store messages after the history, update the session, emit one event each.
+
+        The session is re-read inside the transaction: the orchestrator ran in between."""
+        with self.store.transaction():
+            record = self.store.get(SESSION_KIND, session_id)
+            if record is None:
+                raise not_found(session_id)
+            session = session_pb2.Session.FromString(record.body)
+            stamp = now()
+            stored: list[session_pb2.Message] = []
+            for offset, given in enumerate(new):
+                msg = session_pb2.Message()
+                msg.CopyFrom(given)
+                msg.id = str(ULID())
+                msg.index = session.message_count + offset
+                msg.create_time.CopyFrom(stamp)
+                stored.append(msg)
+            indices = self.store.append_items(
+                MESSAGES, session_id, [m.SerializeToString(deterministic=True) for m in stored]
+            )
+            if indices != [m.index for m in stored]:
+                raise RuntimeError(f"session {session_id}: message_count disagrees with its stored history")
+            session.message_count += len(stored)
+            session.meta.update_time.CopyFrom(stamp)
+            if close:
+                session.state = CLOSED
+            self._save(session, record.revision)
+            for msg in stored:
+                self.events.publish(
+                    events_pb2.Event(
+                        namespace=session.meta.namespace,
+                        session_id=session_id,
+                        session_message=events_pb2.SessionMessage(message=msg),
+                    )
+                )
+        return stored
+
+    # export, import -------------------------------------------------------------------
+
+    def export(self, ctx: CallContext, session_id: str) -> session_pb2.ExportSessionResponse:
+        record, session = load(self.store, ctx, session_id)
+        history = messages(self.store, session_id)
+        config = self.context.configs.get(record.namespace, session_key(session_id))
+        response = session_pb2.ExportSessionResponse()
+        response.document.update(session_export.build(session, history, config, now()))
+        return response
+
+    def import_(self, ctx: CallContext, req: session_pb2.ImportSessionRequest) -> session_pb2.Session:
+        exported = session_export.parse(json_format.MessageToDict(req.document))
+        session = exported.session
+        namespace = ctx.namespace(req.namespace or session.meta.namespace)
+        session.meta.namespace = namespace
+        if req.new_id:
+            # Same creation instant, fresh randomness: the session still lists where it was made.
+            session.meta.id = str(ULID.from_timestamp(seconds(session.meta.create_time)))
+        problem = self._reference_problem(namespace, session.orchestrator, session.project)
+        if problem is not None:
+            raise session_export.invalid(f"$.session.{problem[0]}", problem[1])
+        if exported.context is not None:
+            try:
+                self.context.validate(namespace, exported.context, prefix="$.context")
+            except ACPError as exc:
+                path = str(exc.details.get("field", "$.context"))
+                raise session_export.invalid(path, exc.message.removeprefix(f"{path}: ")) from None
+        clash = ACPError(
+            ErrorCode.ALREADY_EXISTS,
+            f"a session with id {session.meta.id} exists; import with new_id to take a fresh id",
+            {"session_id": session.meta.id},
+            refinement="SESSION_ALREADY_EXISTS",
+        )
+        with self.store.transaction():
+            if self.store.get(SESSION_KIND, session.meta.id) is not None:
+                raise clash
+            try:
+                self.store.insert(to_record(session))
+            except StoreConflictError:
+                raise clash from None
+            if exported.messages:
+                self.store.append_items(
+                    MESSAGES,
+                    session.meta.id,
+                    [m.SerializeToString(deterministic=True) for m in exported.messages],
+                )
+            if exported.context is not None:
+                self.context.configs.put(namespace, session_key(session.meta.id), exported.context)
+        return session

@@ -29,6 +29,31 @@ def default_db_path() -> pathlib.Path:
     return pathlib.Path(data_home) / "cleveragents" / "acp.db"
 
 
+def _env_number(name: str, kind: type[int] | type[float]) -> int | float | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"${name} must be a {kind.__name__}, not {raw!r}") from None
+
+
+def open_event_log(store: SQLiteStore) -> EventLog:
+    """The event log, configured from the environment: ``$ACP_EVENT_RETENTION_COUNT``
+    (events kept) and ``$ACP_EVENT_RETENTION_SECONDS`` (maximum age; unset: keep all),
+    ``$ACP_EVENT_QUEUE_SIZE`` (events a live subscriber may lag before it is ended)."""
+    count = _env_number("ACP_EVENT_RETENTION_COUNT", int)
+    seconds = _env_number("ACP_EVENT_RETENTION_SECONDS", float)
+    queue_size = _env_number("ACP_EVENT_QUEUE_SIZE", int)
+    return EventLog(
+        store,
+        queue_size=int(queue_size) if queue_size is not None else 1024,
+        retention_count=int(count) if count is not None else None,
+        retention_seconds=seconds,
+    )
+
+
 class _StoreResource:
     def __init__(self, store: SQLiteStore) -> None:
         self.store = store
@@ -55,7 +80,7 @@ def open_facade(
     Without an authenticator the facade runs in local mode: every call acts as the
     local principal with access to all namespaces."""
     store = SQLiteStore(db if db is not None else default_db_path())
-    events = EventLog(store)
+    events = open_event_log(store)
     registries = Registries(store)
     context = Context(store, registries)
     sessions = Sessions(store, registries, events, context)

@@ -6,6 +6,7 @@ write survives a ``kill -9`` and a power cut alike.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import pathlib
@@ -49,6 +50,13 @@ def _record(row: sqlite3.Row | tuple[Any, ...]) -> Record:
     )
 
 
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
+
+
 def _json(value: dict[str, str]) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
@@ -61,6 +69,7 @@ class SQLiteStore(Store):
         self._lock = threading.RLock()
         self._depth = 0
         self._after_commit: list[Callable[[], None]] = []
+        self._owner: asyncio.Task[Any] | None = None
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous}")
@@ -116,8 +125,14 @@ class SQLiteStore(Store):
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
+        """One writer at a time (a lock, and BEGIN IMMEDIATE across processes).
+
+        A transaction belongs to the task that opened it: another task of the same thread
+        touching the store meanwhile (the opener awaited inside it) is refused, instead of
+        silently joining or reading uncommitted writes."""
         with self._lock:
             if self._depth:
+                self._check_owner()
                 self._depth += 1
                 try:
                     yield
@@ -126,6 +141,7 @@ class SQLiteStore(Store):
                 return
             self._db.execute("BEGIN IMMEDIATE")
             self._depth = 1
+            self._owner = _current_task()
             try:
                 yield
                 self._db.execute("COMMIT")
@@ -143,9 +159,17 @@ class SQLiteStore(Store):
     def after_commit(self, callback: Callable[[], None]) -> None:
         with self._lock:
             if self._depth:
+                self._check_owner()
                 self._after_commit.append(callback)
             else:
                 self._run(callback)
+
+    def _check_owner(self) -> None:
+        if self._depth and _current_task() is not self._owner:
+            raise RuntimeError(
+                "the store is inside a transaction another task opened; "
+                "a transaction must not be held across an await"
+            )
 
     @staticmethod
     def _run(callback: Callable[[], None]) -> None:
@@ -158,19 +182,29 @@ class SQLiteStore(Store):
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         """Run one statement (inside the caller's transaction, if any)."""
         with self._lock:
+            self._check_owner()
             return self._db.execute(sql, params)
+
+    def _one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        # Fetched under the lock: another thread's transaction cannot interleave.
+        with self._lock:
+            return self.execute(sql, params).fetchone()
+
+    def _all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        with self._lock:
+            return self.execute(sql, params).fetchall()
 
     # records --------------------------------------------------------------------------
 
     def get(self, kind: str, id: str) -> Record | None:
-        row = self.execute(f"SELECT {_COLUMNS} FROM records WHERE kind=? AND id=?", (kind, id)).fetchone()
+        row = self._one(f"SELECT {_COLUMNS} FROM records WHERE kind=? AND id=?", (kind, id))
         return _record(row) if row else None
 
     def get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
-        row = self.execute(
+        row = self._one(
             f"SELECT {_COLUMNS} FROM records WHERE kind=? AND namespace=? AND name=?",
             (kind, namespace, name),
-        ).fetchone()
+        )
         return _record(row) if row else None
 
     def insert(self, record: Record) -> None:
@@ -197,9 +231,9 @@ class SQLiteStore(Store):
 
     def update(self, record: Record, expected_revision: int | None = None) -> None:
         with self.transaction():
-            current = self.execute(
+            current = self._one(
                 "SELECT revision FROM records WHERE kind=? AND id=?", (record.kind, record.id)
-            ).fetchone()
+            )
             if current is None:
                 raise KeyError(f"{record.kind} {record.id}")
             if expected_revision is not None and current[0] != expected_revision:
@@ -223,9 +257,7 @@ class SQLiteStore(Store):
 
     def delete(self, kind: str, id: str, expected_revision: int | None = None) -> bool:
         with self.transaction():
-            current = self.execute(
-                "SELECT revision FROM records WHERE kind=? AND id=?", (kind, id)
-            ).fetchone()
+            current = self._one("SELECT revision FROM records WHERE kind=? AND id=?", (kind, id))
             if current is None:
                 return False
             if expected_revision is not None and current[0] != expected_revision:
@@ -254,31 +286,29 @@ class SQLiteStore(Store):
             where.append("id < ?")
             params.append(query.before_id)
         params.append(query.limit)
-        rows = self.execute(
+        rows = self._all(
             f"SELECT {_COLUMNS} FROM records WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?",
             params,
-        ).fetchall()
+        )
         return [_record(row) for row in rows]
 
     def iter_kind(self, kind: str, namespace: str | None = None) -> Iterator[Record]:
         if namespace is None:
-            rows = self.execute(
-                f"SELECT {_COLUMNS} FROM records WHERE kind=? ORDER BY id", (kind,)
-            ).fetchall()
+            rows = self._all(f"SELECT {_COLUMNS} FROM records WHERE kind=? ORDER BY id", (kind,))
         else:
-            rows = self.execute(
+            rows = self._all(
                 f"SELECT {_COLUMNS} FROM records WHERE kind=? AND namespace=? ORDER BY id", (kind, namespace)
-            ).fetchall()
+            )
         return iter([_record(row) for row in rows])
 
     # items ----------------------------------------------------------------------------
 
     def append_items(self, collection: str, owner_id: str, bodies: Sequence[bytes]) -> list[int]:
         with self.transaction():
-            row = self.execute(
+            row = self._one(
                 "SELECT COALESCE(MAX(idx), -1) FROM items WHERE collection=? AND owner_id=?",
                 (collection, owner_id),
-            ).fetchone()
+            )
             start = int(row[0]) + 1
             indices = list(range(start, start + len(bodies)))
             self._db.executemany(
@@ -288,10 +318,10 @@ class SQLiteStore(Store):
             return indices
 
     def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
-        rows = self.execute(
+        rows = self._all(
             "SELECT idx, body FROM items WHERE collection=? AND owner_id=? ORDER BY idx",
             (collection, owner_id),
-        ).fetchall()
+        )
         return [(int(idx), bytes(body)) for idx, body in rows]
 
     def delete_items(self, collection: str, owner_id: str) -> None:
@@ -302,7 +332,7 @@ class SQLiteStore(Store):
     def append_events(self, events: Sequence[StoredEvent]) -> list[int]:
         """Append events in one transaction; sequences are assigned here, gap-free."""
         with self.transaction():
-            row = self.execute("SELECT COALESCE(MAX(sequence), 0) FROM events").fetchone()
+            row = self._one("SELECT COALESCE(MAX(sequence), 0) FROM events")
             first = int(row[0]) + 1
             sequences = list(range(first, first + len(events)))
             self._db.executemany(
@@ -334,18 +364,18 @@ class SQLiteStore(Store):
                 clauses.append(f"type IN ({','.join('?' * len(where.types))})")
                 params.extend(sorted(where.types))
         params.append(limit)
-        rows = self.execute(
+        rows = self._all(
             "SELECT sequence, namespace, type, plan_id, session_id, time, body FROM events "
             f"WHERE {' AND '.join(clauses)} ORDER BY sequence LIMIT ?",
             params,
-        ).fetchall()
+        )
         return [StoredEvent(int(r[0]), r[1], r[2], r[3], r[4], float(r[5]), bytes(r[6])) for r in rows]
 
     def last_sequence(self) -> int:
-        return int(self.execute("SELECT COALESCE(MAX(sequence), 0) FROM events").fetchone()[0])
+        return int(self._one("SELECT COALESCE(MAX(sequence), 0) FROM events")[0])
 
     def first_sequence(self) -> int:
-        return int(self.execute("SELECT COALESCE(MIN(sequence), 0) FROM events").fetchone()[0])
+        return int(self._one("SELECT COALESCE(MIN(sequence), 0) FROM events")[0])
 
     def prune_events(self, *, keep_last: int | None = None, older_than: float | None = None) -> int:
         with self.transaction():

@@ -345,6 +345,7 @@ async def test_events_are_delivered_on_commit_only(log: EventLog, store: SQLiteS
     await asyncio.sleep(0.01)
     with store.transaction():
         inside = log.publish(state_changed("p", "in a transaction"))
+        # Held across an await only to watch the reader; it does not touch the store.
         await asyncio.sleep(0.05)
         assert not next_event.done()
     delivered = await asyncio.wait_for(next_event, TIMEOUT)

@@ -237,3 +237,21 @@ async def test_open_facade_serves_the_log_and_closes_it(db_path: pathlib.Path) -
     await facade.close()
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(waiting, TIMEOUT)
+
+
+async def test_open_facade_takes_retention_from_the_environment(
+    db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SQLiteStore(db_path)
+    earlier = EventLog(store)
+    earlier.publish_many([tool("p1") for _ in range(20)])
+    earlier.close()
+    store.close()
+    monkeypatch.setenv("ACP_EVENT_RETENTION_COUNT", "5")
+    facade = open_facade(db_path)
+    async with ACPClient(LocalTransport(facade, owns_facade=True)) as client:
+        assert (await first_event(client)).sequence == 16
+
+    monkeypatch.setenv("ACP_EVENT_RETENTION_SECONDS", "soon")
+    with pytest.raises(ValueError, match="ACP_EVENT_RETENTION_SECONDS"):
+        open_facade(db_path)

@@ -3,11 +3,12 @@ reopening, and schema migrations on start."""
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -116,4 +117,34 @@ def test_processes_opening_one_new_file_together_migrate_it_once(tmp_path: pathl
     try:
         assert store.schema_version == len(migrations.MIGRATIONS)
     finally:
+        store.close()
+
+
+async def test_other_tasks_cannot_join_a_transaction_held_across_an_await(db_path: pathlib.Path) -> None:
+    store = SQLiteStore(db_path)
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    async def holder() -> None:
+        with store.transaction():
+            store.insert(record(id="01A"))
+            inside.set()
+            await release.wait()
+
+    task = asyncio.create_task(holder())
+    try:
+        await asyncio.wait_for(inside.wait(), 10)
+        misuses: list[Callable[[], object]] = [
+            lambda: store.get("session", "01A"),
+            lambda: store.insert(record(id="01B")),
+            lambda: store.after_commit(lambda: None),
+        ]
+        for misuse in misuses:
+            with pytest.raises(RuntimeError, match="across an await"):
+                misuse()
+        release.set()
+        await asyncio.wait_for(task, 10)
+        assert store.get("session", "01A") is not None
+        assert store.get("session", "01B") is None
+    finally:
+        release.set()
         store.close()

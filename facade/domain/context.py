@@ -152,6 +152,19 @@ class Context:
         self.registries = registries
         self.counter = counter
         self.configs = ContextConfigs(store)
+        registries.add_referrer_source(self.referrers)
+
+    def referrers(self, kind: str, namespace: str, name: str) -> list[str]:
+        """Configurations naming a resource or skill (``context/session:<id>``) block its removal."""
+        if kind not in ("resource", "skill"):
+            return []
+        found = []
+        for record in self.store.iter_kind(CONTEXT_KIND, namespace):
+            config = context_pb2.ContextConfig.FromString(record.body)
+            named = [s.resource for s in config.sources] if kind == "resource" else list(config.skills)
+            if name in named:
+                found.append(f"context/{record.name}")
+        return found
 
     # scope and configuration ----------------------------------------------------------
 

@@ -38,6 +38,8 @@ DEFAULT_ORCHESTRATOR = "orchestrator"
 MAX_MESSAGE_CHARS = 100_000
 MAX_TITLE_CHARS = 1_000
 LIST_SCOPE = "session.list"
+# How many referring sessions a refused registry removal names.
+MAX_REFERRERS = 20
 
 ACTIVE = session_pb2.SESSION_STATE_ACTIVE
 CLOSED = session_pb2.SESSION_STATE_CLOSED
@@ -70,6 +72,19 @@ class Sessions:
         self.orchestrators: dict[str, Orchestrator] = {
             BuiltinOrchestrator.provider: BuiltinOrchestrator(registries, plan_starter)
         }
+        registries.add_referrer_source(self.referrers)
+
+    def referrers(self, kind: str, namespace: str, name: str) -> list[str]:
+        """Sessions naming an actor (as orchestrator) or a project: they block its removal."""
+        attr = {"actor": "orchestrator", "project": "project"}.get(kind)
+        if attr is None:
+            return []
+        records = self.store.query(
+            ListQuery(
+                kind=SESSION_KIND, namespaces=frozenset({namespace}), attrs={attr: name}, limit=MAX_REFERRERS
+            )
+        )
+        return [f"session/{r.id}" for r in records]
 
     # create, show, list, delete, resume ----------------------------------------------
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
-from cleveragents.acp.facade.domain.context_files import MAX_FILE_BYTES
+from cleveragents.acp.facade.domain.context_files import MAX_FILE_BYTES, MAX_FILES_PER_SOURCE
 from cleveragents.acp.facade.domain.tokens import ByteEstimateCounter
 from cleveragents.acp.v1 import context_pb2
 from tests.facade.domain.session_helpers import add_folder, add_project, create, error_of
@@ -44,6 +44,7 @@ def folder(tmp_path: pathlib.Path) -> pathlib.Path:
     os.symlink(root / "README.md", root / "link_in")
     os.symlink(outside / "secret.txt", root / "link_out")
     os.symlink(outside, root / "linkdir")
+    os.symlink(root / "docs", root / "docs_link")
     return root
 
 
@@ -192,6 +193,7 @@ async def test_inspect_items(client: ACPClient, folder: pathlib.Path) -> None:
         ("file:web-src/missing.md", "NOT_FOUND"),
         ("file:web-src/docs", "NOT_FOUND"),
         ("file:web-src/.git/config", "NOT_FOUND"),
+        ("file:web-src/docs_link/guide.md", "NOT_FOUND"),
         ("file:other/README.md", "NOT_FOUND"),
         ("skill:tone", "NOT_FOUND"),
         ("skill:ghost", "NOT_FOUND"),
@@ -302,3 +304,39 @@ async def test_simulate_globs_and_missing_folder(
         ("resource:gone", "DROPPED"),
     ]
     assert "does not exist" in result.items[-1].reason
+
+
+async def test_configurations_block_removing_their_resources_and_skills(
+    client: ACPClient, folder: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    await add_project(client, "web", folder)
+    await add_folder(client, "notes", tmp_path / "notes")
+    await client.call("skill.add", name="tone", spec={"instructions": "Be brief."})
+    session = await create(client)
+    await client.call(
+        "context.set",
+        session_id=session.meta.id,
+        config={"sources": [{"resource": "notes"}], "skills": ["tone"]},
+    )
+    for kind, name in [("resource", "notes"), ("skill", "tone")]:
+        err = await error_of(client, f"{kind}.remove", name=name)
+        assert err.code == "INVALID_STATE", kind
+        assert err.details["referrers"] == [f"context/session:{session.meta.id}"]
+    await client.call("context.set", session_id=session.meta.id, config={})
+    await client.call("resource.remove", name="notes")
+    await client.call("skill.remove", name="tone")
+
+
+async def test_simulate_caps_files_per_source(client: ACPClient, tmp_path: pathlib.Path) -> None:
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(MAX_FILES_PER_SOURCE + 3):
+        (many / f"f{i:05d}.txt").write_text("x")
+    await add_project(client, "many", many)
+    result = await simulate(client, project="many", token_budget=100_000)
+    assert len(result.items) == MAX_FILES_PER_SOURCE + 1
+    assert result.items[-2].id == f"file:many-src/f{MAX_FILES_PER_SOURCE - 1:05d}.txt"
+    last = result.items[-1]
+    assert (last.id, last.disposition) == ("resource:many-src", DROPPED)
+    assert f"{MAX_FILES_PER_SOURCE + 3} files match" in last.reason
+    assert result.total_tokens == MAX_FILES_PER_SOURCE

@@ -15,7 +15,7 @@ from cleveragents.acp.facade.call import CallContext
 from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.context import Context
 from cleveragents.acp.facade.domain.events import EventLog
-from cleveragents.acp.facade.domain.orchestrator import UseArgumentError, parse_use
+from cleveragents.acp.facade.domain.orchestrator import PlanStarter, UseArgumentError, parse_use
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.sessions import Sessions
 from cleveragents.acp.facade.service_facade import ServiceFacade
@@ -101,18 +101,39 @@ def starter() -> RecordingPlanStarter:
     return RecordingPlanStarter()
 
 
-@pytest.fixture
-async def planning_client(db_path: pathlib.Path, starter: RecordingPlanStarter) -> AsyncIterator[ACPClient]:
+async def _sessions_client(db_path: pathlib.Path, starter: PlanStarter | None) -> AsyncIterator[ACPClient]:
+    """A client whose sessions start plans through ``starter`` (or cannot start any)."""
     store = SQLiteStore(db_path)
     events = EventLog(store)
     registries = Registries(store)
     context = Context(store, registries)
     sessions = Sessions(store, registries, events, context, plan_starter=starter)
     facade = ServiceFacade([SessionFacade(sessions), *registry_servicers(registries)])
-    client = ACPClient(LocalTransport(facade))
-    yield client
+    yield ACPClient(LocalTransport(facade))
     events.close()
     store.close()
+
+
+@pytest.fixture
+async def planning_client(db_path: pathlib.Path, starter: RecordingPlanStarter) -> AsyncIterator[ACPClient]:
+    async for client in _sessions_client(db_path, starter):
+        yield client
+
+
+@pytest.fixture
+async def planless_client(db_path: pathlib.Path) -> AsyncIterator[ACPClient]:
+    async for client in _sessions_client(db_path, None):
+        yield client
+
+
+async def test_use_without_a_plan_engine_says_so(planless_client: ACPClient, tmp_path: pathlib.Path) -> None:
+    await add_project(planless_client, "web", tmp_path / "web")
+    session = await create(planless_client, project="web")
+    reply = (await tell(planless_client, session.meta.id, "/use bump level=2")).replies[0]
+    assert reply.content.startswith("Plans are not available on this server")
+    assert reply.plan_id == ""
+    bad = (await tell(planless_client, session.meta.id, "/use")).replies[0].content
+    assert "name the action to use" in bad
 
 
 async def test_use_starts_a_plan(

@@ -97,15 +97,6 @@ async def test_tell_help_actions_and_free_text(client: ACPClient) -> None:
     assert len({m.id for m in shown.messages}) == 10
 
 
-async def test_use_without_a_plan_engine_says_so(client: ACPClient) -> None:
-    session = await create(client)
-    reply = (await tell(client, session.meta.id, "/use bump level=2")).replies[0]
-    assert "Plans are not available on this server" in reply.content
-    assert reply.plan_id == ""
-    bad = (await tell(client, session.meta.id, "/use")).replies[0].content
-    assert "name the action to use" in bad
-
-
 async def test_tell_validates_content(client: ACPClient) -> None:
     session = await create(client)
     err = await error_of(client, "session.tell", session_id=session.meta.id, content="")
@@ -275,3 +266,18 @@ async def test_list_refuses_forged_and_foreign_tokens(client: ACPClient) -> None
     rest = await client.call("session.list", page_size=10, page_token=token)
     assert isinstance(rest, session_pb2.ListSessionsResponse)
     assert [s.title for s in rest.sessions] == ["s1", "s0"]
+
+
+async def test_sessions_block_removing_their_actor_and_project(
+    client: ACPClient, tmp_path: pathlib.Path
+) -> None:
+    await add_project(client, "web", tmp_path / "web")
+    await client.call("actor.add", name="boss", spec={"provider": "scripted"})
+    session = await create(client, orchestrator="boss", project="web")
+    for kind, name in [("actor", "boss"), ("project", "web")]:
+        err = await error_of(client, f"{kind}.remove", name=name)
+        assert err.code == "INVALID_STATE", kind
+        assert err.details["referrers"] == [f"session/{session.meta.id}"]
+    await client.call("session.delete", session_id=session.meta.id)
+    await client.call("actor.remove", name="boss")
+    await client.call("project.remove", name="web")

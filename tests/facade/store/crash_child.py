@@ -1,27 +1,38 @@
-"""Writes until killed, printing one ack line after each write returns (see test_crash)."""
+"""Writes until killed, printing one ack line after each write returns (see test_crash).
+
+``store`` mode writes records, items and events through the store and the event log;
+``facade`` mode makes ACP calls (session.create, session.tell) through the facade."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 
+from cleveragents.acp.client.acp_client import ACPClient
+from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.facade.domain.events import EventLog
+from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.store.base import Record
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
-from cleveragents.acp.v1 import events_pb2
+from cleveragents.acp.v1 import events_pb2, session_pb2
 
 
-def main(path: str, limit: int) -> None:
+def ack(*words: object) -> None:
+    print(*words, flush=True)
+
+
+def write_store(path: str, limit: int) -> None:
     store = SQLiteStore(path)
     log = EventLog(store)
-    print("ready", flush=True)
+    ack("ready")
     for i in range(limit):
         now = time.time()
         record_id = f"rec-{i:06d}"
         store.insert(Record(kind="session", id=record_id, namespace="default", body=b"x", create_time=now))
-        print(f"record {record_id}", flush=True)
+        ack("record", record_id)
         store.append_items("messages", record_id, [f"message {i}".encode()])
-        print(f"item {record_id}", flush=True)
+        ack("item", record_id)
         published = log.publish(
             events_pb2.Event(
                 namespace="default",
@@ -29,8 +40,25 @@ def main(path: str, limit: int) -> None:
                 log_record=events_pb2.LogRecord(message=f"write {i}"),
             )
         )
-        print(f"event {published.sequence} {record_id}", flush=True)
+        ack("event", published.sequence, record_id)
+
+
+async def call_facade(path: str, limit: int) -> None:
+    client = ACPClient(LocalTransport(open_facade(path), owns_facade=True))
+    ack("ready")
+    for i in range(limit):
+        created = await client.call("session.create", title=f"crash {i}")
+        assert isinstance(created, session_pb2.CreateSessionResponse)
+        session_id = created.session.meta.id
+        ack("session", session_id)
+        told = await client.call("session.tell", session_id=session_id, content=f"hello-{i}")
+        assert isinstance(told, session_pb2.TellSessionResponse)
+        ack("tell", session_id, f"hello-{i}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    mode, db, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if mode == "store":
+        write_store(db, count)
+    else:
+        asyncio.run(call_facade(db, count))

@@ -2,67 +2,77 @@
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import queue
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import AsyncGenerator
+from typing import IO, cast
 
+from cleveragents.acp.client.acp_client import ACPClient
+from cleveragents.acp.client.local import LocalTransport
+from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
-from cleveragents.acp.v1 import events_pb2
+from cleveragents.acp.v1 import events_pb2, session_pb2
 from tests.facade.store import crash_child
 
-ACKS_BEFORE_KILL = 600
 REPO = pathlib.Path(__file__).resolve().parents[3]
+TIMEOUT = 30
 
 
-def _read_lines(stream: object, lines: queue.Queue[str | None]) -> None:
-    assert hasattr(stream, "readline")
+def _pump(stream: IO[bytes], lines: queue.Queue[str | None]) -> None:
     for raw in iter(stream.readline, b""):
         lines.put(raw.decode().rstrip("\n"))
     lines.put(None)
 
 
-def test_sigkill_after_acknowledged_writes_loses_nothing(tmp_path: pathlib.Path) -> None:
-    db = tmp_path / "crash.db"
+def write_then_kill(mode: str, db: pathlib.Path, acks_before_kill: int) -> list[list[str]]:
+    """Run the writer, SIGKILL it once ``acks_before_kill`` writes were acknowledged (it is
+    still writing then), and return every ack it printed."""
     child = subprocess.Popen(
-        [sys.executable, crash_child.__file__, str(db), "1000000"],
+        [sys.executable, crash_child.__file__, mode, str(db), "1000000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=REPO,
     )
+    assert child.stdout is not None
+    assert child.stderr is not None
     lines: queue.Queue[str | None] = queue.Queue()
-    threading.Thread(target=_read_lines, args=(child.stdout, lines), daemon=True).start()
+    threading.Thread(target=_pump, args=(child.stdout, lines), daemon=True).start()
     acks: list[list[str]] = []
     try:
-        assert lines.get(timeout=30) == "ready"
-        while len(acks) < ACKS_BEFORE_KILL:
-            line = lines.get(timeout=30)
-            assert line is not None, child.stderr.read().decode() if child.stderr else ""
+        assert lines.get(timeout=TIMEOUT) == "ready"
+        while len(acks) < acks_before_kill:
+            line = lines.get(timeout=TIMEOUT)
+            assert line is not None, child.stderr.read().decode()
             acks.append(line.split())
-        # Killed mid-stream: the child is still writing when the signal lands.
         child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
+        child.wait(timeout=TIMEOUT)
     finally:
         if child.poll() is None:
             child.kill()
-            child.wait(timeout=30)
-        if child.stdout:
-            child.stdout.close()
-        if child.stderr:
-            child.stderr.close()
+            child.wait(timeout=TIMEOUT)
+        child.stderr.close()
     assert child.returncode == -signal.SIGKILL
-    # Acks the pipe still held when the child died were acknowledged too.
-    while (line := lines.get(timeout=30)) is not None:
+    # Acks still in the pipe when the child died were acknowledged too.
+    while (line := lines.get(timeout=TIMEOUT)) is not None:
         acks.append(line.split())
+    child.stdout.close()
+    return acks
 
+
+def test_sigkill_after_acknowledged_store_writes_loses_nothing(tmp_path: pathlib.Path) -> None:
+    db = tmp_path / "crash.db"
+    acks = write_then_kill("store", db, 600)
     store = SQLiteStore(db)
     try:
         records = [ack[1] for ack in acks if ack[0] == "record"]
         items = [ack[1] for ack in acks if ack[0] == "item"]
         events = {int(ack[1]): ack[2] for ack in acks if ack[0] == "event"}
-        assert len(records) >= ACKS_BEFORE_KILL // 3
+        assert len(records) >= 200
         for record_id in records:
             assert store.get("session", record_id) is not None, record_id
         for record_id in items:
@@ -73,6 +83,28 @@ def test_sigkill_after_acknowledged_writes_loses_nothing(tmp_path: pathlib.Path)
             assert events_pb2.Event.FromString(stored[sequence].body).log_record.message.startswith("write ")
         # Gap-free: every acknowledged sequence, and nothing in between, is there.
         assert sorted(events) == list(range(1, len(events) + 1))
-        assert store.last_sequence() >= len(events)
     finally:
         store.close()
+
+
+async def test_sigkill_after_acknowledged_acp_calls_loses_nothing(tmp_path: pathlib.Path) -> None:
+    db = tmp_path / "crash.db"
+    acks = await asyncio.to_thread(write_then_kill, "facade", db, 120)
+    sessions = [ack[1] for ack in acks if ack[0] == "session"]
+    told = {ack[1]: ack[2] for ack in acks if ack[0] == "tell"}
+    assert len(sessions) >= 60
+    async with ACPClient(LocalTransport(open_facade(db), owns_facade=True)) as client:
+        for session_id in sessions:
+            shown = await client.call("session.show", session_id=session_id)
+            assert isinstance(shown, session_pb2.GetSessionResponse)
+            contents = [m.content for m in shown.messages]
+            if session_id in told:
+                assert told[session_id] in contents
+        for session_id, content in told.items():
+            stream = cast(AsyncGenerator[events_pb2.Event, None], client.subscribe(session_id=session_id))
+            try:
+                first = await asyncio.wait_for(anext(stream), TIMEOUT)
+            finally:
+                await stream.aclose()
+            assert first.type == "session.message"
+            assert first.session_message.message.content == content

@@ -1,0 +1,185 @@
+"""Human-readable rendering of responses: tables for lists, a tree for decision trees,
+coloured unified diffs, plain text for prose, and YAML for everything else.
+
+Renderers are chosen by the response's message type and shape, never by operation name,
+so a new operation renders sensibly with no code here.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import yaml
+from google.protobuf import descriptor, message
+
+from cleveragents.acp.client.cli.fields import enum_choices
+from cleveragents.acp.facade.contract import codec
+from cleveragents.acp.v1 import plan_pb2, session_pb2
+
+FD = descriptor.FieldDescriptor
+_RED, _GREEN, _CYAN, _BOLD, _DIM, _RESET = "\x1b[31m", "\x1b[32m", "\x1b[36m", "\x1b[1m", "\x1b[2m", "\x1b[0m"
+
+
+class Style:
+    def __init__(self, color: bool) -> None:
+        self.color = color
+
+    def __call__(self, code: str, text: str) -> str:
+        return f"{code}{text}{_RESET}" if self.color else text
+
+
+def short_enum(field: descriptor.FieldDescriptor, number: int) -> str:
+    assert field.enum_type is not None
+    value = field.enum_type.values_by_number.get(number)
+    if value is None or value.number == 0:
+        return ""
+    return enum_choices(field.enum_type)[
+        [v.number for v in field.enum_type.values if v.number != 0].index(number)
+    ]
+
+
+def _cell(msg: message.Message, field: descriptor.FieldDescriptor) -> str:
+    value = getattr(msg, field.name)
+    if field.enum_type is not None:
+        return short_enum(field, value)
+    if field.type == FD.TYPE_BOOL:
+        return "yes" if value else ""
+    text = str(value).replace("\n", " ")
+    return text if len(text) <= 48 else text[:45] + "..."
+
+
+def _field_cell(field: descriptor.FieldDescriptor) -> Callable[[Any], str]:
+    return lambda msg: _cell(msg, field)
+
+
+def _columns(item: descriptor.Descriptor) -> list[tuple[str, Callable[[Any], str]]]:
+    columns: list[tuple[str, Callable[[Any], str]]] = []
+    fields = item.fields_by_name
+    if "name" not in fields and "meta" in fields:
+        columns.append(("id", lambda m: m.meta.id))
+    for field in item.fields:
+        if field.is_repeated or (field.message_type is not None and field.name != "progress"):
+            continue
+        columns.append((field.name, _field_cell(field)))
+    if "meta" in fields:
+        columns.insert(1 if "name" not in fields else 0, ("namespace", lambda m: m.meta.namespace))
+    if "progress" in fields:
+        columns.append(("progress", lambda m: f"{m.progress.done}/{m.progress.total}"))
+    return columns
+
+
+def table(items: list[message.Message], item_type: descriptor.Descriptor, out: TextIO, style: Style) -> None:
+    columns = _columns(item_type)
+    rows = [[render_cell(m) for _, render_cell in columns] for m in items]
+    headers = [name.upper() for name, _ in columns]
+    keep = [i for i in range(len(headers)) if any(row[i] for row in rows)] or list(range(len(headers)))
+    widths = [max([len(headers[i])] + [len(row[i]) for row in rows]) for i in keep]
+    out.write(
+        style(_BOLD, "  ".join(headers[i].ljust(w) for i, w in zip(keep, widths, strict=True)).rstrip())
+        + "\n"
+    )
+    for row in rows:
+        out.write("  ".join(row[i].ljust(w) for i, w in zip(keep, widths, strict=True)).rstrip() + "\n")
+
+
+def _list_shape(response: message.Message) -> Any:
+    """The one repeated message field of a list response (plus its page token), if any."""
+    fields: list[Any] = list(response.DESCRIPTOR.fields)
+    repeated = [f for f in fields if f.is_repeated and f.message_type is not None]
+    others = [f for f in fields if f not in repeated and f.name != "next_page_token"]
+    if len(repeated) == 1 and not others:
+        item_type = repeated[0].message_type
+        if item_type is not None and not item_type.GetOptions().map_entry:
+            return repeated[0]
+    return None
+
+
+def tree(response: plan_pb2.GetPlanTreeResponse, out: TextIO, style: Style) -> None:
+    children: dict[str, list[plan_pb2.DecisionNode]] = {}
+    for node in response.nodes:
+        children.setdefault(node.parent_id, []).append(node)
+    steps = {step.id: step for step in response.steps}
+
+    def walk(parent: str, indent: str) -> None:
+        nodes = children.get(parent, [])
+        for i, node in enumerate(nodes):
+            last = i == len(nodes) - 1
+            branch = "└─ " if last else "├─ "
+            mark = style(_DIM, " (superseded)") if node.superseded else ""
+            out.write(f"{indent}{branch}{style(_BOLD, node.question)} -> {node.choice}{mark}\n")
+            deeper = indent + ("   " if last else "│  ")
+            if node.rationale:
+                out.write(f"{deeper}{style(_DIM, node.rationale)}\n")
+            for step_id in node.step_ids:
+                step = steps.get(step_id)
+                if step is not None:
+                    state = short_enum(plan_pb2.PlanStep.DESCRIPTOR.fields_by_name["state"], step.state)
+                    out.write(f"{deeper}• {step.id} {step.tool} [{state}]\n")
+            walk(node.id, deeper)
+
+    walk("", "")
+
+
+def diff(response: plan_pb2.GetPlanDiffResponse, out: TextIO, style: Style) -> None:
+    for file in response.files:
+        for line in file.unified_diff.splitlines():
+            if line.startswith(("+++", "---")):
+                out.write(style(_BOLD, line) + "\n")
+            elif line.startswith("+"):
+                out.write(style(_GREEN, line) + "\n")
+            elif line.startswith("-"):
+                out.write(style(_RED, line) + "\n")
+            elif line.startswith("@@"):
+                out.write(style(_CYAN, line) + "\n")
+            else:
+                out.write(line + "\n")
+
+
+def replies(response: session_pb2.TellSessionResponse, out: TextIO, style: Style) -> None:
+    for reply in response.replies:
+        out.write(reply.content.rstrip("\n") + "\n")
+
+
+def _yaml(data: Any, out: TextIO) -> None:
+    out.write(
+        yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=shutil.get_terminal_size().columns)
+    )
+
+
+def explanation(response: plan_pb2.ExplainPlanResponse, out: TextIO, style: Style) -> None:
+    out.write(response.text.rstrip("\n") + "\n")
+
+
+def prompt(response: plan_pb2.GetPlanPromptResponse, out: TextIO, style: Style) -> None:
+    out.write(response.full_text.rstrip("\n") + "\n")
+
+
+_BY_TYPE: dict[str, Callable[[Any, TextIO, Style], None]] = {
+    plan_pb2.GetPlanTreeResponse.DESCRIPTOR.full_name: tree,
+    plan_pb2.GetPlanDiffResponse.DESCRIPTOR.full_name: diff,
+    session_pb2.TellSessionResponse.DESCRIPTOR.full_name: replies,
+    plan_pb2.ExplainPlanResponse.DESCRIPTOR.full_name: explanation,
+    plan_pb2.GetPlanPromptResponse.DESCRIPTOR.full_name: prompt,
+}
+
+
+def human(response: message.Message, out: TextIO, *, color: bool) -> None:
+    style = Style(color)
+    renderer = _BY_TYPE.get(response.DESCRIPTOR.full_name)
+    if renderer is not None:
+        renderer(response, out, style)
+        return
+    list_field = _list_shape(response)
+    if list_field is not None:
+        items = list(getattr(response, list_field.name))
+        if not items:
+            out.write(style(_DIM, f"no {list_field.name}") + "\n")
+        else:
+            table(items, list_field.message_type, out, style)
+        token = getattr(response, "next_page_token", "")
+        if token:
+            out.write(style(_DIM, f"more: --page-token {token}") + "\n")
+        return
+    _yaml(codec.to_dict(response), out)

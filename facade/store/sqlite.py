@@ -50,6 +50,20 @@ def _record(row: sqlite3.Row | tuple[Any, ...]) -> Record:
     )
 
 
+def _statements(script: str) -> Iterator[str]:
+    """Split a migration into statements; a ``;`` inside a trigger body or a string does
+    not end one (``executescript`` would, but it commits on its own)."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \t\r\n;"):
+                yield pending
+            pending = ""
+    if pending.strip(" \t\r\n;"):
+        yield pending
+
+
 def _current_task() -> asyncio.Task[Any] | None:
     try:
         return asyncio.current_task()
@@ -101,9 +115,8 @@ class SQLiteStore(Store):
                     if version <= self._check_version():
                         self._db.execute("ROLLBACK")
                         continue
-                    for statement in script.split(";"):
-                        if statement.strip():
-                            self._db.execute(statement)
+                    for statement in _statements(script):
+                        self._db.execute(statement)
                     self._db.execute(f"PRAGMA user_version={version}")
                     self._db.execute("COMMIT")
                 except BaseException:

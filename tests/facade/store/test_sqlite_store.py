@@ -51,11 +51,14 @@ def test_old_database_is_upgraded_on_open(db_path: pathlib.Path, monkeypatch: py
     old.append_events([event(plan_id="p1")])
     old.close()
 
-    upgrade = (
-        "ALTER TABLE records ADD COLUMN probe TEXT NOT NULL DEFAULT 'upgraded';"
-        "CREATE TABLE upgrade_marker (note TEXT NOT NULL);"
-        "INSERT INTO upgrade_marker VALUES ('ran')"
-    )
+    upgrade = """
+        ALTER TABLE records ADD COLUMN probe TEXT NOT NULL DEFAULT 'upgraded';
+        CREATE TABLE upgrade_marker (note TEXT NOT NULL);
+        CREATE TRIGGER note_new_records AFTER INSERT ON records BEGIN
+            INSERT INTO upgrade_marker VALUES ('record; added');
+        END;
+        INSERT INTO upgrade_marker VALUES ('ran; once')
+    """
     monkeypatch.setattr(sqlite, "MIGRATIONS", (*migrations.MIGRATIONS, upgrade))
     new = SQLiteStore(db_path)
     try:
@@ -68,7 +71,9 @@ def test_old_database_is_upgraded_on_open(db_path: pathlib.Path, monkeypatch: py
         new.close()
     again = SQLiteStore(db_path)
     try:
-        assert again.execute("SELECT COUNT(*) FROM upgrade_marker").fetchone()[0] == 1
+        again.insert(record(id="01B"))
+        notes = [row[0] for row in again.execute("SELECT note FROM upgrade_marker ORDER BY rowid")]
+        assert notes == ["ran; once", "record; added"]
     finally:
         again.close()
 

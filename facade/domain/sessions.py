@@ -8,7 +8,7 @@ closes it and ``resume`` reopens it. Semantics in docs/sessions.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from google.protobuf import json_format
@@ -20,6 +20,7 @@ from cleveragents.acp.facade.domain import paging, session_export
 from cleveragents.acp.facade.domain.context import Context, session_key
 from cleveragents.acp.facade.domain.orchestrator import BuiltinOrchestrator, Orchestrator, PlanStarter
 from cleveragents.acp.facade.domain.registries import Registries
+from cleveragents.acp.facade.domain.registries.registry import LABEL_KEY, MAX_LABEL_VALUE
 from cleveragents.acp.facade.domain.session_records import (
     MESSAGES,
     SESSION_KIND,
@@ -51,6 +52,16 @@ class EventPublisher(Protocol):
 
 def _invalid(field: str, message: str) -> ACPError:
     return ACPError(ErrorCode.INVALID_PARAMS, message, {"field": field})
+
+
+def label_problem(labels: Mapping[str, str]) -> tuple[str, str] | None:
+    """(``labels.<key>``, problem) for the first label breaking the registries' label rules."""
+    for key, value in sorted(labels.items()):
+        if not LABEL_KEY.fullmatch(key):
+            return f"labels.{key}", "label keys are 1-63 of letters, digits, '.', '_', '-', '/'"
+        if len(value) > MAX_LABEL_VALUE:
+            return f"labels.{key}", f"label values are at most {MAX_LABEL_VALUE} characters"
+    return None
 
 
 class Sessions:
@@ -93,7 +104,7 @@ class Sessions:
         orchestrator = req.orchestrator or DEFAULT_ORCHESTRATOR
         if len(req.title) > MAX_TITLE_CHARS:
             raise _invalid("title", f"title is longer than {MAX_TITLE_CHARS} characters")
-        problem = self._reference_problem(namespace, orchestrator, req.project)
+        problem = label_problem(req.labels) or self._reference_problem(namespace, orchestrator, req.project)
         if problem is not None:
             raise _invalid(*problem)
         stamp = now()
@@ -299,7 +310,9 @@ class Sessions:
         if req.new_id:
             # Same creation instant, fresh randomness: the session still lists where it was made.
             session.meta.id = str(ULID.from_timestamp(seconds(session.meta.create_time)))
-        problem = self._reference_problem(namespace, session.orchestrator, session.project)
+        problem = label_problem(session.labels) or self._reference_problem(
+            namespace, session.orchestrator, session.project
+        )
         if problem is not None:
             raise session_export.invalid(f"$.session.{problem[0]}", problem[1])
         if exported.context is not None:

@@ -179,6 +179,7 @@ def _bad_documents(good: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]
         ("bad state", edit(("session", "state"), "SESSION_STATE_UNSPECIFIED"), "$.session.state"),
         ("no orchestrator", edit(("session", "orchestrator"), ""), "$.session.orchestrator"),
         ("missing orchestrator", edit(("session", "orchestrator"), "ghost"), "$.session.orchestrator"),
+        ("bad label key", edit(("session", "labels"), {"": "x"}), "$.session.labels."),
         ("count disagrees", edit(("session", "message_count"), 3), "$.session.message_count"),
         ("messages not an array", edit(("messages",), {}), "$.messages"),
         ("message not an object", edit(("messages", 1), "hi"), "$.messages[1]"),

@@ -10,12 +10,14 @@ import pathlib
 
 from cleveragents.acp.facade.domain.context import Context
 from cleveragents.acp.facade.domain.events import EventLog
+from cleveragents.acp.facade.domain.plans.engine import PlanEngine
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.sessions import Sessions
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
 from cleveragents.acp.facade.services.context import ContextFacade
 from cleveragents.acp.facade.services.events import EventFacade
 from cleveragents.acp.facade.services.meta import MetaFacade
+from cleveragents.acp.facade.services.plans import PlanFacade
 from cleveragents.acp.facade.services.registries import registry_servicers
 from cleveragents.acp.facade.services.sessions import SessionFacade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
@@ -83,9 +85,12 @@ def open_facade(
     events = open_event_log(store)
     registries = Registries(store)
     context = Context(store, registries)
-    sessions = Sessions(store, registries, events, context)
+    # Settles plans a stopped server left running or half-applied, before any call.
+    plans = PlanEngine(events, registries)
+    plans.recover()
+    sessions = Sessions(store, registries, events, context, plan_starter=plans)
     servicers: list[object] = [MetaFacade(), EventFacade(events), *registry_servicers(registries)]
-    servicers += [SessionFacade(sessions), ContextFacade(context)]
+    servicers += [SessionFacade(sessions), ContextFacade(context), PlanFacade(plans)]
     # Closed in reverse: the event log ends its subscriptions before the store goes.
-    resources: list[Closeable] = [_StoreResource(store), _EventLogResource(events)]
+    resources: list[Closeable] = [_StoreResource(store), _EventLogResource(events), plans]
     return ServiceFacade(servicers, authenticator=authenticator, resources=resources)

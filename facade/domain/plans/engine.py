@@ -1,0 +1,701 @@
+"""``PlanEngine``: the plan lifecycle, Strategize -> Execute -> Apply.
+
+Execute runs as an asyncio task per plan; cancel sets the plan's flag, which the task
+checks at every step boundary and which interrupts a running command. Every state change
+is saved and its events published in one store transaction, state first, so a subscriber
+that sees an event reads at least that state. Budgets (cost, max steps) stop a plan with
+BUDGET_EXCEEDED in its status and a ``plan.error`` event.
+
+At start, ``recover`` settles what a stopped server left behind: an apply half-written is
+undone from its checkpoint, and a plan left running is failed with reason ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jsonschema
+from google.protobuf import timestamp_pb2
+from ulid import ULID
+
+from cleveragents.acp.facade.call import CallContext
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain.events import EventLog
+from cleveragents.acp.facade.domain.plans import (
+    actor,
+    apply,
+    diff,
+    invariants,
+    model,
+    records,
+    rollback,
+    setup,
+    tools,
+    validations,
+)
+from cleveragents.acp.facade.domain.plans.apply import Write
+from cleveragents.acp.facade.domain.plans.records import PlanRecords
+from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
+from cleveragents.acp.facade.domain.registries import Registries
+from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2, registry_pb2
+
+log = logging.getLogger(__name__)
+
+Authorize = Callable[[str], None]
+
+# How long plan.cancel waits for the plan to reach its step boundary.
+CANCEL_WAIT_SECONDS = 10.0
+SESSION_KIND = "session"
+
+
+class _HaltError(Exception):
+    """Stops a running plan: the state it ends in and the error it records."""
+
+    def __init__(self, state: model.State, code: str, message: str) -> None:
+        super().__init__(message)
+        self.state = state
+        self.error = common_pb2.ErrorInfo(code=code, message=message)
+
+
+def _now() -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.GetCurrentTime()
+    return stamp
+
+
+def _inputs(schema: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The inputs with the schema's top-level defaults filled in, or INVALID_PARAMS."""
+    inputs = dict(given)
+    for name, prop in (schema.get("properties") or {}).items():
+        if isinstance(prop, dict) and "default" in prop and name not in inputs:
+            inputs[name] = prop["default"]
+    if not schema:
+        return inputs
+    try:
+        validator_class = jsonschema.validators.validator_for(schema)
+        validator_class.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"the action's inputs_schema is not valid: {exc.message}",
+            {"field": "action"},
+        ) from None
+    errors = sorted(validator_class(schema).iter_errors(inputs), key=lambda e: list(e.absolute_path))
+    if errors:
+        problems = [f"{e.json_path}: {e.message}" for e in errors]
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"inputs do not match the action's schema: {'; '.join(problems)}",
+            {"field": "inputs", "errors": problems},
+        )
+    return inputs
+
+
+class PlanEngine:
+    def __init__(self, events: EventLog, registries: Registries) -> None:
+        self.store = events.store
+        self.events = events
+        self.registries = registries
+        self.records = PlanRecords(self.store)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._cancels: dict[str, asyncio.Event] = {}
+        self._cancel_reasons: dict[str, str] = {}
+        self._closed = False
+
+    # loading ----------------------------------------------------------------------------
+
+    def load(self, plan_id: str, authorize: Authorize) -> plan_pb2.Plan:
+        plan = self.records.load(plan_id)
+        authorize(plan.meta.namespace)
+        return plan
+
+    def _setup(self, plan: plan_pb2.Plan) -> setup.PlanSetup:
+        return setup.resolve(
+            self.registries,
+            plan.meta.namespace,
+            self.records.action(plan.meta.id),
+            plan.project,
+            plan.automation_profile,
+        )
+
+    def _staging(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> Staging:
+        return Staging(plan_setup.resources, self.records.changes(plan.meta.id))
+
+    # events and transitions ------------------------------------------------------------
+
+    def _publish(self, plan: plan_pb2.Plan, **payload: Any) -> events_pb2.Event:
+        return self.events.publish(
+            events_pb2.Event(
+                namespace=plan.meta.namespace, plan_id=plan.meta.id, session_id=plan.session_id, **payload
+            )
+        )
+
+    def _transition(
+        self,
+        plan: plan_pb2.Plan,
+        phase: model.Phase,
+        state: model.State,
+        *,
+        reason: str = "",
+        error: common_pb2.ErrorInfo | None = None,
+        journal: str | None = None,
+        before: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        """Save the new (phase, state) and publish, in one transaction: ``before`` events,
+        then ``plan.error``, ``plan.phase_changed`` and ``plan.state_changed``."""
+        old_phase, old_state = plan.phase, plan.state
+        now = _now()
+        plan.phase, plan.state = phase, state
+        timing = next((t for t in plan.timings if t.phase == phase), None)
+        if timing is None:
+            timing = plan.timings.add(phase=phase)
+        if state == model.RUNNING:
+            timing.start_time.CopyFrom(now)
+            timing.ClearField("end_time")
+        elif state in model.TERMINAL:
+            if not timing.HasField("start_time"):
+                timing.start_time.CopyFrom(now)
+            timing.end_time.CopyFrom(now)
+        if error is not None:
+            plan.last_error.CopyFrom(error)
+        with self.store.transaction():
+            self.records.save(plan, journal=journal)
+            for payload in before:
+                self._publish(plan, **payload)
+            if error is not None:
+                self._publish(plan, plan_error=events_pb2.PlanError(error=error))
+            if phase != old_phase:
+                self._publish(
+                    plan, plan_phase_changed=events_pb2.PlanPhaseChanged(from_phase=old_phase, to_phase=phase)
+                )
+            self._publish(
+                plan,
+                plan_state_changed=events_pb2.PlanStateChanged(
+                    phase=phase, from_state=old_state, to_state=state, reason=reason
+                ),
+            )
+
+    def _record_error(self, plan: plan_pb2.Plan, error: common_pb2.ErrorInfo) -> None:
+        """An error that leaves the plan's state as it is (a refused apply)."""
+        plan.last_error.CopyFrom(error)
+        with self.store.transaction():
+            self.records.save(plan)
+            self._publish(plan, plan_error=events_pb2.PlanError(error=error))
+
+    @staticmethod
+    def _progress(plan: plan_pb2.Plan, steps: Sequence[plan_pb2.PlanStep]) -> None:
+        current = [s for s in steps if not model.superseded(s)]
+        plan.progress.total = len(current)
+        plan.progress.done = sum(1 for s in current if s.state == model.SUCCEEDED)
+
+    @staticmethod
+    def _budget_left(plan: plan_pb2.Plan) -> float | None:
+        return plan.cost.budget - plan.cost.spent if plan.cost.budget else None
+
+    def _charge(self, plan: plan_pb2.Plan, amount: float, what: str) -> None:
+        """Add spent cost; crossing the budget halts the plan."""
+        plan.cost.spent += amount
+        if plan.cost.budget and plan.cost.spent > plan.cost.budget:
+            raise _HaltError(
+                model.FAILED,
+                ErrorCode.Name(ErrorCode.BUDGET_EXCEEDED),
+                f"{what} brought the cost to {plan.cost.spent:g}, over the budget of {plan.cost.budget:g}",
+            )
+
+    # plan.use ---------------------------------------------------------------------------
+
+    async def use(
+        self,
+        *,
+        namespace: str,
+        action: str,
+        project: str,
+        inputs: dict[str, Any],
+        session_id: str = "",
+        automation_profile: str = "",
+    ) -> plan_pb2.Plan:
+        action_entry = self.registries.fetch(registry_pb2.Action, namespace, action)
+        profile_name = automation_profile or action_entry.spec.automation_profile
+        plan_setup = setup.resolve(self.registries, namespace, action_entry, project, profile_name)
+        if session_id:
+            session = self.store.get(SESSION_KIND, session_id)
+            if session is None or session.namespace != namespace:
+                raise ACPError(
+                    ErrorCode.NOT_FOUND,
+                    f"no session {session_id!r} in namespace {namespace!r}",
+                    {"session_id": session_id},
+                    refinement="SESSION_NOT_FOUND",
+                )
+        values = _inputs(actor.as_dict(action_entry.spec.inputs_schema), inputs)
+        steps = actor.declared_steps(action_entry.spec, values)
+        for step in steps:
+            setup.tool_spec(self.registries, namespace, step.tool)
+        actor.prompt(plan_setup, values, [])
+        now = _now()
+        plan = plan_pb2.Plan(
+            meta=common_pb2.EntityMeta(id=str(ULID()), namespace=namespace, create_time=now, update_time=now),
+            action=action,
+            project=project,
+            session_id=session_id,
+            inputs=actor.struct(values),
+            phase=model.STRATEGIZE,
+            state=model.PENDING,
+            progress=plan_pb2.Progress(done=0, total=len(steps)),
+            cost=plan_pb2.Cost(spent=0, budget=plan_setup.profile.cost_budget),
+            automation_profile=profile_name,
+        )
+        with self.store.transaction():
+            self.records.insert(plan)
+            self.records.save_action(plan.meta.id, action_entry)
+            self._publish(plan, plan_created=events_pb2.PlanCreated(action=action, project=project))
+        if plan_setup.profile.auto_execute:
+            self._start(plan)
+        return plan
+
+    async def start_plan(
+        self,
+        ctx: CallContext,
+        *,
+        namespace: str,
+        action: str,
+        project: str,
+        session_id: str,
+        inputs: dict[str, Any],
+    ) -> plan_pb2.Plan:
+        """The sessions' ``PlanStarter``: ``/use <action> k=v`` in a session."""
+        ctx.authorize(namespace)
+        return await self.use(
+            namespace=namespace, action=action, project=project, inputs=inputs, session_id=session_id
+        )
+
+    # plan.execute -----------------------------------------------------------------------
+
+    async def execute(self, plan_id: str, authorize: Authorize, *, wait: bool = False) -> plan_pb2.Plan:
+        plan = self.load(plan_id, authorize)
+        model.require("execute", plan)
+        task = self._start(plan)
+        if wait:
+            await asyncio.shield(task)
+        return self.records.load(plan_id)
+
+    def _start(self, plan: plan_pb2.Plan) -> asyncio.Task[None]:
+        """Mark the plan running now (a second execute sees it) and run it in a task."""
+        if self._closed:
+            raise ACPError(ErrorCode.INVALID_STATE, "the server is shutting down", {"plan_id": plan.meta.id})
+        plan.ClearField("last_error")
+        self._transition(plan, plan.phase, model.RUNNING)
+        self._cancels[plan.meta.id] = asyncio.Event()
+        task = asyncio.get_running_loop().create_task(self._run(plan), name=f"plan-{plan.meta.id}")
+        self._tasks[plan.meta.id] = task
+        return task
+
+    async def _run(self, plan: plan_pb2.Plan) -> None:
+        plan_id = plan.meta.id
+        cancel = self._cancels[plan_id]
+        try:
+            plan_setup = self._setup(plan)
+            if plan.phase == model.STRATEGIZE:
+                self._strategize(plan, plan_setup)
+                self._transition(plan, model.STRATEGIZE, model.SUCCEEDED)
+                self._transition(plan, model.EXECUTE, model.RUNNING)
+            await self._steps(plan, plan_setup, cancel)
+            await self._validate(plan, plan_setup, cancel)
+            self._check_cancel(plan_id, cancel)
+            self._transition(plan, model.EXECUTE, model.SUCCEEDED)
+            if plan_setup.profile.auto_apply:
+                with contextlib.suppress(ACPError):
+                    self._apply(plan, plan_setup)
+        except _HaltError as halt:
+            reason = self._cancel_reasons.get(plan_id, "") if halt.state == model.CANCELLED else ""
+            error = halt.error if halt.state != model.CANCELLED else None
+            self._transition(plan, plan.phase, halt.state, reason=reason, error=error)
+        except ACPError as exc:
+            self._transition(
+                plan, plan.phase, model.FAILED, error=common_pb2.ErrorInfo(code=exc.code, message=exc.message)
+            )
+        except asyncio.CancelledError:
+            self._interrupted(plan, "the server stopped while the plan was running")
+            raise
+        except Exception:
+            correlation = str(ULID())
+            log.exception("plan %s failed (correlation id %s)", plan_id, correlation)
+            self._transition(
+                plan,
+                plan.phase,
+                model.FAILED,
+                error=common_pb2.ErrorInfo(
+                    code=ErrorCode.Name(ErrorCode.INTERNAL_ERROR),
+                    message=f"internal error; correlation id {correlation}",
+                ),
+            )
+        finally:
+            self._tasks.pop(plan_id, None)
+            self._cancels.pop(plan_id, None)
+            self._cancel_reasons.pop(plan_id, None)
+
+    def _check_cancel(self, plan_id: str, cancel: asyncio.Event) -> None:
+        if cancel.is_set():
+            raise _HaltError(model.CANCELLED, "cancelled", self._cancel_reasons.get(plan_id) or "cancelled")
+
+    def _strategize(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> None:
+        inputs = actor.as_dict(plan.inputs)
+        given = actor.prompt(
+            plan_setup, inputs, [c.text for c in self.records.corrections(plan.meta.id) if c.text]
+        )
+        strategy = actor.strategize(plan_setup, plan, inputs)
+        self.records.save_prompt(plan.meta.id, given)
+        self._record_strategy(plan, strategy)
+        self._charge(plan, actor.usage_cost(plan_setup, given), "the actor's usage")
+        self.records.save(plan)
+
+    def _record_strategy(self, plan: plan_pb2.Plan, strategy: actor.Strategy) -> None:
+        """Publish a decision per new node (each remembers its event's sequence), then save."""
+        with self.store.transaction():
+            for node in strategy.new_nodes:
+                event = self._publish(plan, plan_decision_made=events_pb2.PlanDecisionMade(node=node))
+                node.event_sequence = event.sequence
+            self.records.save_nodes(plan.meta.id, strategy.nodes)
+            self.records.save_steps(plan.meta.id, strategy.steps)
+            self._progress(plan, strategy.steps)
+            self.records.save(plan)
+
+    async def _steps(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup, cancel: asyncio.Event) -> None:
+        steps = self.records.steps(plan.meta.id)
+        staging = self._staging(plan, plan_setup)
+        limit = plan_setup.profile.max_steps
+        position = 0
+        for step in steps:
+            if model.superseded(step):
+                continue
+            position += 1
+            if step.state == model.SUCCEEDED:
+                continue
+            self._check_cancel(plan.meta.id, cancel)
+            if limit and position > limit:
+                raise _HaltError(
+                    model.FAILED,
+                    ErrorCode.Name(ErrorCode.BUDGET_EXCEEDED),
+                    f"step {step.id!r} would be step {position}; the automation profile allows {limit}",
+                )
+            await self._step(plan, plan_setup, staging, steps, step, cancel)
+
+    async def _step(
+        self,
+        plan: plan_pb2.Plan,
+        plan_setup: setup.PlanSetup,
+        staging: Staging,
+        steps: list[plan_pb2.PlanStep],
+        step: plan_pb2.PlanStep,
+        cancel: asyncio.Event,
+    ) -> None:
+        namespace = plan.meta.namespace
+        if not setup.tool_allowed(plan_setup.profile, step.tool):
+            raise _HaltError(
+                model.FAILED,
+                "tool_not_allowed",
+                f"step {step.id!r}: tool {step.tool!r} is not allowed by the automation profile "
+                f"{plan_setup.profile_name or '(none)'}",
+            )
+        spec = setup.tool_spec(self.registries, namespace, step.tool)
+        price = spec.cost if spec is not None else 0.0
+        left = self._budget_left(plan)
+        if left is not None and price > left:
+            raise _HaltError(
+                model.FAILED,
+                ErrorCode.Name(ErrorCode.BUDGET_EXCEEDED),
+                f"step {step.id!r} costs {price:g}; only {max(left, 0):g} of the budget "
+                f"{plan.cost.budget:g} is left",
+            )
+        args = actor.as_dict(step.args)
+        step.state = model.RUNNING
+        with self.store.transaction():
+            self.records.save_steps(plan.meta.id, steps)
+            self._publish(
+                plan, tool_invoked=events_pb2.ToolInvoked(step_id=step.id, tool=step.tool, args=step.args)
+            )
+        started = time.monotonic()
+        failure: tools.StepError | None = None
+        try:
+            if spec is None:
+                outcome = tools.run_builtin(step.tool, staging, args, step.id)
+            else:
+                outcome = await tools.run_command(step.tool, spec, staging, args, step.id, cancel)
+        except tools.StepError as exc:
+            failure = exc
+        step.duration_ms = (time.monotonic() - started) * 1000
+        completed = events_pb2.ToolCompleted(step_id=step.id, tool=step.tool, duration_ms=step.duration_ms)
+        if failure is not None:
+            cancelled = failure.code == "cancelled"
+            step.state = model.CANCELLED if cancelled else model.FAILED
+            step.error.CopyFrom(common_pb2.ErrorInfo(code=failure.code, message=failure.message))
+            completed.ok = False
+            completed.error.CopyFrom(step.error)
+            completed.result.CopyFrom(actor.struct(failure.result))
+            with self.store.transaction():
+                self.records.save_steps(plan.meta.id, steps)
+                self._publish(plan, tool_completed=completed)
+            if cancelled:
+                self._check_cancel(plan.meta.id, cancel)
+            raise _HaltError(
+                model.FAILED, model.STEP_FAILED, f"step {step.id!r} ({step.tool}) failed: {failure.message}"
+            )
+        step.state = model.SUCCEEDED
+        completed.ok = True
+        completed.result.CopyFrom(actor.struct(outcome.result))
+        for change in outcome.changes:
+            staging.record(change)
+        with self.store.transaction():
+            self.records.add_changes(plan.meta.id, outcome.changes)
+            self.records.save_steps(plan.meta.id, steps)
+            self._progress(plan, steps)
+            plan.cost.spent += outcome.cost
+            self.records.save(plan)
+            self._publish(plan, tool_completed=completed)
+
+    async def _validate(
+        self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup, cancel: asyncio.Event
+    ) -> None:
+        checks = setup.validations(self.registries, plan.meta.namespace, plan_setup.action)
+        staging = self._staging(plan, plan_setup)
+        artifacts = staging.artifacts()
+        results: list[events_pb2.ValidationCompleted] = []
+        for name, spec in checks:
+            self._check_cancel(plan.meta.id, cancel)
+            result = await validations.run(name, spec, staging, artifacts, cancel)
+            results.append(result)
+            with self.store.transaction():
+                self.records.save_validations(plan.meta.id, results)
+                self._publish(plan, validation_completed=result)
+        failed = [r for r in results if not r.passed]
+        if failed:
+            self._check_cancel(plan.meta.id, cancel)
+            messages = [f"{r.validation}: {m}" for r in failed for m in r.messages]
+            raise _HaltError(
+                model.FAILED, model.VALIDATION_FAILED, "validation failed: " + "; ".join(messages)
+            )
+
+    # plan.cancel ------------------------------------------------------------------------
+
+    async def cancel(self, plan_id: str, authorize: Authorize, *, reason: str = "") -> plan_pb2.Plan:
+        plan = self.load(plan_id, authorize)
+        model.require("cancel", plan)
+        task = self._tasks.get(plan_id)
+        if task is None:
+            self._transition(plan, plan.phase, model.CANCELLED, reason=reason or "cancelled")
+            return plan
+        self._cancel_reasons[plan_id] = reason or "cancelled"
+        self._cancels[plan_id].set()
+        await asyncio.wait({task}, timeout=CANCEL_WAIT_SECONDS)
+        return self.records.load(plan_id)
+
+    # plan.correct -----------------------------------------------------------------------
+
+    async def correct(
+        self, request: plan_pb2.CorrectPlanRequest, authorize: Authorize
+    ) -> tuple[plan_pb2.Plan, plan_pb2.DecisionNode]:
+        plan = self.load(request.plan_id, authorize)
+        model.require("correct", plan)
+        nodes = self.records.nodes(plan.meta.id)
+        if not nodes:
+            raise ACPError(
+                ErrorCode.INVALID_STATE,
+                f"plan {plan.meta.id} has no decision tree yet; execute it first",
+                {"plan_id": plan.meta.id, "operation": "plan.correct"},
+            )
+        plan_setup = self._setup(plan)
+        corrections = self.records.corrections(plan.meta.id)
+        strategy, node = actor.correct(
+            nodes, self.records.steps(plan.meta.id), request, len(corrections) + 1, plan.action, plan.project
+        )
+        for index, override in enumerate(request.overrides):
+            if override.tool:
+                try:
+                    setup.tool_spec(self.registries, plan.meta.namespace, override.tool)
+                except ACPError as exc:
+                    raise ACPError(
+                        ErrorCode.INVALID_PARAMS, exc.message, {"field": f"overrides[{index}].tool"}
+                    ) from None
+        texts = [c.text for c in [*corrections, request] if c.text]
+        given = actor.prompt(plan_setup, actor.as_dict(plan.inputs), texts)
+        plan.ClearField("last_error")
+        with self.store.transaction():
+            self.records.add_correction(plan.meta.id, request)
+            kept = [c for c in self.records.changes(plan.meta.id) if c.step_id not in strategy.discarded]
+            self.records.save_changes(plan.meta.id, kept)
+            self.records.save_prompt(plan.meta.id, given)
+            self._transition(plan, model.STRATEGIZE, model.RUNNING, reason="correction")
+            self._record_strategy(plan, strategy)
+        try:
+            self._charge(plan, actor.usage_cost(plan_setup, given), "the actor's usage")
+        except _HaltError as halt:
+            self._transition(plan, model.STRATEGIZE, model.FAILED, error=halt.error)
+            return plan, self._node(plan.meta.id, node.id)
+        self._transition(plan, model.STRATEGIZE, model.SUCCEEDED, reason="correction")
+        self._transition(plan, model.EXECUTE, model.PENDING, reason="correction")
+        if plan_setup.profile.auto_execute:
+            self._start(plan)
+        return self.records.load(plan.meta.id), self._node(plan.meta.id, node.id)
+
+    def _node(self, plan_id: str, node_id: str) -> plan_pb2.DecisionNode:
+        return next(n for n in self.records.nodes(plan_id) if n.id == node_id)
+
+    # plan.apply -------------------------------------------------------------------------
+
+    async def apply(self, plan_id: str, authorize: Authorize) -> tuple[plan_pb2.Plan, list[str]]:
+        plan = self.load(plan_id, authorize)
+        model.require("apply", plan)
+        changed = self._apply(plan, self._setup(plan))
+        return plan, changed
+
+    def _prepare_apply(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> list[Write]:
+        """Invariants first (every violation listed), then the writes and their checkpoint."""
+        artifacts = self._staging(plan, plan_setup).artifacts()
+        found: list[str] = []
+        for name, spec in setup.invariants(self.registries, plan.meta.namespace, plan_setup.action):
+            found.extend(invariants.violations(name, spec, artifacts))
+        if found:
+            message = f"apply refused: {len(found)} invariant violation(s): " + "; ".join(found)
+            raise ACPError(ErrorCode.INVALID_STATE, message, {"plan_id": plan.meta.id, "violations": found})
+        return apply.prepare(artifacts, plan_setup.resources)
+
+    def _apply(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> list[str]:
+        """Refusals leave the plan's state as it was and record the error."""
+        try:
+            writes = self._prepare_apply(plan, plan_setup)
+        except ACPError as exc:
+            self._record_error(plan, common_pb2.ErrorInfo(code=exc.code, message=exc.message))
+            raise
+        entries = [w.entry for w in writes]
+        with self.store.transaction():
+            self.records.save_checkpoint(plan.meta.id, entries)
+            plan.ClearField("last_error")
+            self._transition(plan, model.APPLY, model.RUNNING, journal=records.JOURNAL_APPLYING)
+        try:
+            apply.write_all(writes)
+        except OSError as exc:
+            apply.restore(entries)
+            message = f"apply failed and was undone: {exc}"
+            self._transition(
+                plan,
+                model.APPLY,
+                model.FAILED,
+                error=common_pb2.ErrorInfo(code=ErrorCode.Name(ErrorCode.INTERNAL_ERROR), message=message),
+                journal=records.JOURNAL_ABORTED,
+            )
+            raise ACPError(ErrorCode.INTERNAL_ERROR, message, {"plan_id": plan.meta.id}) from None
+        changed = [e.path for e in entries]
+        self._transition(
+            plan,
+            model.APPLY,
+            model.SUCCEEDED,
+            journal=records.JOURNAL_APPLIED,
+            before=[
+                {
+                    "plan_apply_completed": events_pb2.PlanApplyCompleted(
+                        changed_paths=changed, checkpoint_id=plan.meta.id
+                    )
+                }
+            ],
+        )
+        return changed
+
+    # plan.rollback ----------------------------------------------------------------------
+
+    async def rollback(
+        self, plan_id: str, authorize: Authorize, *, force: bool = False
+    ) -> tuple[plan_pb2.Plan, list[str]]:
+        plan = self.load(plan_id, authorize)
+        model.require("rollback", plan)
+        entries = self.records.checkpoint(plan_id)
+        rollback.check(plan_id, entries, force=force)
+        self.records.save(plan, journal=records.JOURNAL_ROLLING_BACK)
+        restored = apply.restore(entries)
+        self._transition(
+            plan, model.APPLY, model.ROLLED_BACK, reason="rollback", journal=records.JOURNAL_ROLLED_BACK
+        )
+        return plan, restored
+
+    # read views -------------------------------------------------------------------------
+
+    def artifacts(self, plan: plan_pb2.Plan) -> list[StagedArtifact]:
+        return self._staging(plan, self._setup(plan)).artifacts()
+
+    def diff(self, plan: plan_pb2.Plan) -> list[plan_pb2.FileDiff]:
+        return [diff.file_diff(a) for a in self.artifacts(plan)]
+
+    def prompt(self, plan: plan_pb2.Plan) -> plan_pb2.GetPlanPromptResponse:
+        given = self.records.prompt(plan.meta.id)
+        if given is None:
+            raise ACPError(
+                ErrorCode.INVALID_STATE,
+                f"plan {plan.meta.id} has not been strategized; its actor was given nothing yet",
+                {
+                    "plan_id": plan.meta.id,
+                    "operation": "plan.prompt",
+                    "phase": model.phase_name(plan.phase),
+                    "state": model.state_name(plan.state),
+                },
+            )
+        return given
+
+    # restart and shutdown ---------------------------------------------------------------
+
+    def _interrupted(self, plan: plan_pb2.Plan, message: str) -> None:
+        steps = self.records.steps(plan.meta.id)
+        for step in steps:
+            if step.state == model.RUNNING:
+                step.state = model.FAILED
+                step.error.CopyFrom(common_pb2.ErrorInfo(code=model.INTERRUPTED, message=message))
+        with self.store.transaction():
+            self.records.save_steps(plan.meta.id, steps)
+            self._transition(
+                plan,
+                plan.phase,
+                model.FAILED,
+                reason=model.INTERRUPTED,
+                error=common_pb2.ErrorInfo(code=model.INTERRUPTED, message=message),
+            )
+
+    def recover(self) -> None:
+        """Settle the plans a stopped server left running or half-applied."""
+        for record in self.records.in_flight():
+            plan = plan_pb2.Plan.FromString(record.body)
+            journal = record.attrs.get("journal", "")
+            if journal == records.JOURNAL_APPLYING:
+                apply.restore(self.records.checkpoint(plan.meta.id))
+                self._transition(
+                    plan,
+                    model.APPLY,
+                    model.FAILED,
+                    reason=model.INTERRUPTED,
+                    error=common_pb2.ErrorInfo(
+                        code=model.INTERRUPTED,
+                        message="the server stopped during apply; every file was restored",
+                    ),
+                    journal=records.JOURNAL_ABORTED,
+                )
+            elif journal == records.JOURNAL_ROLLING_BACK:
+                apply.restore(self.records.checkpoint(plan.meta.id))
+                self._transition(
+                    plan,
+                    model.APPLY,
+                    model.ROLLED_BACK,
+                    reason="rollback",
+                    journal=records.JOURNAL_ROLLED_BACK,
+                )
+            else:
+                self._interrupted(plan, "the server stopped while the plan was running")
+
+    async def close(self) -> None:
+        """Stop running plans (they are recorded as interrupted) and refuse new ones."""
+        self._closed = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)

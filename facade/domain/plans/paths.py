@@ -1,0 +1,107 @@
+"""Project-relative paths, resolved safely inside a directory resource.
+
+Plans name files by POSIX paths relative to a resource folder. A path that is absolute,
+climbs with ``..``, or reaches outside the folder through a symlink is INVALID_PARAMS:
+nothing outside a project's resources is ever read or written. A path is resolved to
+its canonical form (symlinks inside the folder followed), so one file has one name.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from dataclasses import dataclass
+
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+
+
+@dataclass(frozen=True)
+class ResourceRoot:
+    """A project's directory resource: its registry name and its folder."""
+
+    name: str
+    root: pathlib.Path
+    read_only: bool = False
+
+
+def _invalid(message: str, field: str, path: str) -> ACPError:
+    return ACPError(ErrorCode.INVALID_PARAMS, message, {"field": field, "path": path})
+
+
+def normalize(path: str, *, field: str = "path", allow_root: bool = False) -> str:
+    """The path without ``.`` segments, doubled or trailing slashes; ``""`` is the root."""
+    if "\x00" in path:
+        raise _invalid("path contains a NUL character", field, path)
+    if path.startswith("/") or pathlib.PureWindowsPath(path).drive:
+        raise _invalid(f"path {path!r} is absolute; give a path relative to the resource", field, path)
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise _invalid(f"path {path!r} climbs out with '..'", field, path)
+    if not parts and not allow_root:
+        raise _invalid("path names no file", field, path)
+    return "/".join(parts)
+
+
+def real_root(root: pathlib.Path) -> pathlib.Path:
+    """The canonical resource folder; a folder that is gone is INVALID_STATE."""
+    try:
+        resolved = root.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise ACPError(
+            ErrorCode.INVALID_STATE,
+            f"resource folder {str(root)!r} does not exist",
+            {"path": str(root)},
+        ) from None
+    if not resolved.is_dir():
+        raise ACPError(
+            ErrorCode.INVALID_STATE, f"resource path {str(root)!r} is not a folder", {"path": str(root)}
+        )
+    return resolved
+
+
+def resolve(
+    root: pathlib.Path, path: str, *, field: str = "path", allow_root: bool = False
+) -> tuple[pathlib.Path, str]:
+    """The absolute file and its canonical relative path, or INVALID_PARAMS when the
+    path (through any symlink) leaves the folder."""
+    relative = normalize(path, field=field, allow_root=allow_root)
+    base = real_root(root)
+    try:
+        target = (base / relative).resolve(strict=False)
+    except (OSError, RuntimeError):
+        raise _invalid(f"path {path!r} cannot be resolved (symlink loop?)", field, path) from None
+    if target != base and base not in target.parents:
+        raise _invalid(f"path {path!r} leads outside the resource folder", field, path)
+    canonical = target.relative_to(base).as_posix()
+    if canonical == "." and not allow_root:
+        raise _invalid(f"path {path!r} names the resource folder itself", field, path)
+    return target, "" if canonical == "." else canonical
+
+
+def inside(root: pathlib.Path, target: pathlib.Path) -> bool:
+    """Whether an existing ``target`` (symlinks followed) lies in the folder ``root``."""
+    try:
+        resolved = target.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return False
+    return resolved == root or root in resolved.parents
+
+
+def walk_files(root: pathlib.Path, below: str = "") -> list[str]:
+    """Canonical relative paths of the regular files under ``below``, symlinks to files
+    inside the folder resolved, links leading out skipped; sorted."""
+    base = real_root(root)
+    start = base / below if below else base
+    found: set[str] = set()
+    if not start.is_dir():
+        return []
+    for folder, _dirs, files in os.walk(start, followlinks=False):
+        for name in files:
+            entry = pathlib.Path(folder) / name
+            if not inside(base, entry):
+                continue
+            resolved = entry.resolve()
+            canonical = resolved.relative_to(base).as_posix()
+            if resolved.is_file() and (not below or canonical.startswith(below + "/")):
+                found.add(canonical)
+    return sorted(found)

@@ -1,0 +1,241 @@
+"""How a plan is stored: one record (the ``Plan`` proto, its state and filters indexed)
+and ordered item collections for what it accumulates (tree, steps, staged changes,
+validations, prompt, corrections, checkpoint).
+
+Collections that change in place (steps, nodes) are rewritten whole inside a store
+transaction; they are small. Staged file contents live in ``changes``, one row per file a
+step changed, so a correction can drop the rows of the steps it discards.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from google.protobuf import message
+
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain.plans import model
+from cleveragents.acp.facade.store.base import ListQuery, Record, Store
+from cleveragents.acp.v1 import events_pb2, plan_pb2, registry_pb2
+
+KIND = "plan"
+M = TypeVar("M", bound=message.Message)
+
+# Item collections, owned by the plan id.
+NODES = "plan.nodes"
+STEPS = "plan.steps"
+CHANGES = "plan.changes"
+VALIDATIONS = "plan.validations"
+PROMPT = "plan.prompt"
+CORRECTIONS = "plan.corrections"
+CHECKPOINT = "plan.checkpoint"
+ACTION = "plan.action"
+
+# The ``journal`` attribute: where apply and rollback are in writing the project.
+JOURNAL_APPLYING = "applying"
+JOURNAL_APPLIED = "applied"
+JOURNAL_ABORTED = "aborted"
+JOURNAL_ROLLING_BACK = "rolling_back"
+JOURNAL_ROLLED_BACK = "rolled_back"
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+def _unb64(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One file a step changed in the staging area; ``content`` None deletes it."""
+
+    step_id: str
+    resource: str
+    path: str
+    content: bytes | None
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "step": self.step_id,
+                "resource": self.resource,
+                "path": self.path,
+                "content": _b64(self.content),
+            }
+        ).encode()
+
+    @staticmethod
+    def decode(body: bytes) -> Change:
+        data = json.loads(body)
+        return Change(data["step"], data["resource"], data["path"], _unb64(data["content"]))
+
+
+@dataclass
+class CheckpointEntry:
+    """One file apply wrote: its pre-image (to restore) and post-image digest (to see
+    whether it changed since)."""
+
+    resource: str
+    root: str
+    path: str
+    existed: bool
+    mode: int | None
+    pre: bytes | None
+    post_exists: bool
+    post_sha256: str
+    # Folders apply created for this file, outermost first; rollback removes them.
+    created_dirs: list[str] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        data: dict[str, Any] = dict(self.__dict__)
+        data["pre"] = _b64(self.pre)
+        return json.dumps(data).encode()
+
+    @staticmethod
+    def decode(body: bytes) -> CheckpointEntry:
+        data = json.loads(body)
+        data["pre"] = _unb64(data["pre"])
+        return CheckpointEntry(**data)
+
+
+def not_found(plan_id: str) -> ACPError:
+    return ACPError(
+        ErrorCode.NOT_FOUND,
+        f"no plan with id {plan_id!r}",
+        {"plan_id": plan_id},
+        refinement="PLAN_NOT_FOUND",
+    )
+
+
+class PlanRecords:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # the plan ---------------------------------------------------------------------------
+
+    def record(self, plan_id: str) -> Record:
+        record = self.store.get(KIND, plan_id)
+        if record is None:
+            raise not_found(plan_id)
+        return record
+
+    def load(self, plan_id: str) -> plan_pb2.Plan:
+        return plan_pb2.Plan.FromString(self.record(plan_id).body)
+
+    def journal(self, plan_id: str) -> str:
+        return self.record(plan_id).attrs.get("journal", "")
+
+    def _record_of(self, plan: plan_pb2.Plan, journal: str) -> Record:
+        return Record(
+            kind=KIND,
+            id=plan.meta.id,
+            namespace=plan.meta.namespace,
+            body=plan.SerializeToString(),
+            state=model.state_name(plan.state),
+            attrs={
+                "action": plan.action,
+                "project": plan.project,
+                "session_id": plan.session_id,
+                "phase": model.phase_name(plan.phase),
+                "journal": journal,
+            },
+            create_time=plan.meta.create_time.ToNanoseconds() / 1e9,
+            update_time=time.time(),
+        )
+
+    def insert(self, plan: plan_pb2.Plan) -> None:
+        self.store.insert(self._record_of(plan, ""))
+
+    def save(self, plan: plan_pb2.Plan, *, journal: str | None = None) -> None:
+        plan.meta.update_time.GetCurrentTime()
+        kept = self.journal(plan.meta.id) if journal is None else journal
+        self.store.update(self._record_of(plan, kept))
+
+    def query(self, query: ListQuery) -> list[plan_pb2.Plan]:
+        return [plan_pb2.Plan.FromString(r.body) for r in self.store.query(query)]
+
+    def in_flight(self) -> list[Record]:
+        """Plans a stopped server left running or half-written."""
+        return [
+            r
+            for r in self.store.iter_kind(KIND)
+            if r.state == model.state_name(model.RUNNING)
+            or r.attrs.get("journal") in (JOURNAL_APPLYING, JOURNAL_ROLLING_BACK)
+        ]
+
+    # collections ------------------------------------------------------------------------
+
+    def _rewrite(self, collection: str, plan_id: str, bodies: Sequence[bytes]) -> None:
+        with self.store.transaction():
+            self.store.delete_items(collection, plan_id)
+            if bodies:
+                self.store.append_items(collection, plan_id, bodies)
+
+    def _messages(self, collection: str, plan_id: str, cls: type[M]) -> list[M]:
+        return [cls.FromString(body) for _, body in self.store.list_items(collection, plan_id)]
+
+    def _objects(self, collection: str, plan_id: str, decode: Callable[[bytes], Any]) -> list[Any]:
+        return [decode(body) for _, body in self.store.list_items(collection, plan_id)]
+
+    def nodes(self, plan_id: str) -> list[plan_pb2.DecisionNode]:
+        return self._messages(NODES, plan_id, plan_pb2.DecisionNode)
+
+    def save_nodes(self, plan_id: str, nodes: Sequence[plan_pb2.DecisionNode]) -> None:
+        self._rewrite(NODES, plan_id, [n.SerializeToString() for n in nodes])
+
+    def steps(self, plan_id: str) -> list[plan_pb2.PlanStep]:
+        return self._messages(STEPS, plan_id, plan_pb2.PlanStep)
+
+    def save_steps(self, plan_id: str, steps: Sequence[plan_pb2.PlanStep]) -> None:
+        self._rewrite(STEPS, plan_id, [s.SerializeToString() for s in steps])
+
+    def changes(self, plan_id: str) -> list[Change]:
+        return self._objects(CHANGES, plan_id, Change.decode)
+
+    def add_changes(self, plan_id: str, changes: Sequence[Change]) -> None:
+        if changes:
+            self.store.append_items(CHANGES, plan_id, [c.encode() for c in changes])
+
+    def save_changes(self, plan_id: str, changes: Sequence[Change]) -> None:
+        self._rewrite(CHANGES, plan_id, [c.encode() for c in changes])
+
+    def validations(self, plan_id: str) -> list[events_pb2.ValidationCompleted]:
+        return self._messages(VALIDATIONS, plan_id, events_pb2.ValidationCompleted)
+
+    def save_validations(self, plan_id: str, results: Sequence[events_pb2.ValidationCompleted]) -> None:
+        self._rewrite(VALIDATIONS, plan_id, [r.SerializeToString() for r in results])
+
+    def prompt(self, plan_id: str) -> plan_pb2.GetPlanPromptResponse | None:
+        found = self._messages(PROMPT, plan_id, plan_pb2.GetPlanPromptResponse)
+        return found[-1] if found else None
+
+    def save_prompt(self, plan_id: str, prompt: plan_pb2.GetPlanPromptResponse) -> None:
+        self._rewrite(PROMPT, plan_id, [prompt.SerializeToString()])
+
+    def corrections(self, plan_id: str) -> list[plan_pb2.CorrectPlanRequest]:
+        return self._messages(CORRECTIONS, plan_id, plan_pb2.CorrectPlanRequest)
+
+    def add_correction(self, plan_id: str, correction: plan_pb2.CorrectPlanRequest) -> None:
+        self.store.append_items(CORRECTIONS, plan_id, [correction.SerializeToString()])
+
+    def checkpoint(self, plan_id: str) -> list[CheckpointEntry]:
+        return self._objects(CHECKPOINT, plan_id, CheckpointEntry.decode)
+
+    def save_checkpoint(self, plan_id: str, entries: Sequence[CheckpointEntry]) -> None:
+        self._rewrite(CHECKPOINT, plan_id, [e.encode() for e in entries])
+
+    def action(self, plan_id: str) -> registry_pb2.Action:
+        found = self._messages(ACTION, plan_id, registry_pb2.Action)
+        if not found:
+            raise ACPError(ErrorCode.INTERNAL_ERROR, f"plan {plan_id} has no action snapshot")
+        return found[0]
+
+    def save_action(self, plan_id: str, action: registry_pb2.Action) -> None:
+        self._rewrite(ACTION, plan_id, [action.SerializeToString()])

@@ -1,0 +1,127 @@
+"""What a plan runs with, read from the registries of its namespace: its action (a
+snapshot taken at ``plan.use``), project and directory resources, actor and skills,
+automation profile, tools, validations and invariants."""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain import globs
+from cleveragents.acp.facade.domain.plans.paths import ResourceRoot
+from cleveragents.acp.facade.domain.registries import BUILTIN_TOOLS, Registries
+from cleveragents.acp.v1 import registry_pb2, specs_pb2
+
+DIRECTORY_DRIVER = "directory"
+SCRIPTED = "scripted"
+
+
+@dataclass(frozen=True)
+class PlanSetup:
+    namespace: str
+    action: registry_pb2.Action
+    project: registry_pb2.Project
+    resources: dict[str, ResourceRoot]
+    actor: registry_pb2.Actor
+    # (name, instructions) of the actor's skills, then the action's.
+    skills: list[tuple[str, str]]
+    profile_name: str
+    profile: specs_pb2.AutomationProfileSpec
+
+
+def resources_of(
+    registries: Registries, namespace: str, project: registry_pb2.Project
+) -> dict[str, ResourceRoot]:
+    roots: dict[str, ResourceRoot] = {}
+    for name in project.spec.resources:
+        resource = registries.fetch(registry_pb2.Resource, namespace, name)
+        kind = registries.fetch(registry_pb2.ResourceType, namespace, resource.spec.type)
+        if kind.spec.driver != DIRECTORY_DRIVER:
+            raise ACPError(
+                ErrorCode.INVALID_PARAMS,
+                f"resource {name!r} is of type {resource.spec.type!r} (driver {kind.spec.driver!r}); "
+                f"plans work on {DIRECTORY_DRIVER!r} resources",
+                {"field": "project", "resource": name},
+            )
+        folder = pathlib.Path(resource.spec.path)
+        if not folder.is_absolute():
+            raise ACPError(
+                ErrorCode.INVALID_PARAMS,
+                f"resource {name!r} has a relative path {resource.spec.path!r}",
+                {"field": "project", "resource": name},
+            )
+        roots[name] = ResourceRoot(name, folder, resource.spec.read_only)
+    if not roots:
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"project {project.name!r} has no resources",
+            {"field": "project", "project": project.name},
+        )
+    return roots
+
+
+def resolve(
+    registries: Registries, namespace: str, action: registry_pb2.Action, project: str, profile_name: str
+) -> PlanSetup:
+    project_entry = registries.fetch(registry_pb2.Project, namespace, project)
+    actor = registries.fetch(registry_pb2.Actor, namespace, action.spec.actor or SCRIPTED)
+    if actor.spec.provider != SCRIPTED:
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"actor {actor.name!r} has provider {actor.spec.provider!r}; this server runs plans "
+            f"with the {SCRIPTED!r} provider",
+            {"field": "action", "actor": actor.name, "provider": actor.spec.provider},
+        )
+    skills: list[tuple[str, str]] = []
+    for name in [*actor.spec.skills, *action.spec.skills]:
+        if all(name != known for known, _ in skills):
+            skill = registries.fetch(registry_pb2.Skill, namespace, name)
+            skills.append((name, skill.spec.instructions))
+    profile = specs_pb2.AutomationProfileSpec()
+    if profile_name:
+        profile = registries.fetch(registry_pb2.AutomationProfile, namespace, profile_name).spec
+    return PlanSetup(
+        namespace=namespace,
+        action=action,
+        project=project_entry,
+        resources=resources_of(registries, namespace, project_entry),
+        actor=actor,
+        skills=skills,
+        profile_name=profile_name,
+        profile=profile,
+    )
+
+
+def tool_spec(registries: Registries, namespace: str, tool: str) -> specs_pb2.ToolSpec | None:
+    """None for a built-in tool; the registered command tool's spec otherwise."""
+    if tool in BUILTIN_TOOLS:
+        return None
+    return registries.fetch(registry_pb2.Tool, namespace, tool).spec
+
+
+def tool_allowed(profile: specs_pb2.AutomationProfileSpec, tool: str) -> bool:
+    """Built-in file tools run unless the profile lists tools without them; command tools
+    run only when listed (globs such as ``fs.*`` are allowed)."""
+    allowed = list(profile.allowed_tools)
+    if tool in BUILTIN_TOOLS and not allowed:
+        return True
+    return any(globs.matches(tool, pattern) for pattern in allowed)
+
+
+def validations(
+    registries: Registries, namespace: str, action: registry_pb2.Action
+) -> list[tuple[str, specs_pb2.ValidationSpec]]:
+    return [
+        (name, registries.fetch(registry_pb2.Validation, namespace, name).spec)
+        for name in action.spec.validations
+    ]
+
+
+def invariants(
+    registries: Registries, namespace: str, action: registry_pb2.Action
+) -> list[tuple[str, specs_pb2.InvariantSpec]]:
+    return [
+        (name, registries.fetch(registry_pb2.Invariant, namespace, name).spec)
+        for name in action.spec.invariants
+    ]

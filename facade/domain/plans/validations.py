@@ -1,0 +1,113 @@
+"""Validations over a plan's artifacts after execute: ``regex``, ``json_schema``, ``command``.
+
+Each yields pass/fail and messages naming the file (and line) at fault; a failed one
+fails the execute phase with those messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import re
+import tempfile
+from collections.abc import Sequence
+
+import jsonschema
+from google.protobuf import json_format
+
+from cleveragents.acp.facade.domain import globs
+from cleveragents.acp.facade.domain.plans import process
+from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
+from cleveragents.acp.v1 import events_pb2, specs_pb2
+
+# Output lines of a failed command validation kept in its messages.
+_TAIL_LINES = 20
+
+
+def _regex(check: specs_pb2.RegexCheck, artifacts: Sequence[StagedArtifact]) -> list[str]:
+    try:
+        pattern = re.compile(check.pattern, re.MULTILINE)
+    except re.error as exc:
+        return [f"pattern {check.pattern!r} does not compile: {exc}"]
+    messages: list[str] = []
+    for artifact in artifacts:
+        assert artifact.content is not None
+        text = artifact.content.decode("utf-8", errors="replace")
+        match = pattern.search(text)
+        if check.must_match and match is None:
+            messages.append(f"{artifact.path}: pattern {check.pattern!r} not found")
+        elif not check.must_match and match is not None:
+            line = text.count("\n", 0, match.start()) + 1
+            messages.append(f"{artifact.path}:{line}: matches pattern {check.pattern!r}")
+    return messages
+
+
+def _json_schema(check: specs_pb2.JsonSchemaCheck, artifacts: Sequence[StagedArtifact]) -> list[str]:
+    schema = json_format.MessageToDict(check.schema)
+    try:
+        validator_class = jsonschema.validators.validator_for(schema)
+        validator_class.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        return [f"the schema is not valid: {exc.message}"]
+    validator = validator_class(schema)
+    messages: list[str] = []
+    for artifact in artifacts:
+        assert artifact.content is not None
+        try:
+            document = json.loads(artifact.content)
+        except ValueError as exc:
+            messages.append(f"{artifact.path}: not JSON ({exc})")
+            continue
+        for error in sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path)):
+            messages.append(f"{artifact.path}: {error.json_path}: {error.message}")
+    return messages
+
+
+async def _command(check: specs_pb2.CommandCheck, staging: Staging, cancel: asyncio.Event) -> list[str]:
+    """Exit 0 in a scratch copy of the staged project: the resource's folder when the
+    project has one resource, else a folder holding one folder per resource."""
+    argv = list(check.argv)
+    with tempfile.TemporaryDirectory(prefix="acp-validate-") as scratch:
+        folder = pathlib.Path(scratch)
+        roots = list(staging.resources.values())
+        for root in roots:
+            process.materialize(staging, root, folder if len(roots) == 1 else folder / root.name)
+        try:
+            outcome = await process.run(
+                argv,
+                folder,
+                seconds=check.timeout_seconds or process.DEFAULT_TIMEOUT_SECONDS,
+                output_limit=process.DEFAULT_OUTPUT_LIMIT,
+                cancel=cancel,
+            )
+        except OSError as exc:
+            return [f"cannot run {argv[0]!r}: {exc.strerror or exc}"]
+    if outcome.ok:
+        return []
+    if outcome.cancelled:
+        return ["interrupted by cancel"]
+    if outcome.timed_out:
+        return [f"{' '.join(argv)} ran longer than its timeout"]
+    output = (outcome.stdout + outcome.stderr).strip().splitlines()[-_TAIL_LINES:]
+    return [f"{' '.join(argv)} exited with {outcome.exit_code}", *output]
+
+
+async def run(
+    name: str,
+    spec: specs_pb2.ValidationSpec,
+    staging: Staging,
+    artifacts: Sequence[StagedArtifact],
+    cancel: asyncio.Event,
+) -> events_pb2.ValidationCompleted:
+    checked = [a for a in artifacts if a.content is not None and globs.matches_any(a.path, list(spec.paths))]
+    check = spec.WhichOneof("check")
+    if check == "regex":
+        messages = _regex(spec.regex, checked)
+    elif check == "json_schema":
+        messages = _json_schema(spec.json_schema, checked)
+    elif check == "command":
+        messages = await _command(spec.command, staging, cancel)
+    else:
+        messages = ["the validation names no check"]
+    return events_pb2.ValidationCompleted(validation=name, passed=not messages, messages=messages)

@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/python -m cleveragents.acp.client.cli.serve_dev
+	$(BIN)/agents serve --state-dir .acp
 
 test: $(STAMP)
 	$(MAKE) --no-print-directory lint typecheck buf-lint gen-check buf-breaking import-lint pytest

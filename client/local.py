@@ -29,9 +29,14 @@ class LocalTransport:
     async def stream(
         self, op: Operation, request: message.Message, options: CallOptions
     ) -> AsyncIterator[message.Message]:
-        items = await self.facade.stream(op, request, self._context(options))
+        items = await self.open_stream(op, request, options)
         async for item in items:
             yield item
+
+    async def open_stream(
+        self, op: Operation, request: message.Message, options: CallOptions
+    ) -> AsyncIterator[message.Message]:
+        return await self.facade.stream(op, request, self._context(options))
 
     async def close(self) -> None:
         if self._owns_facade:

@@ -2,6 +2,10 @@
 
 Transports never interpret results: they carry a request message to the service and
 bring back the response message, or raise the service's ``ACPError``.
+
+``open_stream`` admits a stream (authentication, version, parameters) and returns its
+items without waiting for the first one, so a gateway can answer an early error with a
+real status before it sends any stream headers; ``stream`` is the same as one iterator.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ class Transport(Protocol):
     ) -> message.Message: ...
 
     def stream(
+        self, op: Operation, request: message.Message, options: CallOptions
+    ) -> AsyncIterator[message.Message]: ...
+
+    async def open_stream(
         self, op: Operation, request: message.Message, options: CallOptions
     ) -> AsyncIterator[message.Message]: ...
 

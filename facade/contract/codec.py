@@ -70,3 +70,16 @@ def from_dict(data: Any, cls: type[M], *, what: str = "params") -> M:
         ) from None
     except (ValueError, TypeError, RecursionError) as exc:
         raise ACPError(ErrorCode.INVALID_PARAMS, f"invalid {what}: {exc}", {"field": what}) from None
+
+
+def response_from_dict(data: Any, cls: type[M]) -> M:
+    """A response read by a client: fields it does not know (a newer server) are skipped,
+    as protobuf's binary form does; anything else unreadable is the server's fault."""
+    try:
+        return json_format.ParseDict(data, cls(), ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+        raise ACPError(
+            ErrorCode.INTERNAL_ERROR,
+            f"unreadable {cls.DESCRIPTOR.full_name} from the server: {exc}",
+            {"message_type": cls.DESCRIPTOR.full_name},
+        ) from None

@@ -1,0 +1,1 @@
+"""The ``agents`` command line: one small module per group of subcommands."""

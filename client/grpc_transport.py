@@ -1,0 +1,159 @@
+"""``GrpcTransport``: ACP over gRPC, with generic calls derived from the catalog.
+
+Each operation is called by its wire name (``op.full_method``) with the message classes
+of the catalog as (de)serializers, so no generated stub is needed. The token, version and
+request id travel as ``authorization``, ``acp-version`` and ``x-request-id`` metadata; a
+failed call's ``google.rpc.Status`` becomes the same ``ACPError`` the server raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import grpc
+from google.protobuf import message
+
+from cleveragents.acp.client.transport import CallOptions
+from cleveragents.acp.facade.contract import rich_status
+from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.facade.contract.errors import ACPError
+
+# Clients trust the server's replies to be as big as they need (long lists, exports).
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [("grpc.max_receive_message_length", -1)]
+
+
+def open_channel(
+    target: str,
+    *,
+    tls: bool = False,
+    root_certificates: bytes | None = None,
+    options: list[tuple[str, Any]] | None = None,
+) -> grpc.aio.Channel:
+    """A channel to ``host:port``; TLS when ``tls`` or a CA bundle is given."""
+    all_options = [*CHANNEL_OPTIONS, *(options or [])]
+    if tls or root_certificates is not None:
+        credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+        return grpc.aio.secure_channel(target, credentials, options=all_options)
+    return grpc.aio.insecure_channel(target, options=all_options)
+
+
+def error_from_rpc(exc: grpc.aio.AioRpcError) -> ACPError:
+    details_bin = None
+    for item in exc.trailing_metadata() or ():
+        key, value = cast(tuple[str, str | bytes], item)
+        if key == rich_status.DETAILS_KEY and isinstance(value, bytes):
+            details_bin = value
+    return rich_status.from_status(exc.code(), exc.details() or "", details_bin)
+
+
+def _serialize(request: message.Message) -> bytes:
+    return request.SerializeToString()
+
+
+class GrpcTransport:
+    def __init__(
+        self, channel: grpc.aio.Channel, *, owns_channel: bool = False, timeout: float | None = None
+    ) -> None:
+        """``timeout`` bounds each unary call (seconds); streams are unbounded."""
+        self.channel = channel
+        self.timeout = timeout
+        self._owns_channel = owns_channel
+        self._unary: dict[str, grpc.aio.UnaryUnaryMultiCallable[Any, Any]] = {}
+        self._streams: dict[str, grpc.aio.UnaryStreamMultiCallable[Any, Any]] = {}
+
+    @classmethod
+    def connect(
+        cls,
+        target: str,
+        *,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        timeout: float | None = None,
+    ) -> GrpcTransport:
+        channel = open_channel(target, tls=tls, root_certificates=root_certificates)
+        return cls(channel, owns_channel=True, timeout=timeout)
+
+    @staticmethod
+    def _metadata(options: CallOptions) -> tuple[tuple[str, str], ...]:
+        metadata = [("x-request-id", options.request_id)]
+        if options.token:
+            metadata.append(("authorization", f"Bearer {options.token}"))
+        if options.acp_version:
+            metadata.append(("acp-version", options.acp_version))
+        return tuple(metadata)
+
+    async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
+        method = self._unary.get(op.name)
+        if method is None:
+            method = self.channel.unary_unary(
+                op.full_method,
+                request_serializer=_serialize,
+                response_deserializer=op.response_type.FromString,
+            )
+            self._unary[op.name] = method
+        try:
+            response: message.Message = await method(
+                request, metadata=self._metadata(options), timeout=self.timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from None
+        return response
+
+    async def open_stream(
+        self, op: Operation, request: message.Message, options: CallOptions
+    ) -> AsyncIterator[message.Message]:
+        """Returns once the server has admitted the stream: it sends its initial metadata
+        right after admission, and an admission error ends the call before any."""
+        method = self._streams.get(op.name)
+        if method is None:
+            method = self.channel.unary_stream(
+                op.full_method,
+                request_serializer=_serialize,
+                response_deserializer=op.response_type.FromString,
+            )
+            self._streams[op.name] = method
+        call = method(request, metadata=self._metadata(options))
+        try:
+            initial = await call.initial_metadata()
+            admitted = any(key == "acp-version" for key, _ in initial or ())
+            if not admitted:
+                code = await call.code()
+                if code != grpc.StatusCode.OK:
+                    trailing = await call.trailing_metadata()
+                    details_bin = next(
+                        (
+                            v
+                            for k, v in trailing or ()
+                            if k == rich_status.DETAILS_KEY and isinstance(v, bytes)
+                        ),
+                        None,
+                    )
+                    raise rich_status.from_status(code, await call.details() or "", details_bin)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from None
+        except BaseException:
+            call.cancel()
+            raise
+        return self._items(call)
+
+    @staticmethod
+    async def _items(call: grpc.aio.UnaryStreamCall[Any, Any]) -> AsyncIterator[message.Message]:
+        try:
+            async for item in call:
+                yield item
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from None
+        finally:
+            call.cancel()
+
+    async def stream(
+        self, op: Operation, request: message.Message, options: CallOptions
+    ) -> AsyncIterator[message.Message]:
+        items = await self.open_stream(op, request, options)
+        async for item in items:
+            yield item
+
+    async def close(self) -> None:
+        if self._owns_channel:
+            await self.channel.close(None)

@@ -1,0 +1,49 @@
+"""What the HTTP and gRPC front ends read from a request the same way: token, version, id.
+
+Reading is all they do here: the checks themselves run once, in the facade.
+"""
+
+from __future__ import annotations
+
+import re
+
+from cleveragents.acp.facade.contract import versions
+from cleveragents.acp.facade.contract.envelope import new_request_id
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+
+REQUEST_ID_HEADER = "x-request-id"
+VERSION_HEADER = "acp-version"
+# Printable ASCII without spaces, so an id travels unchanged in HTTP headers and gRPC metadata.
+_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` value; None for any other form."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token
+
+
+def request_id(value: str | None) -> str:
+    """The caller's request id, or a fresh ULID when it sent none."""
+    if value is None or value == "":
+        return new_request_id()
+    if not _REQUEST_ID.match(value):
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            "request_id must be 1-128 printable ASCII characters without spaces",
+            {"field": "request_id"},
+        )
+    return value
+
+
+def served_version(requested: str | None) -> str:
+    """The version a response is labelled with: the requested one when spoken, else current."""
+    try:
+        return versions.negotiate(requested)
+    except ACPError:
+        return versions.CURRENT

@@ -1,0 +1,1 @@
+"""gRPC server: generic handlers over the catalog."""

@@ -1,0 +1,284 @@
+"""The gRPC server: every catalog operation served by one unary and one stream wrapper.
+
+Handlers are generic (built from the catalog, never per operation) and take the raw
+request bytes, so a malformed or oversized message is an INVALID_PARAMS in the ACP form
+instead of the runtime's own error. The wrappers read the credentials, version and request
+id from the metadata into a ``CallContext`` and hand the call to the facade, which does
+every check; an ``ACPError`` goes back as a ``google.rpc.Status`` (``rich_status``).
+Unknown methods of the ACP package answer NOT_FOUND the same way. Reflection and health are on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import grpc
+from google.protobuf import message, unknown_fields
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from cleveragents.acp.facade.call import CallContext
+from cleveragents.acp.facade.contract import catalog, rich_status
+from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode, grpc_code
+from cleveragents.acp.facade.service_facade import ServiceFacade, internal_error
+from cleveragents.acp.gateway import common
+from cleveragents.acp.gateway.streams import Tick, until_stopped
+
+Metadata = tuple[tuple[str, str | bytes], ...]
+ACP_PACKAGE = "cleveragents.acp.v1"
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# The runtime's own cap sits above ours, so our check (and its ACP error) runs first.
+_RUNTIME_SLACK = 1024 * 1024
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def _serialize(response: message.Message) -> bytes:
+    return response.SerializeToString()
+
+
+def _unknown_fields(msg: message.Message, path: str = "") -> list[str]:
+    """Paths of fields this server does not know, anywhere in the message."""
+    unknown = unknown_fields.UnknownFieldSet(msg)
+    found = [f"{path or '<request>'}#{unknown[i].field_number}" for i in range(len(unknown))]
+    for field, value in msg.ListFields():
+        if field.message_type is None:
+            continue
+        where = f"{path}.{field.name}" if path else field.name
+        if field.message_type.GetOptions().map_entry:
+            values = [v for v in value.values() if isinstance(v, message.Message)]
+        elif field.is_repeated:
+            values = list(value)
+        else:
+            values = [value]
+        for item in values:
+            found += _unknown_fields(item, where)
+    return found
+
+
+class GrpcHandlers:
+    """The shared wrappers, and the generic handlers that route every operation to them."""
+
+    def __init__(
+        self,
+        facade: ServiceFacade,
+        *,
+        closing: asyncio.Event,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self._facade = facade
+        self._closing = closing
+        self._max_bytes = max_message_bytes
+
+    def _context(self, context: grpc.aio.ServicerContext[Any, Any]) -> CallContext:
+        metadata = {
+            key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)
+        }
+        return CallContext(
+            token=common.bearer_token(metadata.get("authorization")),
+            acp_version=metadata.get(common.VERSION_HEADER) or None,
+            request_id=common.request_id(metadata.get(common.REQUEST_ID_HEADER)),
+        )
+
+    def _decode(self, op: Operation, data: bytes) -> message.Message:
+        if len(data) > self._max_bytes:
+            raise ACPError(
+                ErrorCode.INVALID_PARAMS,
+                f"the request is {len(data)} bytes; the limit is {self._max_bytes}",
+                {"field": "request", "max_bytes": self._max_bytes},
+            )
+        try:
+            request = op.request_type.FromString(data)
+        except DecodeError:
+            raise ACPError(
+                ErrorCode.INVALID_PARAMS,
+                f"the request is not a valid {op.request_type.DESCRIPTOR.full_name}",
+                {"field": "request", "message_type": op.request_type.DESCRIPTOR.full_name},
+            ) from None
+        unknown = _unknown_fields(request)
+        if unknown:
+            raise ACPError(
+                ErrorCode.INVALID_PARAMS,
+                f"unknown fields in {op.request_type.DESCRIPTOR.full_name}: {', '.join(unknown)}",
+                {"field": "request", "unknown_fields": unknown},
+            )
+        return request
+
+    @staticmethod
+    def _trailers(ctx: CallContext | None) -> Metadata:
+        if ctx is None:
+            return ()
+        version = ctx.served_version or common.served_version(ctx.acp_version)
+        return ((common.REQUEST_ID_HEADER, ctx.request_id), (common.VERSION_HEADER, version))
+
+    async def _abort(
+        self, context: grpc.aio.ServicerContext[Any, Any], err: ACPError, ctx: CallContext | None
+    ) -> NoReturn:
+        status = rich_status.to_status(err)
+        trailers = ((rich_status.DETAILS_KEY, status.SerializeToString()), *self._trailers(ctx))
+        await context.abort(grpc_code(err.code), err.message, trailers)
+
+    async def unary(
+        self, op: Operation, data: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> message.Message:
+        ctx: CallContext | None = None
+        try:
+            ctx = self._context(context)
+            response = await self._facade.invoke(op, self._decode(op, data), ctx)
+        except ACPError as err:
+            await self._abort(context, err, ctx)
+        except Exception as exc:
+            await self._abort(context, internal_error(exc, op.name), ctx)
+        context.set_trailing_metadata(self._trailers(ctx))
+        return response
+
+    async def stream(
+        self, op: Operation, data: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[message.Message]:
+        """Initial metadata goes out once the stream is admitted: clients wait for it to
+        tell an admission error from a stream that has no item yet."""
+        ctx: CallContext | None = None
+        try:
+            ctx = self._context(context)
+            items = await self._facade.stream(op, self._decode(op, data), ctx)
+        except ACPError as err:
+            await self._abort(context, err, ctx)
+        except Exception as exc:
+            await self._abort(context, internal_error(exc, op.name), ctx)
+        await context.send_initial_metadata(self._trailers(ctx))
+        try:
+            async for item in until_stopped(items, [self._closing]):
+                if not isinstance(item, Tick):
+                    yield item
+        except ACPError as err:
+            await self._abort(context, err, ctx)
+        except Exception as exc:
+            await self._abort(context, internal_error(exc, op.name), ctx)
+
+    async def unknown(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> NoReturn:
+        await self._abort(
+            context,
+            ACPError(ErrorCode.NOT_FOUND, f"unknown operation {method!r}", {"method": method}),
+            None,
+        )
+
+    def _unary_handler(self, op: Operation) -> grpc.RpcMethodHandler[bytes, message.Message]:
+        async def behaviour(data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> message.Message:
+            return await self.unary(op, data, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            behaviour,
+            request_deserializer=_identity,
+            response_serializer=_serialize,
+        )
+
+    def _stream_handler(self, op: Operation) -> grpc.RpcMethodHandler[bytes, message.Message]:
+        async def behaviour(
+            data: bytes, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[message.Message]:
+            async for item in self.stream(op, data, context):
+                yield item
+
+        return grpc.unary_stream_rpc_method_handler(
+            behaviour,
+            request_deserializer=_identity,
+            response_serializer=_serialize,
+        )
+
+    def generic_handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
+        by_service: dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]] = {}
+        for op in catalog.OPERATIONS.values():
+            handler = self._stream_handler(op) if op.server_streaming else self._unary_handler(op)
+            by_service.setdefault(op.service, {})[op.method] = handler
+        return [grpc.method_handlers_generic_handler(name, table) for name, table in by_service.items()]
+
+    def fallback_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        return _Fallback(self.unknown)
+
+
+if TYPE_CHECKING:
+    _GenericRpcHandler = grpc.GenericRpcHandler[Any, Any]
+else:
+    _GenericRpcHandler = grpc.GenericRpcHandler
+
+
+class _Fallback(_GenericRpcHandler):
+    """Registered last: an unknown method of the ACP package answers the ACP NOT_FOUND."""
+
+    def __init__(self, answer: Callable[[str, grpc.aio.ServicerContext[Any, Any]], Any]) -> None:
+        self._answer = answer
+
+    def service(
+        self, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        method = handler_call_details.method
+        if not method.startswith(f"/{ACP_PACKAGE}."):
+            # Other services keep gRPC's UNIMPLEMENTED, which clients probe (reflection v1).
+            return None
+
+        async def behaviour(data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> NoReturn:
+            await self._answer(method, context)
+            raise AssertionError("abort returned")
+
+        return grpc.unary_unary_rpc_method_handler(
+            behaviour,
+            request_deserializer=_identity,
+            response_serializer=_identity,
+        )
+
+
+def service_names() -> list[str]:
+    return sorted({op.service for op in catalog.OPERATIONS.values()})
+
+
+def build_server(
+    facade: ServiceFacade,
+    *,
+    closing: asyncio.Event,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> tuple[grpc.aio.Server, HealthServicer]:
+    """A grpc.aio server with the ACP services, reflection and health; no port bound yet."""
+    handlers = GrpcHandlers(facade, closing=closing, max_message_bytes=max_message_bytes)
+    server = grpc.aio.server(
+        options=[
+            # A leftover server on the same port must make this one fail, not share its traffic.
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", max_message_bytes + _RUNTIME_SLACK),
+            ("grpc.max_send_message_length", -1),
+        ]
+    )
+    server.add_generic_rpc_handlers(handlers.generic_handlers())
+    health_servicer = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = service_names()
+    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    server.add_generic_rpc_handlers([handlers.fallback_handler()])
+    return server, health_servicer
+
+
+async def mark_serving(health_servicer: HealthServicer, serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ["", *service_names()]:
+        await health_servicer.set(name, status)
+
+
+def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Bind ``host:port``; the bound port (``0`` asks for an ephemeral one)."""
+    try:
+        port = (
+            server.add_secure_port(address, credentials)
+            if credentials is not None
+            else server.add_insecure_port(address)
+        )
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen for gRPC on {address}: {exc}") from None
+    if port == 0:
+        raise OSError(f"cannot listen for gRPC on {address}: address in use or not available")
+    return port

@@ -1,0 +1,1 @@
+"""JSON/HTTP gateway: envelope, REST routes, SSE, OpenAPI."""

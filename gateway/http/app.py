@@ -1,0 +1,230 @@
+"""The JSON/HTTP gateway: the envelope endpoint, REST routes from the catalog, SSE,
+health and the OpenAPI document, over any client ``Transport``.
+
+In one process the transport is ``LocalTransport(facade)``; in gateway-only mode it is a
+``GrpcTransport`` to the upstream server. Either way the gateway only translates: it
+reads the token, version and request id, binds JSON to the request message, and the
+facade below the transport does every check.
+
+FastAPI's own routing and validation are not used: the proto descriptors are the schema,
+so one ASGI endpoint dispatches through a route table built from the catalog, and every
+answer (unknown paths, wrong methods, framework errors) is an envelope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route as StarletteRoute
+from starlette.types import Receive, Scope, Send
+
+from cleveragents.acp.client.transport import CallOptions, Transport
+from cleveragents.acp.facade.contract import catalog, codec, envelope, sse
+from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.service_facade import internal_error
+from cleveragents.acp.gateway import common
+from cleveragents.acp.gateway.http import binding, openapi
+from cleveragents.acp.gateway.http.responses import EnvelopeResponse, Exchange
+from cleveragents.acp.gateway.http.routing import Route, RouteTable
+from cleveragents.acp.gateway.http.sse import SSEResponse
+
+log = logging.getLogger(__name__)
+
+ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    max_body_bytes: int = binding.DEFAULT_MAX_BODY_BYTES
+    keepalive_seconds: float = 15.0
+    cors_origins: Sequence[str] = ()
+    server_build: str = ""
+
+
+def _resume_from(request: Request) -> int | None:
+    value = request.headers.get("last-event-id")
+    if value is None or value.strip() == "":
+        return None
+    value = value.strip()
+    if not value.isdigit():
+        raise binding.invalid("Last-Event-ID must be a sequence number", "Last-Event-ID")
+    return int(value)
+
+
+def _raw_path(request: Request) -> str:
+    raw = request.scope.get("raw_path")
+    return raw.decode("latin-1") if isinstance(raw, bytes) and raw else request.scope["path"]
+
+
+class Gateway:
+    """The one ASGI endpoint behind every path."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        settings: GatewaySettings | None = None,
+        *,
+        closing: asyncio.Event | None = None,
+    ) -> None:
+        self.transport = transport
+        self.settings = settings or GatewaySettings()
+        self.closing = closing or asyncio.Event()
+        self.routes = RouteTable()
+        self._openapi: bytes | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            response = await self.handle(request)
+        except binding.PeerGoneError:
+            return
+        await response(scope, receive, send)
+
+    async def handle(self, request: Request) -> Response | SSEResponse:
+        exchange = Exchange()
+        try:
+            exchange.acp_version = request.headers.get(common.VERSION_HEADER) or None
+            exchange.request_id = common.request_id(request.headers.get(common.REQUEST_ID_HEADER))
+            route, variables = self.routes.match(request.method, _raw_path(request))
+            return await self._dispatch(route, variables, request, exchange)
+        except ACPError as err:
+            return exchange.error(err)
+        except binding.PeerGoneError:
+            raise
+        except Exception as exc:
+            return exchange.error(internal_error(exc, f"{request.method} {request.url.path}"))
+
+    async def _dispatch(
+        self, route: Route, variables: dict[str, str], request: Request, exchange: Exchange
+    ) -> Response | SSEResponse:
+        if route.op is not None:
+            data = await binding.bind_rest(route.op, request, variables, self.settings.max_body_bytes)
+            token = common.bearer_token(request.headers.get("authorization"))
+            if route.op.server_streaming:
+                return await self._stream(route.op, data, token, request, exchange)
+            return await self._call(route.op, data, token, exchange)
+        if route.endpoint == "envelope":
+            return await self._envelope(request, exchange)
+        if route.endpoint == "health":
+            return await self._health(exchange)
+        return self._openapi_response()
+
+    async def _envelope(self, request: Request, exchange: Exchange) -> Response:
+        body = binding.parse_json(await binding.read_body(request, self.settings.max_body_bytes))
+        parsed = envelope.parse_request(body)
+        exchange.acp_version = parsed.acp_version or exchange.acp_version
+        if isinstance(body, dict) and body.get("request_id"):
+            exchange.request_id = common.request_id(parsed.request_id)
+        op = catalog.get(parsed.operation)
+        if op is None:
+            raise ACPError(
+                ErrorCode.NOT_FOUND,
+                f"unknown operation {parsed.operation!r}",
+                {"operation": parsed.operation},
+            )
+        header_token = common.bearer_token(request.headers.get("authorization"))
+        if parsed.token and header_token and parsed.token != header_token:
+            raise binding.invalid("auth.token and the Authorization header name different tokens", "auth")
+        return await self._call(op, parsed.params, parsed.token or header_token, exchange)
+
+    def _options(self, token: str | None, exchange: Exchange) -> CallOptions:
+        return CallOptions(
+            acp_version=exchange.acp_version, token=token, request_id=exchange.ensure_request_id()
+        )
+
+    async def _call(
+        self, op: Operation, params: dict[str, Any], token: str | None, exchange: Exchange
+    ) -> Response:
+        request = codec.from_dict(params, op.request_type)
+        response = await self.transport.call(op, request, self._options(token, exchange))
+        return exchange.ok(codec.to_dict(response))
+
+    async def _stream(
+        self,
+        op: Operation,
+        params: dict[str, Any],
+        token: str | None,
+        request: Request,
+        exchange: Exchange,
+    ) -> SSEResponse:
+        resume = _resume_from(request)
+        if resume is not None and sse.RESUME_FIELD in op.request_type.DESCRIPTOR.fields_by_name:
+            params = {**params, sse.RESUME_FIELD: str(resume)}
+        message = codec.from_dict(params, op.request_type)
+        items = await self.transport.open_stream(op, message, self._options(token, exchange))
+        return SSEResponse(
+            op,
+            items,
+            exchange,
+            keepalive_seconds=self.settings.keepalive_seconds,
+            closing=self.closing,
+        )
+
+    async def _health(self, exchange: Exchange) -> Response:
+        op = catalog.OPERATIONS["meta.version"]
+        options = CallOptions(acp_version=None, token=None, request_id=exchange.ensure_request_id())
+        await self.transport.call(op, op.request_type(), options)
+        return exchange.ok({"status": "SERVING"})
+
+    def _openapi_response(self) -> Response:
+        if self._openapi is None:
+            self._openapi = orjson.dumps(openapi.document(self.settings.server_build))
+        return Response(self._openapi, 200, media_type="application/json")
+
+    async def framework_error(self, request: Request, exc: Exception) -> Response:
+        """Errors raised by the framework around the endpoint still answer an envelope."""
+        exchange = Exchange()
+        if isinstance(exc, StarletteHTTPException):
+            code = ErrorCode.NOT_FOUND if exc.status_code in (404, 405) else ErrorCode.INVALID_PARAMS
+            return exchange.error(ACPError(code, str(exc.detail), {"path": request.url.path}))
+        if isinstance(exc, RequestValidationError):
+            return exchange.error(ACPError(ErrorCode.INVALID_PARAMS, "invalid request", {"field": "request"}))
+        return exchange.error(internal_error(exc, f"{request.method} {request.url.path}"))
+
+
+def build_app(
+    transport: Transport,
+    settings: GatewaySettings | None = None,
+    *,
+    closing: asyncio.Event | None = None,
+) -> FastAPI:
+    settings = settings or GatewaySettings()
+    gateway = Gateway(transport, settings, closing=closing)
+    app = FastAPI(
+        title="CleverAgents ACP",
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+        exception_handlers={
+            StarletteHTTPException: gateway.framework_error,
+            RequestValidationError: gateway.framework_error,
+            Exception: gateway.framework_error,
+        },
+    )
+    app.router.routes.append(StarletteRoute("/{path:path}", endpoint=gateway, methods=None))
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=ALL_METHODS,
+            allow_headers=["Authorization", "Content-Type", "ACP-Version", "X-Request-ID", "Last-Event-ID"],
+            expose_headers=["X-Request-ID", "ACP-Version", "WWW-Authenticate"],
+            max_age=600,
+        )
+    app.state.gateway = gateway
+    return app
+
+
+__all__ = ["EnvelopeResponse", "Gateway", "GatewaySettings", "build_app"]

@@ -1,0 +1,153 @@
+"""From an HTTP request to JSON params: a bounded body, strict JSON, and the
+``google.api.http`` binding of path variables, query parameters and body.
+
+Every refusal is an ``ACPError`` (INVALID_PARAMS naming the field), never a framework error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+import orjson
+from google.protobuf import descriptor
+from starlette.requests import ClientDisconnect, Request
+
+from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# Well-known types that proto3 JSON writes as one string, so a query value can carry them.
+_STRING_MESSAGES = frozenset(
+    {"google.protobuf.Timestamp", "google.protobuf.Duration", "google.protobuf.FieldMask"}
+)
+
+
+def invalid(message: str, field: str, **details: Any) -> ACPError:
+    return ACPError(ErrorCode.INVALID_PARAMS, message, {"field": field, **details})
+
+
+class PeerGoneError(Exception):
+    """The client left before its request body arrived."""
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused once it passes ``limit`` bytes (without reading the rest)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise invalid(f"the request body is {declared} bytes; the limit is {limit}", "body", max_bytes=limit)
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise invalid(f"the request body is over the limit of {limit} bytes", "body", max_bytes=limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise PeerGoneError from None
+    return b"".join(chunks)
+
+
+def parse_json(body: bytes) -> Any:
+    if not body.strip():
+        raise invalid("the request body is empty; send a JSON object", "body")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise invalid(f"the request body is not valid JSON: {exc}", "body") from None
+
+
+def _query_value(field: descriptor.FieldDescriptor, value: str) -> Any:
+    if field.type == descriptor.FieldDescriptor.TYPE_BOOL:
+        lowered = value.lower()
+        if lowered in ("true", "1"):
+            return True
+        if lowered in ("false", "0"):
+            return False
+    # proto3 JSON takes numbers, enums, bytes and the string well-known types as strings.
+    return value
+
+
+def bind_query(
+    pairs: Iterable[tuple[str, str]], desc: descriptor.Descriptor, taken: Iterable[str] = ()
+) -> dict[str, Any]:
+    """Query parameters as JSON params: ``a.b=1`` sets a nested field, a repeated field may
+    be given many times; fields bound by the path cannot be given again."""
+    data: dict[str, Any] = {}
+    bound = set(taken)
+    for key, value in pairs:
+        if key in bound:
+            raise invalid(f"{key} is given by the path; do not repeat it in the query", key)
+        names = key.split(".")
+        where, target = desc, data
+        for depth, name in enumerate(names):
+            field = where.fields_by_name.get(name)
+            if field is None:
+                raise invalid(f"unknown query parameter {key!r}", key, unknown_fields=[key])
+            last = depth == len(names) - 1
+            is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
+            if not last:
+                if field.message_type is None or field.is_repeated or is_map:
+                    raise invalid(f"{key!r} does not name a field of a message", key)
+                nested = target.setdefault(name, {})
+                where, target = field.message_type, nested
+                continue
+            if field.message_type is not None and field.message_type.full_name not in _STRING_MESSAGES:
+                raise invalid(f"{key} cannot be set from the query string; send it in a body", key)
+            converted = _query_value(field, value)
+            if field.is_repeated:
+                target.setdefault(name, []).append(converted)
+            elif name in target:
+                raise invalid(f"{key} is given more than once", key)
+            else:
+                target[name] = converted
+    return data
+
+
+def _set_path(data: dict[str, Any], path: str, value: str) -> None:
+    names = path.split(".")
+    for name in names[:-1]:
+        child = data.setdefault(name, {})
+        if not isinstance(child, dict):
+            raise invalid(f"{path} is given by the path and, differently, by the body", path)
+        data = child
+    current = data.get(names[-1])
+    if current is not None and current != value:
+        raise invalid(f"{path} is {value!r} in the path but {current!r} in the body", path)
+    data[names[-1]] = value
+
+
+async def bind_rest(
+    op: Operation,
+    request: Request,
+    variables: Mapping[str, str],
+    limit: int,
+) -> dict[str, Any]:
+    """The JSON params of a REST call, per the operation's ``google.api.http`` rule."""
+    rule = op.http
+    pairs = request.query_params.multi_items()
+    body = await read_body(request, limit)
+    if rule.body == "":
+        if body.strip():
+            raise invalid(
+                f"{rule.method} {rule.path} takes its parameters from the path and query, not a body",
+                "body",
+            )
+        data = bind_query(pairs, cast(descriptor.Descriptor, op.request_type.DESCRIPTOR), variables)
+    else:
+        if pairs:
+            raise invalid(
+                f"{rule.method} {rule.path} takes its parameters from the body, not the query",
+                pairs[0][0],
+                unknown_fields=[key for key, _ in pairs],
+            )
+        parsed = parse_json(body) if body.strip() else {}
+        if rule.body == "*":
+            if not isinstance(parsed, dict):
+                raise invalid(f"the request body must be a JSON object, not {type(parsed).__name__}", "body")
+            data = parsed
+        else:
+            data = {rule.body: parsed}
+    for path, value in variables.items():
+        _set_path(data, path, value)
+    return data

@@ -1,0 +1,293 @@
+"""The OpenAPI 3.1 document of the gateway, derived from the proto descriptors.
+
+Schemas follow the codec's proto3 JSON (proto field names; int64 as strings; enums as
+names; well-known types in their JSON forms). Each REST route gets its path and query
+parameters and body from the ``google.api.http`` rule, and answers an envelope whose
+``data`` is the RPC's response message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+from google.api import field_behavior_pb2
+from google.protobuf import descriptor, message
+
+from cleveragents.acp.facade.contract import catalog, versions
+from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.facade.contract.errors import TABLE
+from cleveragents.acp.gateway.http.routing import ENVELOPE_PATH, HEALTH_PATH, VARIABLE
+from cleveragents.acp.v1 import envelope_pb2
+
+FD = descriptor.FieldDescriptor
+_REF = "#/components/schemas/"
+
+_SCALARS: Mapping[int, dict[str, Any]] = {
+    FD.TYPE_STRING: {"type": "string"},
+    FD.TYPE_BOOL: {"type": "boolean"},
+    FD.TYPE_BYTES: {"type": "string", "contentEncoding": "base64"},
+    FD.TYPE_DOUBLE: {"type": "number"},
+    FD.TYPE_FLOAT: {"type": "number"},
+    FD.TYPE_INT32: {"type": "integer", "format": "int32"},
+    FD.TYPE_SINT32: {"type": "integer", "format": "int32"},
+    FD.TYPE_SFIXED32: {"type": "integer", "format": "int32"},
+    FD.TYPE_UINT32: {"type": "integer", "format": "int64", "minimum": 0},
+    FD.TYPE_FIXED32: {"type": "integer", "format": "int64", "minimum": 0},
+    # proto3 JSON writes 64-bit integers as strings (and reads either form).
+    FD.TYPE_INT64: {"type": "string", "format": "int64", "pattern": "^-?[0-9]+$"},
+    FD.TYPE_SINT64: {"type": "string", "format": "int64", "pattern": "^-?[0-9]+$"},
+    FD.TYPE_SFIXED64: {"type": "string", "format": "int64", "pattern": "^-?[0-9]+$"},
+    FD.TYPE_UINT64: {"type": "string", "format": "uint64", "pattern": "^[0-9]+$"},
+    FD.TYPE_FIXED64: {"type": "string", "format": "uint64", "pattern": "^[0-9]+$"},
+}
+
+_WELL_KNOWN: Mapping[str, dict[str, Any]] = {
+    "google.protobuf.Timestamp": {"type": "string", "format": "date-time"},
+    "google.protobuf.Duration": {"type": "string", "pattern": "^-?[0-9]+(\\.[0-9]+)?s$"},
+    "google.protobuf.FieldMask": {"type": "string"},
+    "google.protobuf.Struct": {"type": "object", "additionalProperties": True},
+    "google.protobuf.Value": {},
+    "google.protobuf.ListValue": {"type": "array", "items": {}},
+    "google.protobuf.Empty": {"type": "object", "additionalProperties": False},
+    "google.protobuf.Any": {"type": "object", "properties": {"@type": {"type": "string"}}},
+    "google.protobuf.StringValue": {"type": ["string", "null"]},
+    "google.protobuf.BoolValue": {"type": ["boolean", "null"]},
+    "google.protobuf.DoubleValue": {"type": ["number", "null"]},
+    "google.protobuf.FloatValue": {"type": ["number", "null"]},
+    "google.protobuf.Int32Value": {"type": ["integer", "null"]},
+    "google.protobuf.UInt32Value": {"type": ["integer", "null"]},
+    "google.protobuf.Int64Value": {"type": ["string", "null"]},
+    "google.protobuf.UInt64Value": {"type": ["string", "null"]},
+    "google.protobuf.BytesValue": {"type": ["string", "null"]},
+}
+
+
+def _desc(cls: type[message.Message]) -> descriptor.Descriptor:
+    return cast(descriptor.Descriptor, cls.DESCRIPTOR)
+
+
+def _required(field: descriptor.FieldDescriptor) -> bool:
+    return field_behavior_pb2.REQUIRED in field.GetOptions().Extensions[field_behavior_pb2.field_behavior]
+
+
+class SchemaBuilder:
+    """Message schemas as reusable components, each message described once."""
+
+    def __init__(self) -> None:
+        self.components: dict[str, dict[str, Any]] = {}
+
+    def ref(self, desc: descriptor.Descriptor) -> dict[str, Any]:
+        if desc.full_name in _WELL_KNOWN:
+            return dict(_WELL_KNOWN[desc.full_name])
+        if desc.full_name not in self.components:
+            self.components[desc.full_name] = {}
+            self.components[desc.full_name] = self._message(desc)
+        return {"$ref": _REF + desc.full_name}
+
+    def _value(self, field: descriptor.FieldDescriptor) -> dict[str, Any]:
+        if field.message_type is not None:
+            return self.ref(field.message_type)
+        if field.enum_type is not None:
+            return {"type": "string", "enum": [value.name for value in field.enum_type.values]}
+        return dict(_SCALARS[field.type])
+
+    def field(self, field: descriptor.FieldDescriptor) -> dict[str, Any]:
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            return {"type": "object", "additionalProperties": self._value(value_field)}
+        schema = self._value(field)
+        if field.is_repeated:
+            schema = {"type": "array", "items": schema}
+        if field.containing_oneof is not None and not field.containing_oneof.name.startswith("_"):
+            schema = {**schema, "description": f"One of the `{field.containing_oneof.name}` fields."}
+        return schema
+
+    def _message(self, desc: descriptor.Descriptor) -> dict[str, Any]:
+        schema: dict[str, Any] = {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {field.name: self.field(field) for field in desc.fields},
+        }
+        required = [field.name for field in desc.fields if _required(field)]
+        if required:
+            schema["required"] = required
+        return schema
+
+
+def _parameters(op: Operation, builder: SchemaBuilder) -> list[dict[str, Any]]:
+    desc = _desc(op.request_type)
+    params: list[dict[str, Any]] = []
+    for path in op.http.path_params:
+        params.append({"name": path, "in": "path", "required": True, "schema": {"type": "string"}})
+    if op.http.body == "":
+        for field in desc.fields:
+            if field.name in op.http.path_params:
+                continue
+            if field.message_type is not None and field.message_type.full_name not in (
+                "google.protobuf.Timestamp",
+                "google.protobuf.Duration",
+                "google.protobuf.FieldMask",
+            ):
+                continue
+            param: dict[str, Any] = {"name": field.name, "in": "query", "schema": builder.field(field)}
+            if field.is_repeated:
+                param["explode"] = True
+            params.append(param)
+    params.append(
+        {
+            "name": "ACP-Version",
+            "in": "header",
+            "schema": {"type": "string", "enum": list(versions.SUPPORTED)},
+            "description": f"The ACP version spoken; {versions.CURRENT} when absent.",
+        }
+    )
+    params.append(
+        {
+            "name": "X-Request-ID",
+            "in": "header",
+            "schema": {"type": "string", "maxLength": 128},
+            "description": "Echoed in the envelope; a ULID is generated when absent.",
+        }
+    )
+    if op.server_streaming:
+        params.append(
+            {
+                "name": "Last-Event-ID",
+                "in": "header",
+                "schema": {"type": "string", "pattern": "^[0-9]+$"},
+                "description": "Resume after this sequence (overrides after_sequence).",
+            }
+        )
+    return params
+
+
+def _envelope_of(builder: SchemaBuilder, data: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "allOf": [
+            builder.ref(_desc(envelope_pb2.ResponseEnvelope)),
+            {"properties": {"data": {"anyOf": [data, {"type": "null"}]}}},
+        ]
+    }
+
+
+def _errors(builder: SchemaBuilder) -> dict[str, Any]:
+    statuses = sorted({mapping.http_status for mapping in TABLE.values()})
+    error = {"$ref": _REF + "cleveragents.acp.v1.ResponseEnvelope"}
+    return {
+        str(status): {
+            "description": ", ".join(code for code, m in TABLE.items() if m.http_status == status),
+            "content": {"application/json": {"schema": error}},
+        }
+        for status in statuses
+    }
+
+
+def _operation(op: Operation, builder: SchemaBuilder) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "operationId": op.name,
+        "summary": op.summary,
+        "description": f"ACP operation `{op.name}` (since ACP {op.since}); gRPC `{op.full_method}`.",
+        "tags": [op.group],
+        "parameters": _parameters(op, builder),
+    }
+    if op.http.body:
+        spec["requestBody"] = {
+            "required": False,
+            "content": {"application/json": {"schema": builder.ref(_desc(op.request_type))}},
+        }
+    if op.server_streaming:
+        ok = {
+            "description": "Server-Sent Events: `id:` the sequence, `event:` the type, `data:` the item "
+            "as JSON; an `event: error` frame carries an error envelope.",
+            "content": {"text/event-stream": {"schema": builder.ref(_desc(op.response_type))}},
+        }
+    else:
+        ok = {
+            "description": "The envelope, with `data` the response.",
+            "content": {
+                "application/json": {"schema": _envelope_of(builder, builder.ref(_desc(op.response_type)))}
+            },
+        }
+    spec["responses"] = {"200": ok, **_errors(builder)}
+    spec["security"] = [] if op.anonymous else [{"bearer": []}]
+    return spec
+
+
+def _envelope_endpoint(builder: SchemaBuilder) -> dict[str, Any]:
+    request = builder.ref(_desc(envelope_pb2.RequestEnvelope))
+    operations = sorted(op.name for op in catalog.OPERATIONS.values() if not op.server_streaming)
+    return {
+        "post": {
+            "operationId": "acp.envelope",
+            "summary": "Any ACP operation in the canonical envelope.",
+            "description": "`operation` names any unary operation of the catalog; `params` is its "
+            "request message. The token goes in `Authorization: Bearer` or `auth.token`.",
+            "tags": ["envelope"],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "allOf": [
+                                request,
+                                {
+                                    "required": ["operation"],
+                                    "properties": {"operation": {"type": "string", "enum": operations}},
+                                },
+                            ]
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "200": {
+                    "description": "The envelope, with `data` the operation's response.",
+                    "content": {
+                        "application/json": {"schema": builder.ref(_desc(envelope_pb2.ResponseEnvelope))}
+                    },
+                },
+                **_errors(builder),
+            },
+            "security": [{"bearer": []}, {}],
+        }
+    }
+
+
+def document(server_build: str = "") -> dict[str, Any]:
+    builder = SchemaBuilder()
+    paths: dict[str, dict[str, Any]] = {ENVELOPE_PATH: _envelope_endpoint(builder)}
+    for op in catalog.OPERATIONS.values():
+        openapi_path = VARIABLE.sub(lambda m: "{" + m.group(1) + "}", op.http.path)
+        paths.setdefault(openapi_path, {})[op.http.method.lower()] = _operation(op, builder)
+    paths[HEALTH_PATH] = {
+        "get": {
+            "operationId": "healthz",
+            "summary": "Liveness: an envelope with `data.status` SERVING when the backend answers.",
+            "responses": {
+                "200": {
+                    "description": "Serving.",
+                    "content": {
+                        "application/json": {"schema": builder.ref(_desc(envelope_pb2.ResponseEnvelope))}
+                    },
+                },
+                **_errors(builder),
+            },
+            "security": [],
+        }
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "CleverAgents ACP",
+            "version": versions.CURRENT,
+            "description": "The Agent Client Protocol over JSON/HTTP. Every response is an envelope. "
+            + (f"Server: {server_build}." if server_build else ""),
+        },
+        "paths": paths,
+        "components": {
+            "schemas": builder.components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }

@@ -1,0 +1,69 @@
+"""Envelope responses: every HTTP answer of the gateway, errors included, is one.
+
+An ``Exchange`` follows one request and remembers what is known so far (request id,
+version), so an error at any stage still echoes them, with the time spent.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from cleveragents.acp.facade.contract import envelope
+from cleveragents.acp.facade.contract.errors import ACPError, http_status
+from cleveragents.acp.gateway import common
+
+
+class EnvelopeResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, default=str, option=orjson.OPT_NON_STR_KEYS)
+
+
+@dataclass
+class Exchange:
+    started: float = field(default_factory=time.perf_counter)
+    request_id: str | None = None
+    acp_version: str | None = None
+    extra_headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.started) * 1000
+
+    @property
+    def served_version(self) -> str:
+        return common.served_version(self.acp_version)
+
+    def ensure_request_id(self) -> str:
+        if self.request_id is None:
+            self.request_id = envelope.new_request_id()
+        return self.request_id
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "X-Request-ID": self.ensure_request_id(),
+            "ACP-Version": self.served_version,
+            "Cache-Control": "no-store",
+            **self.extra_headers,
+        }
+
+    def ok(self, data: dict[str, Any]) -> Response:
+        body = envelope.ok(self.served_version, self.ensure_request_id(), data, self.elapsed_ms)
+        return EnvelopeResponse(body, 200, self.headers())
+
+    def error_envelope(self, err: ACPError) -> dict[str, Any]:
+        return envelope.error(self.served_version, self.ensure_request_id(), err, self.elapsed_ms)
+
+    def error(self, err: ACPError) -> Response:
+        headers = self.headers()
+        if err.code == "AUTH_REQUIRED":
+            headers["WWW-Authenticate"] = 'Bearer realm="acp"'
+        if "allowed_methods" in err.details:
+            headers["Allow"] = ", ".join(err.details["allowed_methods"])
+        return EnvelopeResponse(self.error_envelope(err), http_status(err.code), headers)

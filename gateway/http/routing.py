@@ -1,0 +1,86 @@
+"""The gateway's route table: the fixed endpoints, and one route per catalog operation
+compiled from its ``google.api.http`` rule.
+
+Path variables match one segment without ``:`` so ``/plans/{plan_id}`` and
+``/plans/{plan_id}:apply`` never shadow each other; matching runs on the raw path and
+decodes each variable, so ``%2F`` and ``%3A`` reach the field as ``/`` and ``:``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from cleveragents.acp.facade.contract import catalog
+from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+
+ENVELOPE_PATH = "/api/v1/acp"
+HEALTH_PATH = "/healthz"
+OPENAPI_PATH = "/api/v1/openapi.json"
+
+VARIABLE = re.compile(r"\{([a-z_][a-z0-9_.]*)(?:=[^}]*)?\}")
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    template: str
+    pattern: re.Pattern[str]
+    # Regex group name -> request field path.
+    variables: Mapping[str, str]
+    # The operation served, or the name of a fixed endpoint.
+    op: Operation | None = None
+    endpoint: str = ""
+
+
+def compile_template(template: str) -> tuple[re.Pattern[str], dict[str, str]]:
+    regex, variables, position = "^", {}, 0
+    for index, match in enumerate(VARIABLE.finditer(template)):
+        group = f"v{index}"
+        variables[group] = match.group(1)
+        regex += re.escape(template[position : match.start()]) + f"(?P<{group}>[^/:]+)"
+        position = match.end()
+    return re.compile(regex + re.escape(template[position:]) + "$"), variables
+
+
+def _route(method: str, template: str, *, op: Operation | None = None, endpoint: str = "") -> Route:
+    pattern, variables = compile_template(template)
+    return Route(method, template, pattern, variables, op, endpoint)
+
+
+class RouteTable:
+    def __init__(self, operations: Iterable[Operation] | None = None) -> None:
+        ops = catalog.OPERATIONS.values() if operations is None else operations
+        self.routes: list[Route] = [
+            _route("POST", ENVELOPE_PATH, endpoint="envelope"),
+            _route("GET", HEALTH_PATH, endpoint="health"),
+            _route("GET", OPENAPI_PATH, endpoint="openapi"),
+            *(_route(op.http.method, op.http.path, op=op) for op in ops),
+        ]
+
+    def match(self, method: str, raw_path: str) -> tuple[Route, dict[str, str]]:
+        """The route and its decoded path variables; NOT_FOUND for an unknown path or verb.
+
+        HEAD is served as GET (the server sends no body)."""
+        verb = "GET" if method == "HEAD" else method
+        allowed: list[str] = []
+        for route in self.routes:
+            found = route.pattern.match(raw_path)
+            if found is None:
+                continue
+            if route.method != verb:
+                allowed.append(route.method)
+                continue
+            values = {route.variables[group]: unquote(value) for group, value in found.groupdict().items()}
+            return route, values
+        path = unquote(raw_path)
+        if allowed:
+            raise ACPError(
+                ErrorCode.NOT_FOUND,
+                f"{method} is not served on {path}; use {', '.join(sorted(allowed))}",
+                {"path": path, "method": method, "allowed_methods": sorted(allowed)},
+            )
+        raise ACPError(ErrorCode.NOT_FOUND, f"no ACP endpoint at {path}", {"path": path})

@@ -1,0 +1,92 @@
+"""The SSE response of a server stream (pure ASGI: it streams, and hears the client leave).
+
+It is only built once the stream is admitted, so headers never go out before an early
+error. Then: a comment right away (clients see the headers), one frame per item, a
+keep-alive comment after each idle interval, and on an error one ``event: error`` frame
+with the error envelope and the last sequence delivered. It ends when the stream ends,
+the client leaves, or the server shuts down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from google.protobuf import message
+from starlette.types import Receive, Scope, Send
+
+from cleveragents.acp.facade.contract import sse
+from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.facade.service_facade import internal_error
+from cleveragents.acp.gateway.http.responses import Exchange
+from cleveragents.acp.gateway.streams import Tick, until_stopped
+
+log = logging.getLogger(__name__)
+
+
+class SSEResponse:
+    def __init__(
+        self,
+        op: Operation,
+        items: AsyncIterator[message.Message],
+        exchange: Exchange,
+        *,
+        keepalive_seconds: float,
+        closing: asyncio.Event,
+    ) -> None:
+        self.op = op
+        self.items = items
+        self.exchange = exchange
+        self.keepalive_seconds = keepalive_seconds
+        self.closing = closing
+        self.last_sequence: int | None = None
+
+    def _headers(self) -> list[tuple[bytes, bytes]]:
+        headers = {
+            **self.exchange.headers(),
+            "Content-Type": "text/event-stream; charset=utf-8",
+            "X-Accel-Buffering": "no",
+        }
+        return [(key.lower().encode(), value.encode("latin-1")) for key, value in headers.items()]
+
+    async def _error_frame(self, err: ACPError) -> bytes:
+        details = dict(err.details)
+        details.setdefault("last_sequence", self.last_sequence or 0)
+        return sse.error_frame(self.exchange.error_envelope(ACPError(err.code, err.message, details)))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        left = asyncio.Event()
+
+        async def watch_disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            left.set()
+
+        watcher = asyncio.ensure_future(watch_disconnect())
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self._headers()})
+            await send({"type": "http.response.body", "body": sse.comment("stream open"), "more_body": True})
+            try:
+                async for item in until_stopped(
+                    self.items, [left, self.closing], tick=self.keepalive_seconds
+                ):
+                    if isinstance(item, Tick):
+                        chunk = sse.comment("keep-alive")
+                    else:
+                        chunk = sse.frame(self.op, item)
+                        self.last_sequence = sse.item_id(self.op, item)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except ACPError as err:
+                chunk = await self._error_frame(err)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except Exception as exc:
+                chunk = await self._error_frame(internal_error(exc, f"{self.op.name} (SSE)"))
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if not left.is_set():
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            log.debug("SSE client of %s left", self.op.name)
+        finally:
+            watcher.cancel()

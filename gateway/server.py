@@ -1,0 +1,257 @@
+"""Server mode: one process, one event loop, a grpc.aio server and uvicorn sharing one facade.
+
+Also the gateway-only mode: uvicorn alone, its transport a ``GrpcTransport`` to an upstream.
+
+Start-up refuses a port already in use (gRPC's SO_REUSEPORT is off, the HTTP socket is
+bound here) and plain text on a non-loopback address unless ``insecure``. SIGTERM/SIGINT
+stop it gracefully: streams end cleanly, in-flight calls finish within the grace period,
+then the facade (and its store) is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import pathlib
+import signal
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import uvicorn
+from grpc_health.v1._async import HealthServicer
+
+from cleveragents.acp.client.transport import Transport
+from cleveragents.acp.facade.service_facade import Closeable, ServiceFacade
+from cleveragents.acp.gateway.grpc import server as grpc_server
+from cleveragents.acp.gateway.http.app import GatewaySettings, build_app
+
+log = logging.getLogger(__name__)
+
+
+class ServeError(Exception):
+    """The server cannot start as configured (port in use, bad TLS files, exposure rule)."""
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    cert: pathlib.Path
+    key: pathlib.Path
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    http_port: int = 8080
+    # None: no gRPC server (gateway-only mode).
+    grpc_port: int | None = 50051
+    tls: TLSFiles | None = None
+    insecure: bool = False
+    http: GatewaySettings = field(default_factory=GatewaySettings)
+    grace_seconds: float = 10.0
+    log_level: str = "warning"
+
+
+@dataclass(frozen=True)
+class Addresses:
+    http_url: str
+    grpc_target: str | None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+
+
+def check_exposure(host: str, tls: object | None, insecure: bool, what: str = "serve") -> None:
+    """Plain text only on loopback, unless the operator says ``--insecure``."""
+    if tls is None and not insecure and not is_loopback(host):
+        raise ServeError(
+            f"refusing to {what} plain HTTP/gRPC on {host}, which is not a loopback address: "
+            "give --tls-cert and --tls-key, or --insecure to accept the risk"
+        )
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except OSError as exc:
+        raise ServeError(f"cannot resolve {host}: {exc}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        # Reuse a port in TIME_WAIT; Linux still refuses a port another socket listens on.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"cannot listen for HTTP on {_url_host(host)}:{port}: {exc.strerror}") from None
+    sock.setblocking(False)
+    return sock
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the server's loop handlers stop both halves."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Server:
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        transport: Transport,
+        facade: ServiceFacade | None = None,
+        resources: Sequence[Closeable] = (),
+    ) -> None:
+        """``transport`` carries the HTTP gateway's calls; ``facade``, when given, is
+        served over gRPC too and closed at the end, after ``resources``."""
+        if facade is None and config.grpc_port is not None:
+            raise ServeError("a gRPC port needs a facade to serve")
+        self.config = config
+        self.transport = transport
+        self.facade = facade
+        self.resources = list(resources)
+        self.closing = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._grpc: grpc.aio.Server | None = None
+        self._health: HealthServicer | None = None
+        self._uvicorn: _Uvicorn | None = None
+        self._uvicorn_task: asyncio.Task[None] | None = None
+        self._socket: socket.socket | None = None
+        self.addresses: Addresses | None = None
+
+    def _grpc_credentials(self) -> grpc.ServerCredentials | None:
+        tls = self.config.tls
+        if tls is None:
+            return None
+        return grpc.ssl_server_credentials([(tls.key.read_bytes(), tls.cert.read_bytes())])
+
+    async def start(self) -> Addresses:
+        config = self.config
+        tls = config.tls
+        check_exposure(config.host, tls, config.insecure)
+        if tls is not None:
+            for path in (tls.cert, tls.key):
+                if not path.is_file():
+                    raise ServeError(f"TLS file {path} does not exist")
+        self._socket = bind_socket(config.host, config.http_port)
+        try:
+            grpc_target = await self._start_grpc()
+            app = build_app(self.transport, config.http, closing=self.closing)
+            uv_config = uvicorn.Config(
+                app,
+                lifespan="off",
+                log_level=config.log_level,
+                access_log=False,
+                server_header=False,
+                timeout_graceful_shutdown=max(int(config.grace_seconds), 1),
+                ssl_certfile=str(tls.cert) if tls else None,
+                ssl_keyfile=str(tls.key) if tls else None,
+            )
+            try:
+                uv_config.load()
+            except (OSError, ValueError) as exc:
+                raise ServeError(f"cannot load the TLS certificate and key: {exc}") from None
+            self._uvicorn = _Uvicorn(uv_config)
+            self._uvicorn_task = asyncio.create_task(self._uvicorn.serve(sockets=[self._socket]))
+            while not self._uvicorn.started:
+                if self._uvicorn_task.done():
+                    raise ServeError("the HTTP server stopped during start-up")
+                await asyncio.sleep(0.01)
+        except BaseException:
+            await self._abandon()
+            raise
+        port = self._socket.getsockname()[1]
+        scheme = "https" if tls else "http"
+        self.addresses = Addresses(f"{scheme}://{_url_host(config.host)}:{port}", grpc_target)
+        return self.addresses
+
+    async def _start_grpc(self) -> str | None:
+        if self.facade is None or self.config.grpc_port is None:
+            return None
+        self._grpc, self._health = grpc_server.build_server(
+            self.facade,
+            closing=self.closing,
+            max_message_bytes=self.config.http.max_body_bytes,
+        )
+        address = f"{_url_host(self.config.host)}:{self.config.grpc_port}"
+        try:
+            port = grpc_server.bind(self._grpc, address, self._grpc_credentials())
+        except OSError as exc:
+            raise ServeError(str(exc)) from None
+        await self._grpc.start()
+        await grpc_server.mark_serving(self._health, True)
+        return f"{_url_host(self.config.host)}:{port}"
+
+    async def _abandon(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(None)
+        if self._socket is not None:
+            self._socket.close()
+        await self._close_backend()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal)
+
+    def _on_signal(self) -> None:
+        if self._stop.is_set() and self._uvicorn is not None:
+            self._uvicorn.force_exit = True
+        self.request_stop()
+
+    async def wait(self) -> None:
+        """Until a stop is requested, or the HTTP server ends by itself."""
+        if self._uvicorn_task is None:
+            raise RuntimeError("the server is not started")
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({stop, self._uvicorn_task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+
+    async def stop(self) -> None:
+        self.closing.set()
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        grpc_stopped = self._grpc.stop(self.config.grace_seconds) if self._grpc is not None else None
+        if self._uvicorn_task is not None:
+            with contextlib.suppress(Exception):
+                await self._uvicorn_task
+        if grpc_stopped is not None:
+            await grpc_stopped
+        await self._close_backend()
+
+    async def _close_backend(self) -> None:
+        for resource in reversed(self.resources):
+            await resource.close()
+        await self.transport.close()
+        if self.facade is not None:
+            await self.facade.close()

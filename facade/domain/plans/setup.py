@@ -8,7 +8,6 @@ import pathlib
 from dataclasses import dataclass
 
 from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import globs
 from cleveragents.acp.facade.domain.plans.paths import ResourceRoot
 from cleveragents.acp.facade.domain.registries import BUILTIN_TOOLS, Registries
 from cleveragents.acp.v1 import registry_pb2, specs_pb2
@@ -101,12 +100,9 @@ def tool_spec(registries: Registries, namespace: str, tool: str) -> specs_pb2.To
 
 
 def tool_allowed(profile: specs_pb2.AutomationProfileSpec, tool: str) -> bool:
-    """Built-in file tools run unless the profile lists tools without them; command tools
-    run only when listed (globs such as ``fs.*`` are allowed)."""
-    allowed = list(profile.allowed_tools)
-    if tool in BUILTIN_TOOLS and not allowed:
-        return True
-    return any(globs.matches(tool, pattern) for pattern in allowed)
+    """The built-in file tools only stage artifacts, so they always run; a command tool
+    runs only when the automation profile lists it."""
+    return tool in BUILTIN_TOOLS or tool in profile.allowed_tools
 
 
 def validations(

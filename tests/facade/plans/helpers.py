@@ -77,11 +77,12 @@ async def add_action(
     validations: Sequence[str] = (),
     invariants: Sequence[str] = (),
     profile: str = "",
-    prompt: str = "Write the {{name}} guide.",
+    prompt: str = "Carry out the action.",
     namespace: str = "",
+    actor: str = "scripted",
 ) -> None:
     spec: dict[str, Any] = {
-        "actor": "scripted",
+        "actor": actor,
         "prompt_template": prompt,
         "steps": list(steps),
         "validations": list(validations),

@@ -30,7 +30,7 @@ async def project(client: ACPClient, tmp_path: pathlib.Path) -> pathlib.Path:
     folder = tmp_path / "repo"
     write_tree(folder)
     await add_project(client, folder)
-    await add_action(client, schema=SCHEMA)
+    await add_action(client, schema=SCHEMA, prompt="Write the {{name}} guide.")
     return folder
 
 

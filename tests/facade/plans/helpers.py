@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import sys
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from cleveragents.acp.client.acp_client import ACPClient
@@ -128,6 +128,14 @@ async def wait_for(client: ACPClient, plan_id: str, state: int, *, seconds: floa
             plan = await status(client, plan_id)
             if plan.state == state:
                 return plan
+            await asyncio.sleep(0.02)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], *, seconds: float = 10) -> None:
+    async with asyncio.timeout(seconds):
+        while True:
+            if await check():
+                return
             await asyncio.sleep(0.02)
 
 

@@ -3,7 +3,6 @@ cancel during a slow command, corrections, unsafe paths, command tools."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pathlib
 import time
@@ -19,6 +18,7 @@ from tests.facade.plans.helpers import (
     add_command_tool,
     add_profile,
     add_project,
+    eventually,
     plan_events,
     run,
     snapshot,
@@ -191,9 +191,11 @@ async def test_cancel_interrupts_a_slow_command(
     started = await client.call("plan.execute", plan_id=plan.meta.id)
     assert isinstance(started, plan_pb2.ExecutePlanResponse)
     assert started.plan.state == plan_pb2.PLAN_STATE_RUNNING
-    async with asyncio.timeout(10):
-        while not pid_file.exists() or not pid_file.read_text():
-            await asyncio.sleep(0.02)
+
+    async def pid_written() -> bool:
+        return pid_file.exists() and bool(pid_file.read_text())
+
+    await eventually(pid_written)
     pid = int(pid_file.read_text())
     began = time.monotonic()
     cancelled = await client.call("plan.cancel", plan_id=plan.meta.id, reason="changed my mind")
@@ -224,7 +226,10 @@ async def test_cancel_interrupts_a_slow_command(
 async def test_command_tools_need_the_profile_and_stage_what_they_change(
     client: ACPClient, project: pathlib.Path
 ) -> None:
-    script = "import pathlib; p = pathlib.Path('src/app.py'); p.write_text(p.read_text().upper()); pathlib.Path('obsolete.txt').unlink()"
+    script = (
+        "import pathlib; p = pathlib.Path('src/app.py'); p.write_text(p.read_text().upper()); "
+        "pathlib.Path('obsolete.txt').unlink()"
+    )
     await add_command_tool(client, "shout", [PY, "-c", script])
     await add_command_tool(client, "sleepy", [PY, "-c", "import time; time.sleep(30)"], timeout_seconds=1)
     await add_command_tool(
@@ -446,9 +451,11 @@ async def test_auto_execute_and_auto_apply(client: ACPClient, project: pathlib.P
     await add_action(client, profile="hands-off")
     plan = await use(client)
     assert plan.automation_profile == "hands-off"
-    async with asyncio.timeout(10):
-        while (await status(client, plan.meta.id)).phase != plan_pb2.PLAN_PHASE_APPLY:
-            await asyncio.sleep(0.02)
+
+    async def applying() -> bool:
+        return (await status(client, plan.meta.id)).phase == plan_pb2.PLAN_PHASE_APPLY
+
+    await eventually(applying)
     done = await wait_for(client, plan.meta.id, plan_pb2.PLAN_STATE_SUCCEEDED)
     assert done.phase == plan_pb2.PLAN_PHASE_APPLY
     assert (project / "docs/guide.md").read_text() == "# The guide\n"

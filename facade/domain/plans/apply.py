@@ -27,8 +27,9 @@ from cleveragents.acp.facade.domain.plans.paths import ResourceRoot
 from cleveragents.acp.facade.domain.plans.records import CheckpointEntry
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact
 
-# Test hook: when set, apply creates ``<value>.<n>`` after writing its n-th file and waits
-# while the file ``<value>`` exists, so a test can kill the process between two files.
+# Test hook: when set to a path, apply creates ``<path>.<n>`` after writing its n-th file,
+# and waits there while the file ``<path>`` exists holding the number n, so a test can
+# kill the process between two files.
 PAUSE_ENV = "ACP_TEST_APPLY_PAUSE_FILE"
 _TEMP_MARK = ".acp-apply-"
 
@@ -147,8 +148,10 @@ def _pause(count: int) -> None:
     if not marker:
         return
     pathlib.Path(f"{marker}.{count}").touch()
-    while pathlib.Path(marker).exists():
-        time.sleep(0.02)
+    hold = pathlib.Path(marker)
+    with contextlib.suppress(OSError):
+        while hold.read_text().strip() == str(count):
+            time.sleep(0.02)
 
 
 def write_all(writes: Sequence[Write]) -> None:

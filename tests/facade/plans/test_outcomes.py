@@ -442,7 +442,7 @@ async def test_read_only_resources_are_never_written(client: ACPClient, tmp_path
         e.tool_completed for e in await plan_events(client, plan.meta.id) if e.type == "tool.completed"
     ]
     assert completed[0].result["content"] == "# Demo\n\nHello.\n"
-    assert list(completed[1].result["paths"]) == ["src/app.py"]
+    assert completed[1].result["paths"] == ["src/app.py"]
     assert not completed[2].ok
 
 

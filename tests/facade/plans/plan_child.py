@@ -1,0 +1,66 @@
+"""A server process for the plan crash tests, killed with SIGKILL mid-way.
+
+``apply DB FOLDER``: set up a project over FOLDER, run a plan, print its id, then apply
+it (the test sets ACP_TEST_APPLY_PAUSE_FILE so apply waits between files).
+``running DB FOLDER PID_FILE``: start a plan whose command step sleeps, print its id once
+it is executing, then wait to be killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import sys
+
+from cleveragents.acp.client.acp_client import ACPClient
+from cleveragents.acp.client.local import LocalTransport
+from cleveragents.acp.facade.factory import open_facade
+from cleveragents.acp.v1 import plan_pb2
+from tests.facade.plans.helpers import (
+    INPUTS,
+    PY,
+    add_action,
+    add_command_tool,
+    add_profile,
+    add_project,
+    eventually,
+    run,
+    status,
+    use,
+)
+
+SLOW = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+async def main(mode: str, db: str, folder: str, *rest: str) -> None:
+    client = ACPClient(LocalTransport(open_facade(db), owns_facade=True))
+    await add_project(client, pathlib.Path(folder))
+    if mode == "apply":
+        await add_action(client)
+        plan = await run(client, (await use(client, INPUTS)).meta.id)
+        say(plan.meta.id)
+        await client.call("plan.apply", plan_id=plan.meta.id)
+        say("applied")
+    else:
+        await add_command_tool(client, "slow", [PY, "-c", SLOW, "{{pid_file}}"])
+        await add_profile(client, "slow", allowed_tools=["slow"])
+        await add_action(client, steps=[{"tool": "slow", "args": {"pid_file": rest[0]}}], profile="slow")
+        plan = await use(client, {})
+        await client.call("plan.execute", plan_id=plan.meta.id)
+
+        async def executing() -> bool:
+            phase = (await status(client, plan.meta.id)).phase
+            return phase == plan_pb2.PLAN_PHASE_EXECUTE
+
+        await eventually(executing)
+        say(plan.meta.id)
+        await asyncio.sleep(3600)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:]))

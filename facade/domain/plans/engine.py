@@ -123,8 +123,14 @@ class PlanEngine:
             plan.automation_profile,
         )
 
-    def _staging(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> Staging:
-        return Staging(plan_setup.resources, self.records.changes(plan.meta.id))
+    def _staging(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup | None = None) -> Staging:
+        """The plan's staged view; read views need only the project's resources."""
+        if plan_setup is not None:
+            resources = plan_setup.resources
+        else:
+            project = self.registries.fetch(registry_pb2.Project, plan.meta.namespace, plan.project)
+            resources = setup.resources_of(self.registries, plan.meta.namespace, project)
+        return Staging(resources, self.records.changes(plan.meta.id))
 
     # events and transitions ------------------------------------------------------------
 
@@ -428,6 +434,8 @@ class PlanEngine:
         except tools.StepError as exc:
             failure = exc
         step.duration_ms = (time.monotonic() - started) * 1000
+        # A command tool costs its price per invocation, whatever the outcome.
+        plan.cost.spent += price
         completed = events_pb2.ToolCompleted(step_id=step.id, tool=step.tool, duration_ms=step.duration_ms)
         if failure is not None:
             cancelled = failure.code == "cancelled"
@@ -438,6 +446,7 @@ class PlanEngine:
             completed.result.CopyFrom(actor.struct(failure.result))
             with self.store.transaction():
                 self.records.save_steps(plan.meta.id, steps)
+                self.records.save(plan)
                 self._publish(plan, tool_completed=completed)
             if cancelled:
                 self._check_cancel(plan.meta.id, cancel)
@@ -453,7 +462,6 @@ class PlanEngine:
             self.records.add_changes(plan.meta.id, outcome.changes)
             self.records.save_steps(plan.meta.id, steps)
             self._progress(plan, steps)
-            plan.cost.spent += outcome.cost
             self.records.save(plan)
             self._publish(plan, tool_completed=completed)
 
@@ -623,7 +631,7 @@ class PlanEngine:
     # read views -------------------------------------------------------------------------
 
     def artifacts(self, plan: plan_pb2.Plan) -> list[StagedArtifact]:
-        return self._staging(plan, self._setup(plan)).artifacts()
+        return self._staging(plan).artifacts()
 
     def diff(self, plan: plan_pb2.Plan) -> list[plan_pb2.FileDiff]:
         return [diff.file_diff(a) for a in self.artifacts(plan)]

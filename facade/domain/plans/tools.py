@@ -39,7 +39,6 @@ class StepError(Exception):
 class ToolResult:
     result: dict[str, Any]
     changes: list[Change] = field(default_factory=list)
-    cost: float = 0.0
 
 
 def _text(args: Mapping[str, Any], name: str, *, required: bool = True) -> str:
@@ -204,4 +203,4 @@ async def run_command(
             result,
         )
     changes = [Change(step_id, root.name, path, content) for path, content in changed.items()]
-    return ToolResult(result, changes, spec.cost)
+    return ToolResult(result, changes)

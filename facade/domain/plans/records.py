@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +44,31 @@ JOURNAL_APPLIED = "applied"
 JOURNAL_ABORTED = "aborted"
 JOURNAL_ROLLING_BACK = "rolling_back"
 JOURNAL_ROLLED_BACK = "rolled_back"
+_WRITING = (JOURNAL_APPLYING, JOURNAL_ROLLING_BACK)
+
+
+def current_owner() -> str:
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether the process named by ``owner`` may still run: one on another host cannot be
+    checked from here, so it counts as alive; on this host it must exist and not be this
+    process (whose earlier engines are gone once it starts a new one)."""
+    host, _, pid = owner.rpartition("/")
+    if not owner or not pid.isdigit():
+        return False
+    if host != socket.gethostname():
+        return True
+    if int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -145,6 +172,8 @@ class PlanRecords:
                 "session_id": plan.session_id,
                 "phase": model.phase_name(plan.phase),
                 "journal": journal,
+                # The process working on it, while it runs or writes the project.
+                "owner": current_owner() if plan.state == model.RUNNING or journal in _WRITING else "",
             },
             create_time=plan.meta.create_time.ToNanoseconds() / 1e9,
             update_time=time.time(),
@@ -162,12 +191,13 @@ class PlanRecords:
         return [plan_pb2.Plan.FromString(r.body) for r in self.store.query(query)]
 
     def in_flight(self) -> list[Record]:
-        """Plans a stopped server left running or half-written."""
+        """Plans a stopped server left running or half-written; those of a live process
+        (another server on the same database) are its own business."""
         return [
             r
             for r in self.store.iter_kind(KIND)
-            if r.state == model.state_name(model.RUNNING)
-            or r.attrs.get("journal") in (JOURNAL_APPLYING, JOURNAL_ROLLING_BACK)
+            if (r.state == model.state_name(model.RUNNING) or r.attrs.get("journal") in _WRITING)
+            and not owner_alive(r.attrs.get("owner", ""))
         ]
 
     # collections ------------------------------------------------------------------------

@@ -121,6 +121,13 @@ async def test_a_plan_running_when_the_server_dies_is_failed_as_interrupted(tmp_
     try:
         plan_id = read_line(child)
         wait_for_file(pid_file, child, written=True)
+        # Another process opening the database leaves a live server's plan alone.
+        other = ACPClient(LocalTransport(open_facade(db), owns_facade=True))
+        try:
+            plan = await status(other, plan_id)
+            assert (plan.phase, plan.state) == (plan_pb2.PLAN_PHASE_EXECUTE, plan_pb2.PLAN_STATE_RUNNING)
+        finally:
+            await other.close()
     finally:
         kill(child)
     # The orphaned command would sleep on; this test cleans it up itself.

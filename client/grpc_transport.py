@@ -17,7 +17,7 @@ from google.protobuf import message
 from cleveragents.acp.client.transport import CallOptions
 from cleveragents.acp.facade.contract import rich_status
 from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
 
 # Clients trust the server's replies to be as big as they need (long lists, exports).
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [("grpc.max_receive_message_length", -1)]
@@ -84,6 +84,8 @@ class GrpcTransport:
         return tuple(metadata)
 
     async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
+        if op.server_streaming:
+            raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is a stream; subscribe to it")
         method = self._unary.get(op.name)
         if method is None:
             method = self.channel.unary_unary(
@@ -105,6 +107,8 @@ class GrpcTransport:
     ) -> AsyncIterator[message.Message]:
         """Returns once the server has admitted the stream: it sends its initial metadata
         right after admission, and an admission error ends the call before any."""
+        if not op.server_streaming:
+            raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is not a stream")
         method = self._streams.get(op.name)
         if method is None:
             method = self.channel.unary_stream(

@@ -133,6 +133,8 @@ class HTTPTransport:
     async def open_stream(
         self, op: Operation, request: message.Message, options: CallOptions
     ) -> AsyncIterator[message.Message]:
+        if not op.server_streaming:
+            raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is not a stream")
         if op.http.body:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} has no body-less route to stream from")
         path, query = rest_target(op, request)

@@ -97,9 +97,11 @@ class Parser:
 
     def feed(self, line: str) -> Iterator[Event]:
         if line == "":
-            if self._data:
-                yield Event(self._event or "message", "\n".join(self._data), self._id)
+            event = Event(self._event or "message", "\n".join(self._data), self._id)
+            complete = bool(self._data)
             self._data, self._event, self._id = [], "", None
+            if complete:
+                yield event
             return
         if line.startswith(":"):
             return

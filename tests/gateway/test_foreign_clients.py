@@ -1,0 +1,96 @@
+"""Clients nobody here wrote: curl for the envelope, a REST route and SSE; buf curl over
+gRPC, finding the services by server reflection."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.gateway.conftest import Served
+
+CURL = shutil.which("curl")
+BUF = pathlib.Path(sys.executable).parent / "buf"
+
+
+def run(*args: str, timeout: float = 15) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def curl(*args: str) -> subprocess.CompletedProcess[str]:
+    if CURL is None:
+        pytest.skip("curl is not installed")
+    return run(CURL, "-sS", *args)
+
+
+def buf_curl(served: Served, method: str, *args: str) -> subprocess.CompletedProcess[str]:
+    if not BUF.exists():
+        pytest.skip("buf is not installed")
+    url = f"http://{served.server.grpc_target}/{method}"
+    return run(str(BUF), "curl", "--protocol", "grpc", "--http2-prior-knowledge", *args, url)
+
+
+def test_curl_envelope_rest_and_errors(served: Served) -> None:
+    auth = f"Authorization: Bearer {served.token()}"
+    base = served.server.http
+    created = curl(
+        "-H", auth, "-d", '{"operation": "session.create", "params": {"title": "curl"}}', f"{base}/api/v1/acp"
+    )
+    body: dict[str, Any] = json.loads(created.stdout)
+    assert body["status"] == "ok", body
+    session_id = body["data"]["session"]["meta"]["id"]
+    shown = json.loads(curl("-H", auth, f"{base}/api/v1/sessions/{session_id}").stdout)
+    assert shown["data"]["session"]["title"] == "curl"
+    refused = curl("-o", "/dev/null", "-w", "%{http_code}", f"{base}/api/v1/sessions")
+    assert refused.stdout == "401"
+    bad = json.loads(curl("-d", "{oops", f"{base}/api/v1/acp").stdout)
+    assert bad["error"]["code"] == "INVALID_PARAMS"
+
+
+def test_curl_sse(served: Served) -> None:
+    auth = f"Authorization: Bearer {served.token()}"
+    base = served.server.http
+    created = json.loads(
+        curl("-H", auth, "-d", '{"operation": "session.create"}', f"{base}/api/v1/acp").stdout
+    )
+    session_id = created["data"]["session"]["meta"]["id"]
+    told = {"operation": "session.tell", "params": {"session_id": session_id, "content": "hi"}}
+    assert json.loads(curl("-H", auth, "-d", json.dumps(told), f"{base}/api/v1/acp").stdout)["status"] == "ok"
+    streamed = curl(
+        "-N", "--max-time", "1.5", "-H", auth, f"{base}/api/v1/events/stream?session_id={session_id}"
+    )
+    assert streamed.returncode == 28  # ended by --max-time: the stream stays open
+    frames = [frame for frame in streamed.stdout.split("\n\n") if frame.startswith("id: ")]
+    assert len(frames) == 2
+    lines = frames[0].splitlines()
+    assert lines[1] == "event: session.message"
+    event = json.loads(lines[2].removeprefix("data: "))
+    assert lines[0] == f"id: {event['sequence']}"
+    assert ": keep-alive" in streamed.stdout
+
+
+def test_buf_curl_over_reflection(served: Served) -> None:
+    listed = buf_curl(served, "", "--list-services")
+    assert "cleveragents.acp.v1.SessionService" in listed.stdout.split(), listed.stderr
+    version = buf_curl(served, "cleveragents.acp.v1.MetaService/GetVersion")
+    assert json.loads(version.stdout)["supportedVersions"] == ["1.1", "1.0"], version.stderr
+    refused = buf_curl(served, "cleveragents.acp.v1.SessionService/ListSessions", "-d", "{}")
+    assert refused.returncode != 0
+    error = json.loads(refused.stderr)
+    assert error["code"] == "unauthenticated"
+    assert [d["type"] for d in error["details"]] == ["google.rpc.ErrorInfo", "cleveragents.acp.v1.Error"]
+    listed_sessions = buf_curl(
+        served,
+        "cleveragents.acp.v1.SessionService/ListSessions",
+        "-H",
+        f"Authorization: Bearer {served.token()}",
+        "-d",
+        '{"page_size": 1}',
+    )
+    assert listed_sessions.returncode == 0, listed_sessions.stderr
+    assert len(json.loads(listed_sessions.stdout).get("sessions", [])) <= 1

@@ -1,0 +1,317 @@
+"""The JSON/HTTP gateway of a real server: envelope, REST routes, errors, auth, versions."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from cleveragents.acp.facade.contract import catalog
+from cleveragents.acp.facade.contract.errors import http_status
+from cleveragents.acp.facade.contract.required import required_fields
+from tests.gateway.conftest import MAX_BODY, Served
+
+ULID = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
+UNARY_PRIVATE = [op for op in catalog.OPERATIONS.values() if not op.anonymous and not op.server_streaming]
+PRIVATE = [op for op in catalog.OPERATIONS.values() if not op.anonymous]
+
+
+@pytest.fixture
+def http(served: Served) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=served.server.http, timeout=10) as client:
+        yield client
+
+
+def envelope(client: httpx.Client, body: Any, token: str | None = None, **headers: str) -> httpx.Response:
+    content = body if isinstance(body, bytes) else orjson.dumps(body)
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return client.post("/api/v1/acp", content=content, headers=headers)
+
+
+def error_of(response: httpx.Response, code: str) -> dict[str, Any]:
+    """The envelope's error, after checking the envelope shape and the ADR status."""
+    assert response.headers["content-type"] == "application/json", response.text
+    body = response.json()
+    assert body["status"] == "error", body
+    assert body["data"] is None
+    assert body["error"]["code"] == code, body
+    assert response.status_code == http_status(code), (response.status_code, body)
+    assert body["request_id"] == response.headers["x-request-id"]
+    assert body["timing"]["duration_ms"] >= 0
+    details: dict[str, Any] = body["error"]["details"]
+    return details
+
+
+def data_of(response: httpx.Response) -> dict[str, Any]:
+    body = response.json()
+    assert response.status_code == 200, body
+    assert body["status"] == "ok", body
+    assert body["error"] is None
+    data: dict[str, Any] = body["data"]
+    return data
+
+
+def rest_path(op: catalog.Operation) -> str:
+    path = op.http.path
+    for name in op.http.path_params:
+        path = path.replace(f"{{{name}}}", "x")
+    return path
+
+
+# -- the envelope ------------------------------------------------------------------------------
+
+
+def test_version_is_open_on_the_envelope_and_rest(http: httpx.Client) -> None:
+    by_envelope = data_of(envelope(http, {"operation": "meta.version"}))
+    response = http.get("/api/v1/version")
+    assert data_of(response) == by_envelope
+    assert by_envelope["supported_versions"] == ["1.1", "1.0"]
+    assert by_envelope["server_build"].startswith("cleveragents-acp")
+    assert response.headers["acp-version"] == "1.1"
+
+
+def test_request_id_is_echoed_or_generated(http: httpx.Client) -> None:
+    body = envelope(http, {"operation": "meta.version", "request_id": "req-42"}).json()
+    assert body["request_id"] == "req-42"
+    assert body["timing"]["duration_ms"] >= 0
+    generated = envelope(http, {"operation": "meta.version"}).json()["request_id"]
+    assert ULID.match(generated)
+    by_header = http.get("/api/v1/version", headers={"X-Request-ID": "hdr-1"})
+    assert by_header.json()["request_id"] == "hdr-1" == by_header.headers["x-request-id"]
+    details = error_of(
+        envelope(http, {"operation": "meta.version", "request_id": "has space"}), "INVALID_PARAMS"
+    )
+    assert details["field"] == "request_id"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b"{bad", "body"),
+        (b"", "body"),
+        (b"   ", "body"),
+        (b"\xff\xfe{}", "body"),
+        (b"[1, 2]", "envelope"),
+        (b'"meta.version"', "envelope"),
+        (b"42", "envelope"),
+        (b"null", "envelope"),
+        (b'{"operation": 5}', "operation"),
+        (b'{"operation": "meta.version", "params": []}', "params"),
+        (b'{"operation": "meta.version", "params": {"bogus": 1}}', "params"),
+        (b'{"operation": "meta.version", "auth": "token"}', "auth"),
+        (b'{"operation": "meta.version", "acp_version": 1.1}', "acp_version"),
+        (b'{"params": {}}', "operation"),
+        (b'{"operation": "meta.version", "extra": true}', "envelope"),
+        (b"[" * 5000 + b"]" * 5000, "body"),
+    ],
+)
+def test_bad_envelopes_answer_invalid_params(http: httpx.Client, body: bytes, field: str) -> None:
+    assert error_of(envelope(http, body), "INVALID_PARAMS")["field"] == field
+
+
+def test_deeply_nested_params_are_refused(http: httpx.Client, served: Served) -> None:
+    nested: dict[str, Any] = {}
+    for _ in range(100):
+        nested = {"a": nested}
+    body = {"operation": "session.create", "params": {"labels": nested}}
+    assert error_of(envelope(http, body, served.token()), "INVALID_PARAMS")["field"] == "params"
+
+
+def test_wrong_field_types(http: httpx.Client, served: Served) -> None:
+    body = {"operation": "session.list", "params": {"page_size": "many"}}
+    assert error_of(envelope(http, body, served.token()), "INVALID_PARAMS")["field"] == "params"
+    body = {"operation": "session.list", "params": {"namespace": ["default"]}}
+    error_of(envelope(http, body, served.token()), "INVALID_PARAMS")
+
+
+def test_unknown_operation_is_not_found(http: httpx.Client) -> None:
+    details = error_of(envelope(http, {"operation": "plan.fly"}), "NOT_FOUND")
+    assert details == {"operation": "plan.fly"}
+
+
+def test_a_stream_is_not_an_envelope_call(http: httpx.Client, served: Served) -> None:
+    error_of(envelope(http, {"operation": "events.subscribe"}, served.token()), "INVALID_PARAMS")
+
+
+@pytest.mark.parametrize(
+    "op", [op for op in UNARY_PRIVATE if required_fields(op.request_type.DESCRIPTOR)][:5]
+)
+def test_missing_required_fields(http: httpx.Client, served: Served, op: catalog.Operation) -> None:
+    details = error_of(envelope(http, {"operation": op.name}, served.token("root")), "INVALID_PARAMS")
+    assert details["missing_fields"], details
+
+
+def test_body_over_the_limit(http: httpx.Client) -> None:
+    big = orjson.dumps({"operation": "meta.version", "params": {}, "request_id": "x" * MAX_BODY})
+    details = error_of(envelope(http, big), "INVALID_PARAMS")
+    assert details == {"field": "body", "max_bytes": MAX_BODY}
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"operation": "meta.version", "request_id": "'
+        for _ in range(MAX_BODY // 1024 + 1):
+            yield b"y" * 1024
+        yield b'"}'
+
+    chunked = http.post("/api/v1/acp", content=chunks())
+    assert error_of(chunked, "INVALID_PARAMS")["max_bytes"] == MAX_BODY
+
+
+def test_unknown_paths_and_methods_answer_envelopes(http: httpx.Client) -> None:
+    assert error_of(http.get("/nowhere"), "NOT_FOUND")["path"] == "/nowhere"
+    assert error_of(http.get("/api/v1/plans/x/y/z"), "NOT_FOUND")
+    wrong = http.put("/api/v1/version")
+    assert error_of(wrong, "NOT_FOUND")["allowed_methods"] == ["GET"]
+    assert wrong.headers["allow"] == "GET"
+    assert error_of(http.get("/api/v1/acp"), "NOT_FOUND")["allowed_methods"] == ["POST"]
+    assert error_of(http.request("BREW", "/api/v1/acp"), "NOT_FOUND")
+    # No method tunnelling: the override header changes nothing.
+    tunnelled = http.post("/api/v1/version", headers={"X-HTTP-Method-Override": "GET"})
+    assert error_of(tunnelled, "NOT_FOUND")["allowed_methods"] == ["GET"]
+
+
+def test_health_and_openapi(http: httpx.Client) -> None:
+    assert data_of(http.get("/healthz")) == {"status": "SERVING"}
+    assert http.head("/healthz").status_code == 200
+    document = http.get("/api/v1/openapi.json").json()
+    assert document["openapi"].startswith("3.")
+    for op in catalog.OPERATIONS.values():
+        spec = document["paths"][op.http.path][op.http.method.lower()]
+        assert spec["operationId"] == op.name
+    schemas = document["components"]["schemas"]
+    tell = schemas["cleveragents.acp.v1.TellSessionRequest"]
+    assert tell["required"] == ["session_id", "content"]
+    assert tell["additionalProperties"] is False
+    assert "/api/v1/acp" in document["paths"]
+
+
+# -- auth --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("token", [None, "acp_not-a-token"])
+def test_every_operation_needs_a_token_on_the_envelope(http: httpx.Client, token: str | None) -> None:
+    for op in UNARY_PRIVATE:
+        response = envelope(http, {"operation": op.name}, token)
+        assert error_of(response, "AUTH_REQUIRED") == {"scheme": "Bearer"}, op.name
+        assert response.headers["www-authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize("token", [None, "acp_not-a-token"])
+def test_every_rest_route_needs_a_token(http: httpx.Client, token: str | None) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    for op in PRIVATE:
+        content = b"{}" if op.http.body else None
+        response = http.request(op.http.method, rest_path(op), content=content, headers=headers)
+        assert error_of(response, "AUTH_REQUIRED"), op.name
+
+
+def test_a_malformed_authorization_header_is_no_token(http: httpx.Client, served: Served) -> None:
+    for value in (f"Basic {served.token()}", "Bearer", served.token()):
+        response = http.get("/api/v1/sessions", headers={"Authorization": value})
+        error_of(response, "AUTH_REQUIRED")
+
+
+def test_token_in_the_envelope(http: httpx.Client, served: Served) -> None:
+    body = {"operation": "session.list", "auth": {"token": served.token()}}
+    assert "sessions" in data_of(envelope(http, body))
+    conflicting = envelope(http, body, served.token("bob"))
+    assert error_of(conflicting, "INVALID_PARAMS")["field"] == "auth"
+
+
+def test_namespaces_are_enforced(http: httpx.Client, served: Served) -> None:
+    created = data_of(envelope(http, {"operation": "session.create"}, served.token("alice")))
+    session_id = created["session"]["meta"]["id"]
+    forbidden = envelope(
+        http, {"operation": "session.create", "params": {"namespace": "default"}}, served.token("bob")
+    )
+    assert error_of(forbidden, "AUTH_FORBIDDEN")["namespace"] == "default"
+    show = {"operation": "session.show", "params": {"session_id": session_id}}
+    error_of(envelope(http, show, served.token("bob")), "AUTH_FORBIDDEN")
+    assert data_of(envelope(http, show, served.token("root")))["session"]["meta"]["id"] == session_id
+    listing = {"operation": "session.list", "params": {"page_size": 500}}
+    bob_ids = [s["meta"]["id"] for s in data_of(envelope(http, listing, served.token("bob")))["sessions"]]
+    root_ids = [s["meta"]["id"] for s in data_of(envelope(http, listing, served.token("root")))["sessions"]]
+    assert session_id not in bob_ids
+    assert session_id in root_ids
+    rest = http.get(
+        f"/api/v1/sessions/{session_id}", headers={"Authorization": f"Bearer {served.token('bob')}"}
+    )
+    error_of(rest, "AUTH_FORBIDDEN")
+
+
+# -- versions ----------------------------------------------------------------------------------
+
+
+def test_versions(http: httpx.Client, served: Served) -> None:
+    for version in ("1.0", "1.1"):
+        response = envelope(http, {"operation": "session.list", "acp_version": version}, served.token())
+        assert response.json()["acp_version"] == version
+        data_of(response)
+        by_header = http.get(
+            "/api/v1/sessions", headers={"ACP-Version": version, "Authorization": f"Bearer {served.token()}"}
+        )
+        assert by_header.json()["acp_version"] == version == by_header.headers["acp-version"]
+    newer = [op for op in UNARY_PRIVATE if op.since == "1.1"]
+    assert newer
+    for op in newer:
+        response = envelope(http, {"operation": op.name, "acp_version": "1.0"}, served.token())
+        details = error_of(response, "VERSION_MISMATCH")
+        assert details["since"] == "1.1"
+        assert details["supported_versions"] == ["1.1", "1.0"]
+    old_client = envelope(http, {"operation": "meta.version", "acp_version": "1.0"})
+    assert error_of(old_client, "VERSION_MISMATCH")["supported_versions"] == ["1.1", "1.0"]
+    for version in ("2.0", "0.9", "1", "latest"):
+        response = envelope(http, {"operation": "meta.version", "acp_version": version})
+        assert error_of(response, "VERSION_MISMATCH")["requested"] == version
+        assert response.json()["acp_version"] == "1.1"
+        rest = http.get("/api/v1/version", headers={"ACP-Version": version})
+        assert error_of(rest, "VERSION_MISMATCH")["supported_versions"] == ["1.1", "1.0"]
+
+
+# -- REST routes -------------------------------------------------------------------------------
+
+
+def test_rest_routes_bind_path_query_and_body(http: httpx.Client, served: Served) -> None:
+    auth = {"Authorization": f"Bearer {served.token()}"}
+    created = data_of(http.post("/api/v1/sessions", json={"title": "rest"}, headers=auth))
+    session_id = created["session"]["meta"]["id"]
+    shown = data_of(http.get(f"/api/v1/sessions/{session_id}", headers=auth))
+    assert shown["session"]["meta"]["id"] == session_id
+    exported = data_of(http.get(f"/api/v1/sessions/{session_id}:export", headers=auth))
+    assert exported
+    told = data_of(http.post(f"/api/v1/sessions/{session_id}:tell", json={"content": "hi"}, headers=auth))
+    assert told["message"]["content"] == "hi"
+    listed = data_of(http.get("/api/v1/sessions", params={"page_size": "1"}, headers=auth))
+    assert len(listed["sessions"]) == 1
+    error_of(http.get("/api/v1/sessions/x:bogus", headers=auth), "NOT_FOUND")
+
+
+def test_rest_binding_errors(http: httpx.Client, served: Served) -> None:
+    auth = {"Authorization": f"Bearer {served.token()}"}
+    cases = [
+        http.get("/api/v1/sessions", params={"bogus": "1"}, headers=auth),
+        http.get("/api/v1/sessions", params={"page_size": "many"}, headers=auth),
+        http.get("/api/v1/sessions?page_size=1&page_size=2", headers=auth),
+        http.request("GET", "/api/v1/sessions", content=b'{"page_size": 1}', headers=auth),
+        http.post("/api/v1/sessions?title=x", json={}, headers=auth),
+        http.post("/api/v1/sessions", content=b"[]", headers=auth),
+        http.post("/api/v1/sessions", content=b"{nope", headers=auth),
+        http.post("/api/v1/sessions", json={"bogus": 1}, headers=auth),
+        http.post("/api/v1/sessions/abc:tell", json={"session_id": "def", "content": "x"}, headers=auth),
+        http.get("/api/v1/sessions/abc", params={"session_id": "def"}, headers=auth),
+    ]
+    for response in cases:
+        error_of(response, "INVALID_PARAMS")
+
+
+def test_cors_is_off_by_default(http: httpx.Client) -> None:
+    response = http.options(
+        "/api/v1/acp",
+        headers={"Origin": "https://app.example", "Access-Control-Request-Method": "POST"},
+    )
+    assert "access-control-allow-origin" not in response.headers
+    assert error_of(response, "NOT_FOUND")

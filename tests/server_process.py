@@ -1,0 +1,152 @@
+"""The real ``agents serve`` / ``agents gateway`` in a subprocess on ephemeral loopback ports.
+
+Tests wait for its ``acp-ready`` line (bounded), talk to it over the network, and stop it
+with SIGTERM, which must end it cleanly (exit status 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from cleveragents.acp.facade import auth
+
+START_TIMEOUT = 20.0
+STOP_TIMEOUT = 15.0
+
+
+@dataclass
+class Tokens:
+    """A token file with principals for the auth matrix."""
+
+    path: pathlib.Path
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, directory: pathlib.Path) -> Tokens:
+        path = directory / "tokens.toml"
+        made = cls(path)
+        made.tokens["alice"] = auth.create_token(path, "alice", ["default"])
+        made.tokens["bob"] = auth.create_token(path, "bob", ["other"])
+        made.tokens["root"] = auth.create_token(path, "root", None)
+        return made
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen[bytes]
+    http: str
+    grpc: str | None
+    stdout: list[str]
+    stderr_path: pathlib.Path
+
+    @property
+    def grpc_target(self) -> str:
+        assert self.grpc is not None
+        return self.grpc
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            status = self.process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
+            raise AssertionError(f"server did not stop in {STOP_TIMEOUT}s: {self.stderr()}") from None
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return status
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+
+def agents_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cleveragents.acp.client.cli.main", *args]
+
+
+def run_agents(
+    args: Sequence[str], directory: pathlib.Path, *, env: dict[str, str] | None = None, name: str = "server"
+) -> subprocess.Popen[bytes]:
+    stderr = open(directory / f"{name}.stderr", "w")  # noqa: SIM115 - handed to the child
+    try:
+        return subprocess.Popen(
+            agents_command(*args),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env={**os.environ, **(env or {})},
+            cwd=directory,
+        )
+    finally:
+        stderr.close()
+
+
+def _fail(process: subprocess.Popen[bytes], message: str) -> AssertionError:
+    if process.poll() is None:
+        process.kill()
+    process.wait(5)
+    if process.stdout is not None:
+        process.stdout.close()
+    return AssertionError(message)
+
+
+def wait_ready(process: subprocess.Popen[bytes], stderr_path: pathlib.Path) -> ServerProcess:
+    """Read stdout until the ``acp-ready`` line, within START_TIMEOUT (unbuffered reads, so
+    the selector never waits on lines already read)."""
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    buffer = b""
+    lines: list[str] = []
+    deadline = time.monotonic() + START_TIMEOUT
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _fail(process, f"no acp-ready line: {lines} {stderr_path.read_text()}")
+            if not selector.select(remaining):
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise _fail(process, f"server exited: {lines} {stderr_path.read_text()}")
+            buffer += chunk
+            *complete, buffer = buffer.split(b"\n")
+            for raw in complete:
+                line = raw.decode()
+                lines.append(line)
+                if line.startswith("acp-ready "):
+                    ready = json.loads(line.removeprefix("acp-ready "))
+                    return ServerProcess(process, ready["http"], ready["grpc"], lines, stderr_path)
+
+
+def start_server(
+    directory: pathlib.Path,
+    *extra: str,
+    tokens: pathlib.Path | None = None,
+    env: dict[str, str] | None = None,
+    name: str = "server",
+) -> ServerProcess:
+    args = ["serve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0"]
+    args += ["--db", str(directory / f"{name}.db"), "--sse-keepalive", "0.3", "--grace-seconds", "3"]
+    if tokens is not None:
+        args += ["--tokens", str(tokens)]
+    process = run_agents([*args, *extra], directory, env=env, name=name)
+    return wait_ready(process, directory / f"{name}.stderr")
+
+
+def start_gateway(
+    directory: pathlib.Path, upstream: str, *extra: str, name: str = "gateway"
+) -> ServerProcess:
+    args = ["gateway", "--upstream", upstream, "--host", "127.0.0.1", "--http-port", "0"]
+    args += ["--sse-keepalive", "0.3", "--grace-seconds", "3"]
+    process = run_agents([*args, *extra], directory, name=name)
+    return wait_ready(process, directory / f"{name}.stderr")

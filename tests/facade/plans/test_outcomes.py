@@ -460,3 +460,34 @@ async def test_auto_execute_and_auto_apply(client: ACPClient, project: pathlib.P
     assert done.phase == plan_pb2.PLAN_PHASE_APPLY
     assert (project / "docs/guide.md").read_text() == "# The guide\n"
     assert not (project / "obsolete.txt").exists()
+
+
+async def test_a_project_of_several_resources(client: ACPClient, tmp_path: pathlib.Path) -> None:
+    first, second = tmp_path / "one", tmp_path / "two"
+    write_tree(first)
+    second.mkdir()
+    for name, folder in (("one", first), ("two", second)):
+        await client.call("resource.add", name=name, spec={"type": "directory", "path": str(folder)})
+    await client.call("project.add", name="proj", spec={"resources": ["one", "two"]})
+    await add_action(
+        client, name="vague", steps=[{"tool": "fs.write", "args": {"path": "x", "content": "x"}}]
+    )
+    vague = await run(client, (await use(client, {}, action="vague")).meta.id)
+    assert "name one with `resource`" in vague.last_error.message
+    await add_action(
+        client,
+        steps=[
+            {"tool": "fs.write", "args": {"resource": "two", "path": "copy.md", "content": "copied"}},
+            {"tool": "fs.delete", "args": {"resource": "one", "path": "obsolete.txt"}},
+        ],
+    )
+    plan = await run(client, (await use(client, {})).meta.id)
+    artifacts = await client.call("plan.artifacts", plan_id=plan.meta.id)
+    assert isinstance(artifacts, plan_pb2.ListPlanArtifactsResponse)
+    assert [(a.resource, a.path, a.op) for a in artifacts.artifacts] == [
+        ("one", "obsolete.txt", plan_pb2.ARTIFACT_OP_DELETE),
+        ("two", "copy.md", plan_pb2.ARTIFACT_OP_CREATE),
+    ]
+    await client.call("plan.apply", plan_id=plan.meta.id)
+    assert (second / "copy.md").read_text() == "copied"
+    assert not (first / "obsolete.txt").exists()

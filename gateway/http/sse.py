@@ -51,7 +51,7 @@ class SSEResponse:
         }
         return [(key.lower().encode(), value.encode("latin-1")) for key, value in headers.items()]
 
-    async def _error_frame(self, err: ACPError) -> bytes:
+    def _error_frame(self, err: ACPError) -> bytes:
         details = dict(err.details)
         details.setdefault("last_sequence", self.last_sequence or 0)
         return sse.error_frame(self.exchange.error_envelope(ACPError(err.code, err.message, details)))
@@ -76,13 +76,13 @@ class SSEResponse:
                         chunk = sse.comment("keep-alive")
                     else:
                         chunk = sse.frame(self.op, item)
-                        self.last_sequence = sse.item_id(self.op, item)
+                        self.last_sequence = sse.item_id(self.op, item) or self.last_sequence
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except ACPError as err:
-                chunk = await self._error_frame(err)
+                chunk = self._error_frame(err)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except Exception as exc:
-                chunk = await self._error_frame(internal_error(exc, f"{self.op.name} (SSE)"))
+                chunk = self._error_frame(internal_error(exc, f"{self.op.name} (SSE)"))
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if not left.is_set():
                 await send({"type": "http.response.body", "body": b"", "more_body": False})

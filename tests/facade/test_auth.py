@@ -1,0 +1,89 @@
+"""The token file and its authenticator: hashes only, reload on change, fail closed."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import stat
+
+import pytest
+
+from cleveragents.acp.facade import auth
+from cleveragents.acp.facade.call import Principal
+from cleveragents.acp.facade.contract.errors import ACPError
+
+
+def refused(authenticator: auth.TokenAuthenticator, token: str | None) -> ACPError:
+    with pytest.raises(ACPError) as info:
+        authenticator.authenticate(token)
+    return info.value
+
+
+def test_create_and_authenticate(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "tokens.toml"
+    alice = auth.create_token(path, "alice", ["default", "team-a"])
+    root = auth.create_token(path, "root", None)
+    text = path.read_text()
+    assert alice not in text
+    assert root not in text
+    assert auth.hash_token(alice) in text
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    authenticator = auth.TokenAuthenticator(path)
+    assert authenticator.authenticate(alice) == Principal("alice", frozenset({"default", "team-a"}))
+    assert authenticator.authenticate(root) == Principal("root", None)
+    assert refused(authenticator, None).code == "AUTH_REQUIRED"
+    assert refused(authenticator, "").code == "AUTH_REQUIRED"
+    assert refused(authenticator, alice + "x").code == "AUTH_REQUIRED"
+    assert [p.name for p in authenticator.principals] == ["alice", "root"]
+
+
+def test_the_file_is_reread_when_it_changes(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "tokens.toml"
+    authenticator = auth.TokenAuthenticator(path)
+    assert refused(authenticator, "acp_x").code == "AUTH_REQUIRED"
+    token = auth.create_token(path, "late", ["default"])
+    assert authenticator.authenticate(token).name == "late"
+    auth.write(path, [])
+    assert refused(authenticator, token).code == "AUTH_REQUIRED"
+
+
+def test_a_broken_file_refuses_every_token(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "tokens.toml"
+    token = auth.create_token(path, "a", ["default"])
+    authenticator = auth.TokenAuthenticator(path)
+    path.write_text(path.read_text() + "\n[[principal]\n")
+    os.utime(path, ns=(1, 1))
+    assert refused(authenticator, token).code == "INTERNAL_ERROR"
+    assert refused(authenticator, None).code == "AUTH_REQUIRED"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not toml [",
+        'principal = "x"',
+        "[[principal]]\nname = 'a'\n",
+        "[[principal]]\nname = 'a'\ntoken_sha256 = 'abc'\nnamespaces = '*'\n",
+        f"[[principal]]\nname = 'a'\ntoken_sha256 = '{'0' * 64}'\nnamespaces = []\n",
+        f"[[principal]]\nname = 'a b'\ntoken_sha256 = '{'0' * 64}'\nnamespaces = '*'\n",
+        f"[[principal]]\nname = 'a'\ntoken_sha256 = '{'0' * 64}'\nnamespaces = '*'\nrole = 'x'\n",
+        f"[[principal]]\nname = 'a'\ntoken_sha256 = '{'0' * 64}'\nnamespaces = '*'\n" * 2,
+        "[server]\nport = 1\n",
+    ],
+)
+def test_malformed_files(text: str) -> None:
+    with pytest.raises(auth.TokenFileError):
+        auth.parse(text)
+
+
+def test_create_refuses_bad_input(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "tokens.toml"
+    auth.create_token(path, "a", ["default"])
+    with pytest.raises(auth.TokenFileError, match="already exists"):
+        auth.create_token(path, "a", None)
+    with pytest.raises(auth.TokenFileError):
+        auth.create_token(path, "b", [])
+    with pytest.raises(auth.TokenFileError):
+        auth.create_token(path, "b", ["bad namespace"])
+    assert [e.name for e in auth.load(path)] == ["a"]
+    assert not list(tmp_path.glob(".*.tmp"))

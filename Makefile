@@ -7,7 +7,7 @@ THIRD_PARTY := .build/third_party
 RELEASED_IMAGE := proto/released/acp-1.1.binpb
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup serve test lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick release-image clean
+.PHONY: setup serve test lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick bench-tools release-image clean
 
 setup: $(STAMP)
 
@@ -68,11 +68,22 @@ import-lint: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/python -m pytest
 
-bench: $(STAMP)
+bench: $(STAMP) bench-tools
 	$(BIN)/python -m bench
 
-bench-quick: $(STAMP)
+bench-quick: $(STAMP) bench-tools
 	$(BIN)/python -m bench --quick
+
+# wrk and h2load (Debian's nghttp2-client) load the servers from outside Python. Installed
+# here when missing and apt-get may run (as root); otherwise the benchmark falls back to
+# Python load generators and labels its figures so. Never needed by `make test`.
+bench-tools:
+	@if command -v wrk >/dev/null && command -v h2load >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "bench: installing wrk and nghttp2-client"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nghttp2-client; } >/dev/null \
+		|| echo "bench: could not install wrk/h2load; Python load generators will measure"; \
+	else echo "bench: wrk/h2load missing (apt-get install wrk nghttp2-client); Python load generators will measure"; fi
 
 clean:
 	rm -rf $(VENV) .build .mypy_cache .ruff_cache

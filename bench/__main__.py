@@ -1,0 +1,62 @@
+"""``python -m bench [--quick | --smoke]``: measure every figure, write results.json, print a table."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import pathlib
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+
+from bench import local, memory, report, streams, unary
+from bench.modes import FULL, QUICK, SMOKE
+from bench.run import Run
+
+FAMILIES: dict[str, Callable[[Run], None]] = {
+    "local": lambda run: asyncio.run(local.run_all(run)),
+    "unary": unary.run_all,
+    "streams": streams.run_all,
+    "memory": memory.run_all,
+}
+
+DEFAULT_OUT = pathlib.Path(__file__).parent / "results.json"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="shorter measurements (under 2 minutes)")
+    size.add_argument("--smoke", action="store_true", help="tiny measurements: proves the code runs")
+    parser.add_argument("--only", action="append", choices=sorted(FAMILIES), help="run only these families")
+    parser.add_argument(
+        "--load",
+        choices=["auto", "c", "python"],
+        default="auto",
+        help="load generators: wrk/h2load when installed (auto), required (c), or Python workers",
+    )
+    parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="results file")
+    args = parser.parse_args(argv)
+    mode = SMOKE if args.smoke else QUICK if args.quick else FULL
+    # The servers and load workers run ``python -m bench.…`` from wherever this runs.
+    root = str(pathlib.Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="acp-bench-") as workdir:
+        run = Run(mode, pathlib.Path(workdir), prefer=args.load)
+        for name in args.only or FAMILIES:
+            print(f"bench: {name} ...", file=sys.stderr, flush=True)
+            begun = time.monotonic()
+            FAMILIES[name](run)
+            print(f"bench: {name} done in {time.monotonic() - begun:.1f} s", file=sys.stderr, flush=True)
+    doc = report.document(run, time.monotonic() - started)
+    report.write(args.out, doc)
+    print(report.table(doc))
+    print(f"\nwritten to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

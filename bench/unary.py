@@ -1,0 +1,168 @@
+"""Unary figures over the wire: ``session.show`` over gRPC and through the HTTP gateway,
+each divided by its raw echo server measured in the same run with the same generator.
+
+- ``grpc_unary_ratio``: req/s at 16 in-flight calls / the raw grpc.aio echo's.
+- ``gateway_envelope_ratio``: req/s of ``POST /api/v1/acp`` at 16 connections / the raw
+  FastAPI echo's (same body); ``gateway_rest_ratio`` for ``GET /api/v1/sessions/{id}``.
+- ``gateway_*_p50_ratio``/``_p99_ratio``: latency percentiles over the raw echo's.
+
+Beside each: server CPU per request (``*_cpu_us``), read from /proc before and after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx
+import orjson
+
+from bench import baselines, load
+from bench.load import LoadResult
+from bench.procs import CPUMeter, ServerProcess, python_module
+from bench.product import Product
+from bench.run import Run
+from cleveragents.acp.facade.contract import catalog
+from cleveragents.acp.v1 import session_pb2
+
+IN_FLIGHT = 16
+
+
+async def seed_session(product: Product) -> tuple[str, int]:
+    """A session to show, and the size of its ``session.show`` answer."""
+    async with product.client() as client:
+        created = await client.call("session.create", title="bench", labels={"team": "bench"})
+        assert isinstance(created, session_pb2.CreateSessionResponse)
+        shown = await client.call("session.show", session_id=created.session.meta.id)
+    return created.session.meta.id, shown.ByteSize()
+
+
+def measured(
+    run: Run, server: ServerProcess, generate: Callable[[float], LoadResult]
+) -> tuple[LoadResult, float]:
+    """Warm up, then one measured load; returns it and the server's CPU µs per request."""
+    if run.mode.warmup_seconds:
+        generate(run.mode.warmup_seconds)
+    meter = CPUMeter(server)
+    meter.start()
+    result = generate(run.mode.load_seconds)
+    meter.stop()
+    if result.errors:
+        raise RuntimeError(f"{result.errors} of {result.requests} requests failed ({result.generator})")
+    return result, meter.us_per(result.requests)
+
+
+def grpc_figures(run: Run, product: Product, session_id: str, response_bytes: int) -> None:
+    payload = session_pb2.GetSessionRequest(session_id=session_id).SerializeToString()
+    with ServerProcess(
+        python_module("bench.baselines", "grpc"),
+        ready_prefix=baselines.READY,
+        log=run.scratch("logs") / "grpc-echo.log",
+    ) as echo:
+        target = f"127.0.0.1:{echo.info['port']}"
+        raw, raw_cpu = measured(
+            run,
+            echo,
+            lambda seconds: load.grpc_load(
+                target,
+                baselines.ECHO_METHOD,
+                payload,
+                in_flight=IN_FLIGHT,
+                seconds=seconds,
+                response_bytes=len(payload),
+                prefer=run.prefer,
+            ),
+        )
+    method = catalog.OPERATIONS["session.show"].full_method
+    metadata = {"authorization": f"Bearer {product.token}"}
+    ours, ours_cpu = measured(
+        run,
+        product.server,
+        lambda seconds: load.grpc_load(
+            product.grpc_target,
+            method,
+            payload,
+            metadata=metadata,
+            in_flight=IN_FLIGHT,
+            seconds=seconds,
+            response_bytes=response_bytes,
+            prefer=run.prefer,
+        ),
+    )
+    by = ours.generator
+    run.note("raw_grpc_echo_rps", raw.rps)
+    run.note("raw_grpc_echo_p50_ms", raw.p50_ms)
+    run.note("raw_grpc_echo_p99_ms", raw.p99_ms)
+    run.note("raw_grpc_echo_cpu_us", raw_cpu)
+    run.note("grpc_unary_cpu_us", ours_cpu)
+    run.record("grpc_unary_rps", ours.rps, by)
+    run.record("grpc_unary_p50_ms", ours.p50_ms, by)
+    run.record("grpc_unary_p99_ms", ours.p99_ms, by)
+    run.record("grpc_unary_ratio", ours.rps / raw.rps, by)
+
+
+def _check_gateway(product: Product, session_id: str, body: bytes) -> None:
+    """One call of each route answers the session, before any load is trusted."""
+    headers = {**product.auth_header, "Content-Type": "application/json"}
+    envelope = httpx.post(f"{product.http_url}/api/v1/acp", content=body, headers=headers, timeout=10)
+    rest = httpx.get(f"{product.http_url}/api/v1/sessions/{session_id}", headers=headers, timeout=10)
+    for response in (envelope, rest):
+        if response.status_code != 200 or session_id not in response.text:
+            raise RuntimeError(f"the gateway answered {response.status_code}: {response.text[:500]}")
+
+
+def gateway_figures(run: Run, product: Product, session_id: str) -> None:
+    body = orjson.dumps({"operation": "session.show", "params": {"session_id": session_id}})
+    _check_gateway(product, session_id, body)
+    with ServerProcess(
+        python_module("bench.baselines", "http"),
+        ready_prefix=baselines.READY,
+        log=run.scratch("logs") / "http-echo.log",
+    ) as echo:
+        url = f"http://127.0.0.1:{echo.info['port']}/echo"
+        raw, raw_cpu = measured(
+            run,
+            echo,
+            lambda seconds: load.http_load(
+                url, body=body, connections=IN_FLIGHT, seconds=seconds, prefer=run.prefer
+            ),
+        )
+    run.note("raw_http_echo_rps", raw.rps)
+    run.note("raw_http_echo_p50_ms", raw.p50_ms)
+    run.note("raw_http_echo_p99_ms", raw.p99_ms)
+    run.note("raw_http_echo_cpu_us", raw_cpu)
+    routes = {
+        "envelope": ("POST", f"{product.http_url}/api/v1/acp", body),
+        "rest": ("GET", f"{product.http_url}/api/v1/sessions/{session_id}", b""),
+    }
+    for name, (method, url, content) in routes.items():
+
+        def generate(
+            seconds: float, method: str = method, url: str = url, content: bytes = content
+        ) -> LoadResult:
+            return load.http_load(
+                url,
+                method=method,
+                body=content,
+                headers=product.auth_header,
+                connections=IN_FLIGHT,
+                seconds=seconds,
+                prefer=run.prefer,
+            )
+
+        ours, ours_cpu = measured(run, product.server, generate)
+        by = ours.generator
+        run.note(f"gateway_{name}_rps", ours.rps)
+        run.note(f"gateway_{name}_p50_ms", ours.p50_ms)
+        run.note(f"gateway_{name}_p99_ms", ours.p99_ms)
+        run.note(f"gateway_{name}_cpu_us", ours_cpu)
+        run.record(f"gateway_{name}_ratio", ours.rps / raw.rps, by)
+        run.record(f"gateway_{name}_p50_ratio", ours.p50_ms / raw.p50_ms, by)
+        run.record(f"gateway_{name}_p99_ratio", ours.p99_ms / raw.p99_ms, by)
+
+
+def run_all(run: Run) -> None:
+    with Product(run.scratch("unary")) as product:
+        session_id, response_bytes = asyncio.run(seed_session(product))
+        grpc_figures(run, product, session_id, response_bytes)
+        gateway_figures(run, product, session_id)

@@ -83,7 +83,8 @@ class ACPClient:
 
     async def subscribe(self, params: Params = None, **fields: Any) -> AsyncIterator[events_pb2.Event]:
         op = resolve("events.subscribe")
-        async for item in self.transport.stream(op, request_for(op, params, fields), self._options()):
+        items = await self.transport.open_stream(op, request_for(op, params, fields), self._options())
+        async for item in items:
             if not isinstance(item, events_pb2.SubscribeEventsResponse):
                 raise ACPError(ErrorCode.INTERNAL_ERROR, f"unexpected stream item {type(item).__name__}")
             yield item.event

@@ -151,13 +151,6 @@ class GrpcTransport:
         finally:
             call.cancel()
 
-    async def stream(
-        self, op: Operation, request: message.Message, options: CallOptions
-    ) -> AsyncIterator[message.Message]:
-        items = await self.open_stream(op, request, options)
-        async for item in items:
-            yield item
-
     async def close(self) -> None:
         if self._owns_channel:
             await self.channel.close(None)

@@ -179,13 +179,6 @@ class HTTPTransport:
         finally:
             await response.aclose()
 
-    async def stream(
-        self, op: Operation, request: message.Message, options: CallOptions
-    ) -> AsyncIterator[message.Message]:
-        items = await self.open_stream(op, request, options)
-        async for item in items:
-            yield item
-
     async def close(self) -> None:
         if self._owns_client:
             await self.client.aclose()

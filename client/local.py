@@ -26,13 +26,6 @@ class LocalTransport:
     async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
         return await self.facade.invoke(op, request, self._context(options))
 
-    async def stream(
-        self, op: Operation, request: message.Message, options: CallOptions
-    ) -> AsyncIterator[message.Message]:
-        items = await self.open_stream(op, request, options)
-        async for item in items:
-            yield item
-
     async def open_stream(
         self, op: Operation, request: message.Message, options: CallOptions
     ) -> AsyncIterator[message.Message]:

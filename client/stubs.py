@@ -45,8 +45,10 @@ class LocalStub:
 
         return unary
 
-    def _stream(self, op: Operation, request: message.Message) -> AsyncIterator[message.Message]:
-        return self._transport.stream(op, request, self._options())
+    async def _stream(self, op: Operation, request: message.Message) -> AsyncIterator[message.Message]:
+        items = await self._transport.open_stream(op, request, self._options())
+        async for item in items:
+            yield item
 
 
 def local_stub(facade: ServiceFacade, service: str, *, acp_version: str | None = None) -> LocalStub:

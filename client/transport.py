@@ -31,12 +31,9 @@ class Transport(Protocol):
         self, op: Operation, request: message.Message, options: CallOptions
     ) -> message.Message: ...
 
-    def stream(
-        self, op: Operation, request: message.Message, options: CallOptions
-    ) -> AsyncIterator[message.Message]: ...
-
     async def open_stream(
         self, op: Operation, request: message.Message, options: CallOptions
-    ) -> AsyncIterator[message.Message]: ...
+    ) -> AsyncIterator[message.Message]:
+        """Admit the stream (auth, version, filters: errors raise here) and return its items."""
 
     async def close(self) -> None: ...

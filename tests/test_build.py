@@ -58,3 +58,53 @@ def test_generated_package_imports_under_one_namespace() -> None:
 
     assert plan_pb2.DESCRIPTOR.package == "cleveragents.acp.v1"
     assert pathlib.Path(cleveragents.acp.facade.__file__).parent == ROOT / "facade"
+
+
+def test_a_built_wheel_carries_every_package_and_imports(tmp_path: pathlib.Path) -> None:
+    """The wheel, not just the editable install, must hold the package-dir mapped layers."""
+    import zipfile
+
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            ".",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("cleveragents_acp-*.whl")
+    unpacked = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        archive.extractall(unpacked)
+    for module in (
+        "v1/plan_pb2.py",
+        "v1/plan_pb2.pyi",
+        "facade/factory.py",
+        "gateway/server.py",
+        "client/cli/main.py",
+    ):
+        assert f"cleveragents/acp/{module}" in names
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "import cleveragents.acp.facade.factory, cleveragents.acp.gateway.server; "
+        "import cleveragents.acp.client.cli.main; "
+        "stray = [n for n, m in sys.modules.items() if n.startswith('cleveragents.acp.') "
+        "and getattr(m, '__file__', None) and not m.__file__.startswith(sys.argv[1])]; "
+        "assert not stray, stray"
+    )
+    imported = subprocess.run(
+        [sys.executable, "-c", probe, str(unpacked)], capture_output=True, text=True, timeout=120
+    )
+    assert imported.returncode == 0, imported.stderr

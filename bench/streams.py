@@ -100,23 +100,32 @@ def _rate(streams: list[dict[str, Any]], wanted: int) -> tuple[float, int]:
 
 
 def _measure(
-    run: Run,
-    name: str,
-    server: ServerProcess,
-    url: str,
-    headers: Mapping[str, str],
-    connections: int,
-    events: int,
-) -> float:
+    run: Run, server: ServerProcess, url: str, headers: Mapping[str, str], connections: int, events: int
+) -> tuple[float, float, int]:
+    """Events/s, the server's CPU µs per event, and how many streams fell short."""
     meter = CPUMeter(server)
     meter.start()
     streams = subscribe(url, headers, connections, events, run.mode.stream_timeout)
     meter.stop()
     rate, short = _rate(streams, events)
-    if short:
-        run.note(f"{name}_incomplete_streams", short)
-    run.note(f"{name}_cpu_us", meter.us_per(sum(s["events"] for s in streams)))
-    return rate
+    return rate, meter.us_per(sum(s["events"] for s in streams)), short
+
+
+Stream = tuple[ServerProcess, str, Mapping[str, str], int, int]
+
+
+def _best(run: Run, entries: dict[str, Stream], repeats: int) -> dict[str, float]:
+    """Each stream measurement in turn, ``repeats`` times; the best rate of each."""
+    best: dict[str, float] = {}
+    for _ in range(repeats):
+        for name, (server, url, headers, connections, events) in entries.items():
+            rate, cpu_us, short = _measure(run, server, url, headers, connections, events)
+            if short:
+                run.note(f"{name}_incomplete_streams", short)
+            if rate > best.get(name, -1.0):
+                best[name] = rate
+                run.note(f"{name}_cpu_us", cpu_us)
+    return best
 
 
 def run_all(run: Run) -> None:
@@ -126,25 +135,42 @@ def run_all(run: Run) -> None:
     frame_file.write_bytes(fill_log(folder / "acp.db", count))
     mode = run.mode
     subscribers = mode.fanout_subscribers
-    with ServerProcess(
-        python_module("bench.baselines", "sse", "--frame", str(frame_file)),
-        ready_prefix=baselines.READY,
-        log=run.scratch("logs") / "sse-raw.log",
-    ) as raw:
+    with (
+        ServerProcess(
+            python_module("bench.baselines", "sse", "--frame", str(frame_file)),
+            ready_prefix=baselines.READY,
+            log=run.scratch("logs") / "sse-raw.log",
+        ) as raw,
+        Product(folder, db=folder / "acp.db") as product,
+    ):
         base = f"http://127.0.0.1:{raw.info['port']}/stream"
-        raw_single = _measure(run, "raw_sse", raw, f"{base}?n={mode.sse_events}", {}, 1, mode.sse_events)
-        raw_fanout = _measure(
-            run, "raw_sse_fanout", raw, f"{base}?n={mode.fanout_events}", {}, subscribers, mode.fanout_events
-        )
-    with Product(folder, db=folder / "acp.db") as product:
         url = f"{product.http_url}/api/v1/events/stream"
-        single = _measure(run, "sse_single", product.server, url, product.auth_header, 1, mode.sse_events)
-        fanout = _measure(
-            run, "sse_fanout", product.server, url, product.auth_header, subscribers, mode.fanout_events
+        auth = product.auth_header
+        single = _best(
+            run,
+            {
+                "raw_sse": (raw, f"{base}?n={mode.sse_events}", {}, 1, mode.sse_events),
+                "sse_single": (product.server, url, auth, 1, mode.sse_events),
+            },
+            mode.repeats,
         )
-    run.note("raw_sse_events_per_s", raw_single)
-    run.note("raw_sse_fanout_events_per_s", raw_fanout)
-    run.note("sse_single_events_per_s", single)
+        fanout = _best(
+            run,
+            {
+                "raw_sse_fanout": (
+                    raw,
+                    f"{base}?n={mode.fanout_events}",
+                    {},
+                    subscribers,
+                    mode.fanout_events,
+                ),
+                "sse_fanout": (product.server, url, auth, subscribers, mode.fanout_events),
+            },
+            max(1, mode.repeats - 1),
+        )
+    run.note("raw_sse_events_per_s", single["raw_sse"])
+    run.note("raw_sse_fanout_events_per_s", fanout["raw_sse_fanout"])
+    run.note("sse_single_events_per_s", single["sse_single"])
     run.note("sse_fanout_subscribers", subscribers)
-    run.record("sse_single_ratio", single / raw_single, "python-sse")
-    run.record("sse_fanout_events_per_s", fanout, "python-sse")
+    run.record("sse_single_ratio", single["sse_single"] / single["raw_sse"], "python-sse")
+    run.record("sse_fanout_events_per_s", fanout["sse_fanout"], "python-sse")

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from google.protobuf import json_format, message
 
+from cleveragents.acp.facade.contract import codec_fast
 from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
 
 M = TypeVar("M", bound=message.Message)
@@ -20,6 +21,10 @@ MAX_DEPTH = 64
 
 
 def to_dict(msg: message.Message) -> dict[str, Any]:
+    try:
+        return codec_fast.to_dict(msg)
+    except codec_fast.UnsupportedError:
+        pass
     return json_format.MessageToDict(
         msg,
         preserving_proto_field_name=True,
@@ -48,6 +53,12 @@ def depth(value: Any, limit: int = MAX_DEPTH) -> int:
 
 def from_dict(data: Any, cls: type[M], *, what: str = "params") -> M:
     """Parse JSON params into a request message, or raise INVALID_PARAMS saying why."""
+    fast = cls()
+    try:
+        codec_fast.from_dict(data, fast)
+        return fast
+    except codec_fast.UnsupportedError:
+        pass
     if not isinstance(data, dict):
         raise ACPError(
             ErrorCode.INVALID_PARAMS,
@@ -75,6 +86,12 @@ def from_dict(data: Any, cls: type[M], *, what: str = "params") -> M:
 def response_from_dict(data: Any, cls: type[M]) -> M:
     """A response read by a client: fields it does not know (a newer server) are skipped,
     as protobuf's binary form does; anything else unreadable is the server's fault."""
+    fast = cls()
+    try:
+        codec_fast.from_dict(data, fast)
+        return fast
+    except codec_fast.UnsupportedError:
+        pass
     try:
         return json_format.ParseDict(data, cls(), ignore_unknown_fields=True)
     except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:

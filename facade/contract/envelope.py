@@ -7,10 +7,10 @@ JSON null when absent), because they sit on every request's path.
 
 from __future__ import annotations
 
+import random
+import time
 from dataclasses import dataclass
 from typing import Any
-
-from ulid import ULID
 
 from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
 
@@ -26,8 +26,18 @@ class Request:
     token: str | None
 
 
+# Two characters of Crockford's base32 (the ULID alphabet) per 10 bits.
+_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_PAIRS = [a + b for a in _ALPHABET for b in _ALPHABET]
+_SHIFTS = tuple(range(120, -1, -10))
+
+
 def new_request_id() -> str:
-    return str(ULID())
+    """A ULID (48-bit milliseconds, 80 random bits) as 26 characters. It is on every call's
+    path, hence built by table (python-ulid takes 4 µs). Request ids correlate, they are no
+    secret: the random bits need not come from the OS."""
+    value = (time.time_ns() // 1_000_000) << 80 | random.getrandbits(80)
+    return "".join([_PAIRS[(value >> shift) & 1023] for shift in _SHIFTS])
 
 
 def ok(acp_version: str, request_id: str, data: dict[str, Any], duration_ms: float) -> dict[str, Any]:

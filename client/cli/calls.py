@@ -2,6 +2,10 @@
 
 Also the commands that are more than one call: ``events watch`` (follows the stream,
 resuming after drops) and ``session chat`` (a REPL over ``session.tell``).
+
+Local mode runs the facade in this process: work a call starts in the background (a plan
+run after ``plan execute`` without ``--wait``, or ``auto_execute``) would die with the
+process, so the command waits for it before it exits.
 """
 
 from __future__ import annotations
@@ -12,237 +16,329 @@ import json
 import pathlib
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TextIO
 
-import httpx
 from google.protobuf import message
 
 from cleveragents.acp.client.acp_client import ACPClient
-from cleveragents.acp.client.cli import fields, operations, render
-from cleveragents.acp.client.cli.connect import ConfigError, Connection, add_options, resolve
-from cleveragents.acp.client.grpc_transport import GrpcTransport
-from cleveragents.acp.client.http_transport import HTTPTransport
-from cleveragents.acp.client.local import LocalTransport
-from cleveragents.acp.facade.contract import codec, envelope, errors
+from cleveragents.acp.client.cli import operations, render
+from cleveragents.acp.client.cli.connect import ConfigError, Connection, add_options, option, resolve
+from cleveragents.acp.client.transport import CallOptions
+from cleveragents.acp.facade.contract import catalog, codec, envelope, errors, versions
 from cleveragents.acp.facade.contract.catalog import Operation
 from cleveragents.acp.facade.contract.errors import ACPError
-from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.v1 import events_pb2, plan_pb2
 
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 12
-TERMINAL_STATES = {
-    plan_pb2.PLAN_STATE_SUCCEEDED,
-    plan_pb2.PLAN_STATE_FAILED,
-    plan_pb2.PLAN_STATE_CANCELLED,
-    plan_pb2.PLAN_STATE_ROLLED_BACK,
-}
+EXIT_INTERRUPTED = 130
+# A plan's run is over when a phase after strategize settles, or it fails, is cancelled
+# or rolled back (``plan.error`` precedes the state change it causes, so it is no end).
+_SETTLED = {plan_pb2.PLAN_STATE_FAILED, plan_pb2.PLAN_STATE_CANCELLED, plan_pb2.PLAN_STATE_ROLLED_BACK}
+LOCAL_POLL_SECONDS = 0.5
+PROGRESS_GRACE_SECONDS = 1.0
 
 
 def open_client(conn: Connection) -> ACPClient:
+    """The client for the connection; each transport is imported only when used, which
+    keeps the start of a command short."""
     ca = pathlib.Path(conn.ca_cert).read_bytes() if conn.ca_cert else None
+    transport: Any
     if conn.server:
-        verify: Any = True
-        if conn.ca_cert:
-            import ssl
+        import ssl
 
-            verify = ssl.create_default_context(cafile=conn.ca_cert)
+        import httpx
+
+        from cleveragents.acp.client.http_transport import HTTPTransport
+
+        verify: Any = ssl.create_default_context(cafile=conn.ca_cert) if conn.ca_cert else True
         http = httpx.AsyncClient(
             base_url=conn.server, verify=verify, timeout=httpx.Timeout(60.0, connect=5.0)
         )
-        transport: Any = HTTPTransport(http, owns_client=True)
+        transport = HTTPTransport(http, owns_client=True)
     elif conn.grpc:
+        from cleveragents.acp.client.grpc_transport import GrpcTransport
+
         transport = GrpcTransport.connect(conn.grpc, tls=ca is not None, root_certificates=ca)
     else:
+        from cleveragents.acp.client.local import LocalTransport
+        from cleveragents.acp.facade.factory import open_facade
+
         transport = LocalTransport(open_facade(conn.db), owns_facade=True)
     return ACPClient(transport, acp_version=conn.acp_version, token=conn.token)
 
 
-def _is_unreachable(exc: ACPError) -> bool:
-    cause = str(exc.details.get("cause", ""))
+def call_options(conn: Connection) -> CallOptions:
+    return CallOptions(acp_version=conn.acp_version, token=conn.token, request_id=envelope.new_request_id())
+
+
+def is_unreachable(exc: ACPError) -> bool:
+    """The transports report a server they cannot reach (or lost) as INTERNAL_ERROR: HTTP
+    with a message "cannot reach ...", gRPC with the status UNAVAILABLE."""
     return exc.code == "INTERNAL_ERROR" and (
-        exc.details.get("grpc_code") == "UNAVAILABLE"
-        or cause.endswith(("ConnectError", "ConnectTimeout"))
-        or exc.message.startswith("cannot reach")
+        exc.details.get("grpc_code") == "UNAVAILABLE" or exc.message.startswith("cannot reach")
     )
 
 
-def _fail(exc: BaseException, conn: Connection | None, err: TextIO) -> int:
+def fail(exc: BaseException, conn: Connection | None, err: TextIO) -> int:
     if isinstance(exc, ACPError):
-        if conn is not None and (conn.server or conn.grpc) and _is_unreachable(exc):
+        if conn is not None and (conn.server or conn.grpc) and is_unreachable(exc):
             err.write(f"UNAVAILABLE: cannot reach the ACP server at {conn.where}\n")
             return EXIT_UNREACHABLE
         err.write(f"{exc.code}: {exc.message}\n")
         return errors.exit_code(exc.code)
-    if isinstance(exc, (ConfigError, fields.InputError)):
+    if isinstance(exc, ConfigError):
         err.write(f"agents: error: {exc}\n")
         return EXIT_USAGE
-    if isinstance(exc, OSError) and conn is not None:
-        err.write(f"UNAVAILABLE: cannot reach the ACP server at {conn.where}: {exc}\n")
+    if isinstance(exc, OSError):
+        where = conn.where if conn is not None else "(not connected)"
+        err.write(f"UNAVAILABLE: {where}: {exc.strerror or exc}\n")
         return EXIT_UNREACHABLE
     raise exc
 
 
-def _print(op_response: message.Message, args: argparse.Namespace, started: float, request_id: str) -> None:
-    out = sys.stdout
-    if getattr(args, "envelope", None):
-        data = codec.to_dict(op_response)
-        version = getattr(args, "acp_version", None) or "1.1"
-        out.write(
-            json.dumps(envelope.ok(version, request_id, data, (time.monotonic() - started) * 1000)) + "\n"
-        )
-    elif getattr(args, "json", None):
-        out.write(json.dumps(codec.to_dict(op_response), indent=2, ensure_ascii=False) + "\n")
-    else:
-        render.human(op_response, out, color=out.isatty())
+class OutputError(Exception):
+    """``--value`` names nothing in the response (exit 2)."""
 
 
-async def _progress(client: ACPClient, plan_id: str, err: TextIO) -> None:
-    """A live display of a plan's events on stderr (only when it is a terminal)."""
-    async for event in client.subscribe(plan_id=plan_id):
-        err.write(f"  {event.sequence:>6}  {describe(event)}\n")
+def _pick(data: Any, path: str) -> Any:
+    value = data
+    for part in path.split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise OutputError(f"--value {path}: the response has no {part!r} there")
+    return value
+
+
+@dataclass
+class Printer:
+    """Writes a response the way the options ask: human, ``--json``, ``--envelope`` or
+    ``--value``; colour only on a terminal."""
+
+    args: argparse.Namespace
+    conn: Connection
+    out: TextIO
+
+    def response(self, response: message.Message, request_id: str, started: float) -> None:
+        if option(self.args, "value"):
+            value = _pick(codec.to_dict(response), option(self.args, "value"))
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            self.out.write(f"{text}\n")
+        elif option(self.args, "envelope"):
+            data = codec.to_dict(response)
+            elapsed = (time.monotonic() - started) * 1000
+            self.out.write(json.dumps(envelope.ok(self._version(), request_id, data, elapsed)) + "\n")
+        elif option(self.args, "json"):
+            self.out.write(json.dumps(codec.to_dict(response), indent=2, ensure_ascii=False) + "\n")
+        else:
+            render.human(response, self.out, color=self.out.isatty())
+        self.out.flush()
+
+    def item(self, item: message.Message) -> None:
+        """One item of a stream: a JSON line (``--value``: the value), or a line for people."""
+        if option(self.args, "value"):
+            value = _pick(codec.to_dict(item), option(self.args, "value"))
+            self.out.write(f"{value if isinstance(value, str) else json.dumps(value)}\n")
+        elif option(self.args, "json") or option(self.args, "envelope"):
+            self.out.write(json.dumps(codec.to_dict(item), ensure_ascii=False) + "\n")
+        elif isinstance(item, events_pb2.SubscribeEventsResponse):
+            self.out.write(render.event_line(item.event) + "\n")
+        else:
+            render.human(item, self.out, color=self.out.isatty())
+        self.out.flush()
+
+    def error(self, exc: ACPError, request_id: str, started: float) -> None:
+        if option(self.args, "envelope"):
+            elapsed = (time.monotonic() - started) * 1000
+            self.out.write(json.dumps(envelope.error(self._version(), request_id, exc, elapsed)) + "\n")
+            self.out.flush()
+
+    def _version(self) -> str:
+        return self.conn.acp_version or versions.CURRENT
+
+
+def ends_run(event: events_pb2.Event) -> bool:
+    if event.WhichOneof("payload") != "plan_state_changed":
+        return False
+    change = event.plan_state_changed
+    if change.to_state in _SETTLED:
+        return True
+    return change.to_state == plan_pb2.PLAN_STATE_SUCCEEDED and change.phase != plan_pb2.PLAN_PHASE_STRATEGIZE
+
+
+async def _progress(client: ACPClient, conn: Connection, plan_id: str, err: TextIO) -> None:
+    """A live display of a plan's run on stderr (a terminal), fed by the event stream."""
+    op = catalog.OPERATIONS["events.subscribe"]
+    request = events_pb2.SubscribeEventsRequest(plan_id=plan_id)
+    async for item in await client.transport.open_stream(op, request, call_options(conn)):
+        assert isinstance(item, events_pb2.SubscribeEventsResponse)
+        err.write(f"  {render.event_line(item.event)}\n")
         err.flush()
+        if ends_run(item.event):
+            return
 
 
-def describe(event: events_pb2.Event) -> str:
-    kind = event.WhichOneof("payload")
-    detail = ""
-    if kind == "tool_invoked":
-        detail = f"{event.tool_invoked.tool} ({event.tool_invoked.step_id})"
-    elif kind == "tool_completed":
-        ok = "ok" if event.tool_completed.ok else f"error: {event.tool_completed.error.message}"
-        detail = f"{event.tool_completed.tool} {ok} in {event.tool_completed.duration_ms:.0f} ms"
-    elif kind == "plan_state_changed":
-        change = event.plan_state_changed
-        detail = f"{plan_pb2.PlanPhase.Name(change.phase)}: {plan_pb2.PlanState.Name(change.to_state)}"
-    elif kind == "plan_phase_changed":
-        detail = plan_pb2.PlanPhase.Name(event.plan_phase_changed.to_phase)
-    elif kind == "validation_completed":
-        v = event.validation_completed
-        detail = f"{v.validation} {'passed' if v.passed else 'failed: ' + '; '.join(v.messages)}"
-    elif kind == "plan_decision_made":
-        detail = f"{event.plan_decision_made.node.question} -> {event.plan_decision_made.node.choice}"
-    elif kind == "session_message":
-        detail = (
-            event.session_message.message.content.splitlines()[0]
-            if event.session_message.message.content
-            else ""
-        )
-    elif kind == "plan_error":
-        detail = f"{event.plan_error.error.code}: {event.plan_error.error.message}"
-    ids = " ".join(
-        x
-        for x in (
-            event.plan_id and f"plan={event.plan_id}",
-            event.session_id and f"session={event.session_id}",
-        )
-        if x
-    )
-    return f"{event.type:<22} {detail}  {ids}".rstrip()
+def _wants_progress(op: Operation, request: message.Message, err: TextIO) -> str:
+    """The plan id to show progress for: a call that waits on a plan, on a terminal."""
+    names = request.DESCRIPTOR.fields_by_name
+    if "wait" in names and "plan_id" in names and request.wait and err.isatty():  # type: ignore[attr-defined]
+        return str(request.plan_id)  # type: ignore[attr-defined]
+    return ""
 
 
-async def _call(conn: Connection, op: Operation, params: dict[str, Any], args: argparse.Namespace) -> int:
+async def _settle(err: TextIO) -> None:
+    """Local mode: wait for the background tasks the call started (plan runs)."""
+    current = asyncio.current_task()
+    told = False
+    while pending := [task for task in asyncio.all_tasks() if task is not current and not task.done()]:
+        if not told and err.isatty():
+            err.write("local mode: waiting for the work this command started (Ctrl-C stops it)\n")
+            told = True
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _call(conn: Connection, op: Operation, request: message.Message, args: argparse.Namespace) -> int:
+    printer = Printer(args, conn, sys.stdout)
     client = open_client(conn)
+    options = call_options(conn)
+    started = time.monotonic()
     try:
-        request = codec.from_dict(params, op.request_type)
-        started = time.monotonic()
-        progress: asyncio.Task[None] | None = None
-        fields_by_name = op.request_type.DESCRIPTOR.fields_by_name
-        if (
-            "wait" in fields_by_name
-            and "plan_id" in fields_by_name
-            and params.get("wait")
-            and sys.stderr.isatty()
-        ):
-            progress = asyncio.create_task(_progress(client, str(params["plan_id"]), sys.stderr))
+        if op.server_streaming:
+            async for item in await client.transport.open_stream(op, request, options):
+                printer.item(item)
+            return 0
+        plan_id = _wants_progress(op, request, sys.stderr)
+        progress = asyncio.create_task(_progress(client, conn, plan_id, sys.stderr)) if plan_id else None
         try:
-            response = await client.call(op.name, request)
+            response = await client.transport.call(op, request, options)
+            if progress is not None:
+                await asyncio.wait({progress}, timeout=PROGRESS_GRACE_SECONDS)
         finally:
             if progress is not None:
                 progress.cancel()
                 await asyncio.gather(progress, return_exceptions=True)
-        _print(response, args, started, "")
+        printer.response(response, options.request_id, started)
+        if not (conn.server or conn.grpc):
+            await _settle(sys.stderr)
         return 0
+    except ACPError as exc:
+        printer.error(exc, options.request_id, started)
+        raise
     finally:
         await client.close()
 
 
-def run_operation(op: Operation, spec: list[fields.Argument], args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, body: Callable[[Connection], Coroutine[Any, Any, int]]) -> int:
     conn: Connection | None = None
     try:
         conn = resolve(args)
-        params = fields.params(args, spec)
-        return asyncio.run(_call(conn, op, params, args))
-    except (ACPError, ConfigError, fields.InputError, OSError) as exc:
-        return _fail(exc, conn, sys.stderr)
-
-
-def _run_async(args: argparse.Namespace, body: Callable[[ACPClient, Connection], Awaitable[int]]) -> int:
-    conn: Connection | None = None
-    try:
-        conn = resolve(args)
-        connection = conn
-
-        async def main() -> int:
-            client = open_client(connection)
-            try:
-                return await body(client, connection)
-            finally:
-                await client.close()
-
-        return asyncio.run(main())
+        return asyncio.run(body(conn))
     except KeyboardInterrupt:
-        return 130
-    except (ACPError, ConfigError, fields.InputError, OSError) as exc:
-        return _fail(exc, conn, sys.stderr)
+        return EXIT_INTERRUPTED
+    except OutputError as exc:
+        sys.stderr.write(f"agents: error: {exc}\n")
+        return EXIT_USAGE
+    except (ACPError, ConfigError, OSError) as exc:
+        return fail(exc, conn, sys.stderr)
 
 
-def _ends_plan(event: events_pb2.Event) -> bool:
-    kind = event.WhichOneof("payload")
-    if kind in ("plan_error", "plan_apply_completed"):
-        return True
-    return kind == "plan_state_changed" and event.plan_state_changed.to_state in TERMINAL_STATES
+def run_operation(op: Operation, request: message.Message, args: argparse.Namespace) -> int:
+    return _run(args, lambda conn: _call(conn, op, request, args))
+
+
+def _with_client(
+    args: argparse.Namespace, body: Callable[[ACPClient, Connection], Awaitable[int]]
+) -> Callable[[Connection], Coroutine[Any, Any, int]]:
+    async def run(conn: Connection) -> int:
+        client = open_client(conn)
+        try:
+            return await body(client, conn)
+        finally:
+            await client.close()
+
+    return run
+
+
+async def _events(
+    client: ACPClient, conn: Connection, request: events_pb2.SubscribeEventsRequest, poll: bool
+) -> AsyncIterator[events_pb2.Event]:
+    """One subscription. With ``poll`` it ends once no event came for a while, so the
+    caller subscribes again and sees what other processes added to the database."""
+    op = catalog.OPERATIONS["events.subscribe"]
+    items = await client.transport.open_stream(op, request, call_options(conn))
+    iterator = aiter(items)
+    try:
+        while True:
+            try:
+                if poll:
+                    item = await asyncio.wait_for(anext(iterator), LOCAL_POLL_SECONDS)
+                else:
+                    item = await anext(iterator)
+            except (StopAsyncIteration, TimeoutError):
+                return
+            assert isinstance(item, events_pb2.SubscribeEventsResponse)
+            yield item.event
+    finally:
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            await close()
 
 
 async def watch(client: ACPClient, conn: Connection, args: argparse.Namespace) -> int:
-    """Follow the stream; after a drop or a slow-subscriber end, resume from the last sequence."""
-    last = args.after or 0
+    """Follow the stream. After a drop, a server restart or a slow-subscriber end it
+    subscribes again after the last sequence it printed: nothing lost, nothing twice."""
+    printer = Printer(args, conn, sys.stdout)
+    remote = bool(conn.server or conn.grpc)
+    last = args.after
+    connected = False
+    lost = False
     delay = 0.2
     while True:
+        request = events_pb2.SubscribeEventsRequest(
+            plan_id=args.plan or "",
+            session_id=args.session or "",
+            event_type=args.type or [],
+            after_sequence=last,
+            namespace=args.namespace or "",
+        )
         try:
-            async for event in client.subscribe(
-                plan_id=args.plan or "",
-                session_id=args.session or "",
-                event_type=args.type or [],
-                after_sequence=last,
-            ):
-                delay = 0.2
+            async for event in _events(client, conn, request, poll=not remote):
+                if lost:
+                    sys.stderr.write(f"reconnected; resuming after sequence {last}\n")
+                    lost = False
+                connected, delay = True, 0.2
+                if event.sequence <= last:
+                    continue
                 last = event.sequence
-                if getattr(args, "json", None):
-                    sys.stdout.write(json.dumps(codec.to_dict(event)) + "\n")
-                else:
-                    sys.stdout.write(f"{event.sequence:>6}  {describe(event)}\n")
-                sys.stdout.flush()
-                if args.until_done and _ends_plan(event):
+                printer.item(events_pb2.SubscribeEventsResponse(event=event))
+                if args.until_done and ends_run(event):
                     return 0
-            if not (conn.server or conn.grpc):
-                return 0
+            connected = True
+            if not remote:
+                continue
         except ACPError as exc:
-            resumable = exc.details.get("refinement") == "SUBSCRIBER_TOO_SLOW" or _is_unreachable(exc)
-            if not resumable:
+            slow = exc.details.get("refinement") == "SUBSCRIBER_TOO_SLOW"
+            if not (slow or (remote and connected and is_unreachable(exc))):
                 raise
-            if "last_sequence" in exc.details:
-                last = max(last, int(exc.details["last_sequence"]))
-        except (httpx.TransportError, OSError):
-            pass
-        sys.stderr.write(f"stream ended; resuming after sequence {last}\n")
+        if not lost:
+            sys.stderr.write(f"stream ended; reconnecting to resume after sequence {last}\n")
+            lost = True
         await asyncio.sleep(delay)
         delay = min(delay * 2, 5.0)
 
 
 async def chat(client: ACPClient, conn: Connection, args: argparse.Namespace) -> int:
+    """Read lines, tell each to the session, print the replies; /quit or end of input ends.
+    A refused message is reported and the conversation goes on."""
+    await client.call("session.show", session_id=args.session_id)
     interactive = sys.stdin.isatty()
+    if interactive:
+        sys.stdout.write("Type a message; /help asks the orchestrator, /quit ends.\n")
     while True:
         if interactive:
             sys.stdout.write("you> ")
@@ -252,32 +348,82 @@ async def chat(client: ACPClient, conn: Connection, args: argparse.Namespace) ->
             return 0
         if not line.strip():
             continue
-        response = await client.call("session.tell", session_id=args.session_id, content=line.rstrip("\n"))
+        try:
+            response = await client.call(
+                "session.tell", session_id=args.session_id, content=line.rstrip("\n")
+            )
+        except ACPError as exc:
+            if is_unreachable(exc) or exc.code in ("AUTH_REQUIRED", "AUTH_FORBIDDEN", "NOT_FOUND"):
+                raise
+            sys.stderr.write(f"{exc.code}: {exc.message}\n")
+            continue
         render.human(response, sys.stdout, color=sys.stdout.isatty())
         sys.stdout.flush()
 
 
+WATCH_EPILOG = """\
+examples:
+  agents events watch                            everything, live
+  agents events watch --plan PLAN_ID --until-done
+  agents events watch --type plan.state_changed --type tool.completed --json
+  agents events watch --after 120                 resume after sequence 120
+
+In local mode it re-reads the database every half second, so it follows what other
+processes (another agents command, a server) record there."""
+
+
 def register(subparsers: Any) -> None:
-    groups = operations.register(subparsers, run_operation)
+    groups = operations.register(
+        subparsers, run_operation, extra_verbs={"events": ["watch"], "session": ["chat"]}
+    )
     verbs = groups["events"].get_default("verbs")
     watch_parser = verbs.add_parser(
         "watch",
         help="follow the event stream, resuming after dropped connections",
-        description="Follow events until interrupted (or, with --until-done, until the plan ends).",
+        description="Print events as they happen, until interrupted (or, with --until-done, "
+        "until the plan's run ends). A dropped connection or a server restart is resumed "
+        "after the last sequence printed: no event is lost or printed twice.",
+        epilog=WATCH_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    watch_parser.add_argument("--plan", metavar="PLAN_ID")
-    watch_parser.add_argument("--session", metavar="SESSION_ID")
+    watch_parser.add_argument("--plan", metavar="PLAN_ID", help="only this plan's events")
+    watch_parser.add_argument("--session", metavar="SESSION_ID", help="only this session's events")
     watch_parser.add_argument("--type", action="append", metavar="EVENT_TYPE", help="repeatable")
+    watch_parser.add_argument("--namespace", help="only this namespace")
     watch_parser.add_argument(
-        "--after", type=int, default=0, metavar="SEQ", help="resume after this sequence"
+        "--after",
+        type=int,
+        default=0,
+        metavar="SEQ",
+        help="start after this sequence (default: all retained)",
     )
-    watch_parser.add_argument("--until-done", action="store_true", help="stop when the plan's run ends")
-    add_options(watch_parser, suppress=True)
-    watch_parser.set_defaults(handler=lambda args: _run_async(args, lambda c, conn: watch(c, conn, args)))
+    watch_parser.add_argument(
+        "--until-done",
+        action="store_true",
+        help="with --plan: stop when its run ends (execute or apply settles, fails, is cancelled "
+        "or rolled back)",
+    )
+    add_options(watch_parser)
+
+    def run_watch(args: argparse.Namespace) -> int:
+        if args.until_done and not args.plan:
+            watch_parser.error("--until-done needs --plan")
+        return _run(args, _with_client(args, lambda client, conn: watch(client, conn, args)))
+
+    watch_parser.set_defaults(handler=run_watch, connects=True)
+
     session_verbs = groups["session"].get_default("verbs")
     chat_parser = session_verbs.add_parser(
-        "chat", help="a small REPL on top of session tell", description="Type messages; /quit or EOF ends."
+        "chat",
+        help="a small REPL on top of session tell",
+        description="Type messages to the session's orchestrator and read its replies; /quit or "
+        "end of input ends. Lines from a pipe work too.",
+        epilog="example:\n  agents session chat SESSION_ID",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     chat_parser.add_argument("session_id", metavar="SESSION_ID")
-    add_options(chat_parser, suppress=True)
-    chat_parser.set_defaults(handler=lambda args: _run_async(args, lambda c, conn: chat(c, conn, args)))
+    add_options(chat_parser)
+    chat_parser.set_defaults(
+        handler=lambda args: _run(args, _with_client(args, lambda client, conn: chat(client, conn, args))),
+        connects=True,
+    )

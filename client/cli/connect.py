@@ -35,28 +35,58 @@ def config_path() -> pathlib.Path:
     return pathlib.Path(base) / "cleveragents" / "acp.toml"
 
 
-def add_options(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
-    """Connection and output options; on subcommands too, so they may follow the command."""
-    default: Any = argparse.SUPPRESS if suppress else None
-    group = parser.add_argument_group("connection")
-    group.add_argument("--server", default=default, metavar="URL", help="HTTP(S) gateway URL [ACP_SERVER]")
-    group.add_argument("--token", default=default, help="bearer token for server mode [ACP_TOKEN]")
-    group.add_argument("--grpc", default=default, metavar="HOST:PORT", help="gRPC server address [ACP_GRPC]")
-    group.add_argument("--db", default=default, metavar="FILE", help="local mode database [ACP_DB]")
-    group.add_argument(
-        "--ca-cert", default=default, metavar="FILE", help="CA certificate for TLS [ACP_CA_CERT]"
-    )
-    group.add_argument(
-        "--acp-version", default=default, metavar="X.Y", help="ACP version to speak [ACP_VERSION]"
-    )
-    group.add_argument("--profile", default=default, help="profile of the config file [ACP_PROFILE]")
-    output = parser.add_argument_group("output")
-    output.add_argument(
-        "--json", action="store_true", default=default, help="print the response data as JSON"
-    )
-    output.add_argument(
-        "--envelope", action="store_true", default=default, help="print the whole JSON envelope"
-    )
+_CONNECTION: tuple[tuple[str, str | None, str], ...] = (
+    ("--server", "URL", "HTTP(S) gateway URL [ACP_SERVER]"),
+    ("--token", "TOKEN", "bearer token for server mode [ACP_TOKEN]"),
+    ("--grpc", "HOST:PORT", "gRPC server address [ACP_GRPC]"),
+    ("--db", "FILE", "local mode database [ACP_DB]"),
+    ("--ca-cert", "FILE", "CA certificate for TLS [ACP_CA_CERT]"),
+    ("--acp-version", "X.Y", "ACP version to speak [ACP_VERSION]"),
+    ("--profile", "NAME", "profile of the config file [ACP_PROFILE]"),
+)
+_OUTPUT: tuple[tuple[str, str | None, str], ...] = (
+    ("--json", None, "print the response data as JSON (for scripts)"),
+    ("--envelope", None, "print the whole ACP JSON envelope"),
+    ("--value", "PATH", "print only the value at PATH of the response data, e.g. plan.meta.id"),
+)
+
+
+GLOBAL_PREFIX = "global_"
+
+
+def add_options(
+    parser: argparse.ArgumentParser, *, top_level: bool = False, taken: frozenset[str] = frozenset()
+) -> None:
+    """Connection and output options, on each command that connects and on the top-level
+    parser (there under ``global_*`` names, so ``agents --server URL plan list`` works and
+    ``serve``'s own ``--db`` is not overwritten). Flags in ``taken`` (a request field of the
+    same name) are left to the top level."""
+    prefix = GLOBAL_PREFIX if top_level else ""
+    for title, options in (("connection", _CONNECTION), ("output", _OUTPUT)):
+        group = parser.add_argument_group(title)
+        for flag, var, text in options:
+            if flag in taken:
+                continue
+            dest = prefix + flag.removeprefix("--").replace("-", "_")
+            if var is None:
+                group.add_argument(flag, dest=dest, action="store_true", default=None, help=text)
+            else:
+                group.add_argument(flag, dest=dest, default=None, metavar=var, help=text)
+
+
+def option(args: argparse.Namespace, name: str) -> Any:
+    """An option's value, given after the command or before it."""
+    value = getattr(args, name, None)
+    return value if value is not None else getattr(args, GLOBAL_PREFIX + name, None)
+
+
+def given_globally(args: argparse.Namespace) -> list[str]:
+    """The options given before the command, as flags."""
+    return [
+        "--" + key.removeprefix(GLOBAL_PREFIX).replace("_", "-")
+        for key, value in vars(args).items()
+        if key.startswith(GLOBAL_PREFIX) and value is not None
+    ]
 
 
 @dataclass(frozen=True)
@@ -100,12 +130,15 @@ def _profile(name: str | None) -> dict[str, Any]:
 
 
 def resolve(args: argparse.Namespace) -> Connection:
-    profile = _profile(getattr(args, "profile", None) or os.environ.get("ACP_PROFILE"))
+    profile = _profile(option(args, "profile") or os.environ.get("ACP_PROFILE"))
     values: dict[str, str | None] = {}
     for key in SETTINGS:
-        flag = getattr(args, key, None)
+        flag = option(args, key)
         env = os.environ.get(f"ACP_{key.upper()}")
         values[key] = flag or env or profile.get(key)
     if values["server"] and values["grpc"]:
         raise ConfigError("give either a server URL or a gRPC address, not both")
+    server = values["server"]
+    if server and not server.startswith(("http://", "https://")):
+        raise ConfigError(f"server {server!r}: expected a URL such as http://127.0.0.1:8080")
     return Connection(**values)

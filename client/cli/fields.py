@@ -1,10 +1,11 @@
 """Command-line arguments derived from a request message's fields.
 
 Required identifiers (REQUIRED string fields) are positional, in field order; every other
-field is a ``--flag``: scalars take a value, bools are switches, repeated fields repeat,
-enums take their value name without the enum prefix, maps and Structs take ``key=value``
-(repeatable; Struct values parse as JSON when they can), and other messages take a
-``FILE.json|FILE.yaml|-`` (or inline JSON).
+field is a ``--flag`` (required when the field is): scalars take a value, bools are
+switches, repeated fields repeat, enums take their value name without the enum prefix,
+maps and Structs take ``KEY=VALUE`` (repeatable; Struct values parse as JSON when they
+can), and other messages, or a whole Struct, take ``FILE.json|FILE.yaml``, ``-`` for
+stdin, or inline JSON.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ _INTEGER_TYPES = {
     FD.TYPE_SINT64,
 }
 _FLOAT_TYPES = {FD.TYPE_DOUBLE, FD.TYPE_FLOAT}
+_DOCUMENT_METAVAR = "FILE|-|JSON"
 
 
 class InputError(Exception):
@@ -44,6 +46,7 @@ class InputError(Exception):
 class Argument:
     field: descriptor.FieldDescriptor
     positional: bool
+    required: bool
 
     @property
     def dest(self) -> str:
@@ -51,21 +54,29 @@ class Argument:
 
     @property
     def flag(self) -> str:
-        return "--" + self.field.name.replace("_", "-")
+        return flag_of(self.field)
 
 
-def _is_map(field: descriptor.FieldDescriptor) -> bool:
+def flag_of(field: descriptor.FieldDescriptor) -> str:
+    return "--" + field.name.replace("_", "-")
+
+
+def is_map(field: descriptor.FieldDescriptor) -> bool:
     return field.message_type is not None and field.message_type.GetOptions().map_entry
 
 
-def _enum_prefix(enum: descriptor.EnumDescriptor) -> str:
+def _is_struct(field: descriptor.FieldDescriptor) -> bool:
+    return field.message_type is not None and field.message_type.full_name == _STRUCT
+
+
+def enum_prefix(enum: descriptor.EnumDescriptor) -> str:
     names = [v.name for v in enum.values if v.number != 0]
     prefix = enum.values[0].name.removesuffix("UNSPECIFIED") if enum.values else ""
     return prefix if all(n.startswith(prefix) for n in names) else ""
 
 
 def enum_choices(enum: descriptor.EnumDescriptor) -> list[str]:
-    prefix = _enum_prefix(enum)
+    prefix = enum_prefix(enum)
     return [v.name.removeprefix(prefix).lower() for v in enum.values if v.number != 0]
 
 
@@ -73,20 +84,35 @@ def arguments(message: descriptor.Descriptor) -> list[Argument]:
     required = {f.name for f in required_fields(message)}
     result = []
     for field in message.fields:
-        positional = field.name in required and field.type == FD.TYPE_STRING and not field.is_repeated
-        result.append(Argument(field, positional))
+        is_required = field.name in required
+        positional = is_required and field.type == FD.TYPE_STRING and not field.is_repeated
+        result.append(Argument(field, positional, is_required))
     return result
 
 
-def _help(field: descriptor.FieldDescriptor) -> str:
-    if _is_map(field):
-        return "KEY=VALUE, repeatable"
+def metavar(field: descriptor.FieldDescriptor) -> str:
+    if is_map(field):
+        return "KEY=VALUE"
+    if _is_struct(field):
+        return "KEY=VALUE|FILE"
     if field.message_type is not None:
-        if field.message_type.full_name == _STRUCT:
-            return "KEY=VALUE (value parsed as JSON when it can be), repeatable; or @FILE.json|yaml, or -"
+        return "FIELDS" if field.message_type.full_name == _FIELD_MASK else _DOCUMENT_METAVAR
+    return field.name.upper()
+
+
+def _help(field: descriptor.FieldDescriptor) -> str:
+    if is_map(field):
+        return "repeatable"
+    if field.message_type is not None:
+        if _is_struct(field):
+            return (
+                "KEY=VALUE (the value parsed as JSON when it can be), repeatable; or the whole "
+                "object from FILE.json|yaml, - (stdin) or inline JSON"
+            )
         if field.message_type.full_name == _FIELD_MASK:
             return "comma-separated field names"
-        return f"{field.message_type.name} as FILE.json|FILE.yaml, - for stdin, or inline JSON"
+        many = "a list of " if field.is_repeated else ""
+        return f"{many}{field.message_type.name} from FILE.json|yaml, - (stdin) or inline JSON"
     if field.enum_type is not None:
         return "one of: " + ", ".join(enum_choices(field.enum_type))
     return "repeatable" if field.is_repeated else ""
@@ -99,18 +125,21 @@ def add_arguments(parser: argparse.ArgumentParser, message: descriptor.Descripto
         if arg.positional:
             parser.add_argument(arg.dest, metavar=field.name.upper(), help=f"{field.name} (required)")
             continue
-        kwargs: dict[str, Any] = {"dest": arg.dest, "help": _help(field) or None, "default": None}
+        kwargs: dict[str, Any] = {
+            "dest": arg.dest,
+            "help": _help(field) or None,
+            "default": None,
+            "metavar": metavar(field),
+        }
+        if arg.required:
+            kwargs["required"] = True
         if field.type == FD.TYPE_BOOL and not field.is_repeated:
-            kwargs.update(action="store_true", default=None)
-        elif _is_map(field) or field.is_repeated or field.message_type is not None:
-            if field.message_type is None or _is_map(field) or field.message_type.full_name == _STRUCT:
-                kwargs["action"] = "append"
-            kwargs["metavar"] = "VALUE"
+            kwargs.update(action="store_true")
+            del kwargs["metavar"]
+        elif is_map(field) or _is_struct(field) or (field.is_repeated and field.message_type is None):
+            kwargs["action"] = "append"
         elif field.enum_type is not None:
             kwargs["choices"] = enum_choices(field.enum_type)
-            kwargs["metavar"] = field.name.upper()
-        else:
-            kwargs["metavar"] = field.name.upper()
         parser.add_argument(arg.flag, **kwargs)
     return args
 
@@ -122,14 +151,14 @@ def _scalar(field: descriptor.FieldDescriptor, text: str) -> Any:
         if field.type in _FLOAT_TYPES:
             return float(text)
     except ValueError:
-        raise InputError(f"--{field.name.replace('_', '-')}: {text!r} is not a number") from None
+        raise InputError(f"{flag_of(field)}: {text!r} is not a number") from None
     if field.enum_type is not None:
-        return _enum_prefix(field.enum_type) + text.upper()
+        return enum_prefix(field.enum_type) + text.upper()
     return text
 
 
 def read_document(source: str, what: str) -> Any:
-    """JSON or YAML from a file, stdin (``-``) or inline text."""
+    """JSON or YAML from a file (``@`` prefix optional), stdin (``-``) or inline text."""
     if source == "-":
         text = sys.stdin.read()
     elif source.lstrip().startswith(("{", "[")):
@@ -138,8 +167,9 @@ def read_document(source: str, what: str) -> Any:
         path = pathlib.Path(source.removeprefix("@"))
         try:
             text = path.read_text()
-        except OSError as exc:
-            raise InputError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise InputError(f"{what}: cannot read {path}: {reason}") from None
     try:
         return json.loads(text)
     except ValueError:
@@ -147,7 +177,33 @@ def read_document(source: str, what: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise InputError(f"{what}: not valid JSON or YAML: {exc}") from None
+        raise InputError(f"{what}: not valid JSON or YAML: {' '.join(str(exc).split())}") from None
+
+
+def _document(field: descriptor.FieldDescriptor, source: str) -> Any:
+    """A message (or list of messages) from a document. A document shaped like the response
+    that printed it, ``{"<field>": value}`` (what ``--json`` shows), is accepted too."""
+    flag = flag_of(field)
+    value = read_document(source, flag)
+    assert field.message_type is not None
+    if (
+        isinstance(value, dict)
+        and list(value) == [field.name]
+        and field.name not in field.message_type.fields_by_name
+    ):
+        value = value[field.name]
+    if field.is_repeated:
+        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+            raise InputError(f"{flag}: expected a list of objects ({field.message_type.name})")
+    elif not isinstance(value, dict):
+        kind = "nothing" if value is None else f"a {type(value).__name__}"
+        raise InputError(f"{flag}: expected an object ({field.message_type.name}), got {kind}")
+    return value
+
+
+def _names_document(value: str) -> bool:
+    """``-``, ``@FILE``, inline JSON, or a bare path (no ``=``): a whole Struct, not KEY=VALUE."""
+    return value == "-" or value.startswith("@") or value.lstrip().startswith("{") or "=" not in value
 
 
 def _key_values(field: descriptor.FieldDescriptor, items: Sequence[str], parse_json: bool) -> dict[str, Any]:
@@ -155,7 +211,7 @@ def _key_values(field: descriptor.FieldDescriptor, items: Sequence[str], parse_j
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise InputError(f"--{field.name.replace('_', '-')}: expected KEY=VALUE, got {item!r}")
+            raise InputError(f"{flag_of(field)}: expected KEY=VALUE, got {item!r}")
         if parse_json:
             try:
                 result[key] = json.loads(value)
@@ -167,21 +223,17 @@ def _key_values(field: descriptor.FieldDescriptor, items: Sequence[str], parse_j
 
 
 def _value(field: descriptor.FieldDescriptor, raw: Any) -> Any:
-    flag = "--" + field.name.replace("_", "-")
-    if _is_map(field):
+    if is_map(field):
         return _key_values(field, raw, parse_json=False)
     if field.message_type is not None:
         full_name = field.message_type.full_name
         if full_name == _STRUCT:
-            if len(raw) == 1 and (raw[0] == "-" or raw[0].startswith("@") or raw[0].lstrip().startswith("{")):
-                document = read_document(raw[0], flag)
-                if not isinstance(document, dict):
-                    raise InputError(f"{flag}: expected an object")
-                return document
+            if len(raw) == 1 and _names_document(raw[0]):
+                return _document(field, raw[0])
             return _key_values(field, raw, parse_json=True)
         if full_name == _FIELD_MASK:
             return raw
-        return read_document(raw, flag)
+        return _document(field, raw)
     if field.is_repeated:
         return [_scalar(field, item) for item in raw]
     return _scalar(field, raw)
@@ -196,3 +248,40 @@ def params(args: argparse.Namespace, spec: Sequence[Argument]) -> dict[str, Any]
             continue
         result[arg.field.name] = raw if arg.field.type == FD.TYPE_BOOL else _value(arg.field, raw)
     return result
+
+
+def _type_name(field: descriptor.FieldDescriptor) -> str:
+    if is_map(field):
+        return "{KEY: VALUE}"
+    if field.message_type is not None:
+        name = "object" if _is_struct(field) else field.message_type.name
+    elif field.enum_type is not None:
+        name = " | ".join(enum_choices(field.enum_type))
+    else:
+        name = {FD.TYPE_BOOL: "true | false", FD.TYPE_STRING: "string", FD.TYPE_BYTES: "base64"}.get(
+            field.type, "number"
+        )
+    return f"[{name}]" if field.is_repeated else name
+
+
+def skeleton(message: descriptor.Descriptor, indent: str = "  ", depth: int = 3) -> list[str]:
+    """The fields of a message as an indented YAML-like outline, for ``--help``."""
+    lines = []
+    for field in message.fields:
+        lines.append(f"{indent}{field.name}: {_type_name(field)}")
+        nested = field.message_type
+        expand = nested is not None and nested.full_name not in (_STRUCT, _FIELD_MASK)
+        if expand and nested is not None and depth > 1 and not is_map(field):
+            lines += skeleton(nested, indent + "  ", depth - 1)
+    return lines
+
+
+def documents(message: descriptor.Descriptor) -> list[descriptor.FieldDescriptor]:
+    """The fields that take a whole message from a document (their shape goes in --help)."""
+    return [
+        f
+        for f in message.fields
+        if f.message_type is not None
+        and not is_map(f)
+        and f.message_type.full_name not in (_STRUCT, _FIELD_MASK)
+    ]

@@ -7,22 +7,89 @@ A command module has ``register(subparsers)`` that adds its parsers and sets
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any, NoReturn
 
 from cleveragents.acp.client.cli import calls, serve, tokens
+from cleveragents.acp.client.cli.connect import add_options, given_globally
+from cleveragents.acp.facade.contract.errors import TABLE
 
 COMMANDS: tuple[ModuleType, ...] = (serve, tokens, calls)
 
+_INVALID_CHOICE = re.compile(r"argument (?:COMMAND|VERB): invalid choice: '([^']*)'")
+_MISSING_COMMAND = re.compile(r"the following arguments are required: (?:COMMAND|VERB)")
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+
+def epilog() -> str:
+    codes = sorted(mapping.exit_code for mapping in TABLE.values())
+    return f"""\
+local mode (the default) runs in this process on a SQLite file: --db FILE or ACP_DB.
+--server URL --token TOKEN (HTTP) or --grpc HOST:PORT talk to a server (`agents serve`).
+Connection and output options go before or after the command.
+
+examples:
+  agents session create --title demo            create a session (local mode)
+  agents session tell SESSION_ID /help          talk to its orchestrator
+  agents resource add site --spec '{{"type": "directory", "path": "/srv/site"}}'
+  agents action add --help                      the fields an action's --spec takes
+  agents plan use ACTION PROJECT --inputs name=World --value plan.meta.id
+  agents plan execute PLAN_ID --wait            run it; then plan diff, plan apply
+  agents events watch --plan PLAN_ID --until-done
+  agents plan list --json                       JSON of the response data, for scripts
+  agents --server http://127.0.0.1:8080 --token TOKEN plan list
+  agents serve                                  run the server (docs/server.md)
+
+exit status: 0 success, 2 bad usage, {codes[0]}-{codes[-1]} one per ACP error code,
+{calls.EXIT_UNREACHABLE} server unreachable, {calls.EXIT_INTERRUPTED} interrupted (docs/cli.md)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """Reports a mistake in the (sub)command that has it, with that command's usage: an
+    unknown argument, an unknown command (with a suggestion), a missing one (with the help)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+    def _commands(self) -> list[str]:
+        for action in self._actions:
+            if isinstance(action.choices, dict):
+                return list(action.choices)
+        return []
+
+    def error(self, message: str) -> NoReturn:
+        if _MISSING_COMMAND.match(message):
+            self.print_help(sys.stderr)
+            self.exit(2, f"\n{self.prog}: error: {message}\n")
+        invalid = _INVALID_CHOICE.match(message)
+        if invalid:
+            word = invalid.group(1)
+            close = difflib.get_close_matches(word, self._commands(), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            message = f"unknown command {word!r}{hint}; see '{self.prog} --help'"
+        super().error(message)
+
+
+def build_parser() -> Parser:
+    parser = Parser(
         prog="agents",
-        description="CleverAgents ACP: run the server, manage tokens, call operations.",
+        usage="%(prog)s [options] COMMAND ...",
+        description="CleverAgents ACP: every ACP operation as `agents GROUP VERB`, in-process or "
+        "against a server; and the server itself.",
+        epilog=epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_options(parser, top_level=True)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, prog="agents")
     for module in COMMANDS:
         module.register(subparsers)
     return parser
@@ -31,12 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    misplaced = given_globally(args)
+    if misplaced and not getattr(args, "connects", False):
+        parser.error(f"{', '.join(misplaced)}: only for commands that call operations")
     logging.basicConfig(
         level=getattr(args, "log_level", "warning").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    status: int = args.handler(args)
+    handler: Any = args.handler
+    status: int = handler(args)
     return status
 
 

@@ -1,7 +1,7 @@
 """One command per catalog operation: ``agents <group> <verb>``.
 
-Groups, verbs, arguments and help come from the catalog and the request descriptors, so
-an RPC added to the proto is a command with no code here.
+Groups, verbs, arguments, help and examples come from the catalog and the request
+descriptors, so an RPC added to the proto is a command with no code here.
 """
 
 from __future__ import annotations
@@ -10,23 +10,67 @@ import argparse
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
+from google.protobuf import message
 from google.protobuf.descriptor import Descriptor
 
 from cleveragents.acp.client.cli import fields
 from cleveragents.acp.client.cli.connect import add_options
-from cleveragents.acp.facade.contract import catalog
+from cleveragents.acp.facade.contract import catalog, codec
 from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.facade.contract.errors import ACPError
 
-Runner = Callable[[Operation, list[fields.Argument], argparse.Namespace], int]
+# Runs one operation's request (already checked) and returns the exit status.
+Runner = Callable[[Operation, message.Message, argparse.Namespace], int]
+_OPTION_FLAGS = frozenset(
+    {"--server", "--token", "--grpc", "--db", "--ca-cert", "--acp-version", "--profile"}
+    | {"--json", "--envelope", "--value"}
+)
 
 
 def cli_name(group: str) -> str:
     return group.replace("_", "-")
 
 
+def request_descriptor(op: Operation) -> Descriptor:
+    return cast(Descriptor, op.request_type.DESCRIPTOR)
+
+
+def example(op: Operation) -> str:
+    """The shortest complete call: positionals and required flags as placeholders."""
+    return " ".join(["agents", cli_name(op.group), op.verb, *_required_words(op)])
+
+
+def _required_words(op: Operation) -> list[str]:
+    words: list[str] = []
+    for arg in fields.arguments(request_descriptor(op)):
+        if arg.positional:
+            words.append(arg.field.name.upper())
+        elif arg.required:
+            words += [arg.flag, fields.metavar(arg.field)]
+    return words
+
+
 def _description(op: Operation) -> str:
     route = f"{op.http.method} {op.http.path}"
-    return f"{op.summary}\n\nACP operation {op.name} (since {op.since}); REST: {route}."
+    stream = " It streams its results until interrupted." if op.server_streaming else ""
+    return f"{op.summary}{stream}\n\nACP operation {op.name} (since {op.since}); REST: {route}."
+
+
+def _epilog(op: Operation) -> str:
+    lines = ["example:", f"  {example(op)}"]
+    for field in fields.documents(request_descriptor(op)):
+        assert field.message_type is not None
+        many = "a list of " if field.is_repeated else ""
+        lines += ["", f"{fields.flag_of(field)} takes {many}{field.message_type.name} (JSON or YAML):"]
+        lines += fields.skeleton(field.message_type)
+    return "\n".join(lines)
+
+
+def _group_epilog(ops: list[Operation]) -> str:
+    lines = ["examples:"]
+    lines += [f"  {example(op)}" for op in sorted(ops, key=lambda o: o.verb)]
+    lines.append("\nEach VERB's --help shows its options and the shape of its documents.")
+    return "\n".join(lines)
 
 
 def groups(operations: Iterable[Operation]) -> dict[str, list[Operation]]:
@@ -36,32 +80,58 @@ def groups(operations: Iterable[Operation]) -> dict[str, list[Operation]]:
     return by_group
 
 
+def _handler(op: Operation, spec: list[fields.Argument], parser: argparse.ArgumentParser, run: Runner) -> Any:
+    def handle(args: argparse.Namespace) -> int:
+        """Bad input is found here, before any connection: usage and exit 2."""
+        try:
+            request = codec.from_dict(fields.params(args, spec), op.request_type)
+        except fields.InputError as exc:
+            parser.error(str(exc))
+        except ACPError as exc:
+            parser.error(exc.message)
+        return run(op, request, args)
+
+    return handle
+
+
 def register(
     subparsers: Any,
     run: Runner,
     *,
     operations: Iterable[Operation] | None = None,
+    extra_verbs: dict[str, list[str]] | None = None,
     formatter: type[argparse.HelpFormatter] = argparse.RawDescriptionHelpFormatter,
 ) -> dict[str, argparse.ArgumentParser]:
     """Add a parser per group and a sub-parser per verb; returns the group parsers so
-    callers can add verbs of their own (``events watch``, ``session chat``)."""
+    callers can add verbs of their own (``events watch``, ``session chat``), named in
+    ``extra_verbs`` for the overview."""
     group_parsers: dict[str, argparse.ArgumentParser] = {}
+    extra = extra_verbs or {}
     for group, ops in sorted(groups(operations or catalog.OPERATIONS.values()).items()):
-        aliases = [group] if cli_name(group) != group else []
         group_parser = subparsers.add_parser(
             cli_name(group),
-            aliases=aliases,
-            help=f"{group} operations: {', '.join(op.verb for op in ops)}",
+            help=f"{group}: {', '.join(sorted([op.verb for op in ops] + extra.get(group, [])))}",
+            description=f"The {group}.* operations of ACP.",
+            epilog=_group_epilog(ops),
             formatter_class=formatter,
         )
+        if cli_name(group) != group:
+            # The operation's own spelling works too, without a second entry in the help.
+            subparsers._name_parser_map[group] = group_parser
         verbs = group_parser.add_subparsers(dest="verb", metavar="VERB", required=True)
         for op in sorted(ops, key=lambda o: o.verb):
             parser = verbs.add_parser(
-                op.verb, help=op.summary, description=_description(op), formatter_class=formatter
+                op.verb,
+                usage=" ".join(["%(prog)s", *_required_words(op), "[options]"]),
+                help=op.summary,
+                description=_description(op),
+                epilog=_epilog(op),
+                formatter_class=formatter,
             )
-            spec = fields.add_arguments(parser, cast(Descriptor, op.request_type.DESCRIPTOR))
-            add_options(parser, suppress=True)
-            parser.set_defaults(handler=lambda args, op=op, spec=spec: run(op, spec, args))
+            spec = fields.add_arguments(parser, request_descriptor(op))
+            taken = frozenset(arg.flag for arg in spec) & _OPTION_FLAGS
+            add_options(parser, taken=taken)
+            parser.set_defaults(handler=_handler(op, spec, parser, run), connects=True)
         group_parsers[group] = group_parser
         group_parser.set_defaults(verbs=verbs)
     return group_parsers

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import yaml
 from google.protobuf import descriptor, message
 
-from cleveragents.acp.client.cli.fields import enum_choices
+from cleveragents.acp.client.cli.fields import enum_choices, enum_prefix, is_map
 from cleveragents.acp.facade.contract import codec
-from cleveragents.acp.v1 import plan_pb2, session_pb2
+from cleveragents.acp.v1 import events_pb2, plan_pb2, session_pb2
 
 FD = descriptor.FieldDescriptor
 _RED, _GREEN, _CYAN, _BOLD, _DIM, _RESET = "\x1b[31m", "\x1b[32m", "\x1b[36m", "\x1b[1m", "\x1b[2m", "\x1b[0m"
@@ -60,7 +60,7 @@ def _columns(item: descriptor.Descriptor) -> list[tuple[str, Callable[[Any], str
     if "name" not in fields and "meta" in fields:
         columns.append(("id", lambda m: m.meta.id))
     for field in item.fields:
-        if field.is_repeated or (field.message_type is not None and field.name != "progress"):
+        if field.is_repeated or field.message_type is not None:
             continue
         columns.append((field.name, _field_cell(field)))
     if "meta" in fields:
@@ -142,6 +142,27 @@ def replies(response: session_pb2.TellSessionResponse, out: TextIO, style: Style
         out.write(reply.content.rstrip("\n") + "\n")
 
 
+def readable(data: Any, desc: descriptor.Descriptor) -> dict[str, Any]:
+    """Proto JSON for people: empty values left out, enum values without their prefix."""
+    result: dict[str, Any] = {}
+    for field in desc.fields:
+        value = data.get(field.name)
+        if value is None or value == "" or value == [] or value == {}:
+            continue
+        nested = field.message_type
+        if nested is not None and not is_map(field) and not nested.full_name.startswith("google.protobuf."):
+            value = [readable(v, nested) for v in value] if field.is_repeated else readable(value, nested)
+        elif field.enum_type is not None:
+            prefix = enum_prefix(field.enum_type)
+
+            def short(name: Any, prefix: str = prefix) -> Any:
+                return name.removeprefix(prefix).lower() if isinstance(name, str) else name
+
+            value = [short(v) for v in value] if field.is_repeated else short(value)
+        result[field.name] = value
+    return result
+
+
 def _yaml(data: Any, out: TextIO) -> None:
     out.write(
         yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=shutil.get_terminal_size().columns)
@@ -182,4 +203,52 @@ def human(response: message.Message, out: TextIO, *, color: bool) -> None:
         if token:
             out.write(style(_DIM, f"more: --page-token {token}") + "\n")
         return
-    _yaml(codec.to_dict(response), out)
+    _yaml(readable(codec.to_dict(response), cast(descriptor.Descriptor, response.DESCRIPTOR)), out)
+
+
+def _phase(number: int) -> str:
+    return short_enum(events_pb2.PlanStateChanged.DESCRIPTOR.fields_by_name["phase"], number)
+
+
+def _state(number: int) -> str:
+    return short_enum(events_pb2.PlanStateChanged.DESCRIPTOR.fields_by_name["to_state"], number)
+
+
+def describe(event: events_pb2.Event) -> str:
+    """What an event says, in a few words, for one line of ``events watch`` or progress."""
+    kind = event.WhichOneof("payload")
+    detail = ""
+    if kind == "tool_invoked":
+        detail = f"{event.tool_invoked.tool} ({event.tool_invoked.step_id})"
+    elif kind == "tool_completed":
+        done = event.tool_completed
+        result = "ok" if done.ok else f"error: {done.error.message}"
+        detail = f"{done.tool} {result} in {done.duration_ms:.0f} ms"
+    elif kind == "plan_state_changed":
+        change = event.plan_state_changed
+        detail = f"{_phase(change.phase)}: {_state(change.from_state) or '-'} -> {_state(change.to_state)}"
+    elif kind == "plan_phase_changed":
+        detail = f"-> {_phase(event.plan_phase_changed.to_phase)}"
+    elif kind == "validation_completed":
+        check = event.validation_completed
+        detail = f"{check.validation} {'passed' if check.passed else 'failed: ' + '; '.join(check.messages)}"
+    elif kind == "plan_decision_made":
+        detail = f"{event.plan_decision_made.node.question} -> {event.plan_decision_made.node.choice}"
+    elif kind == "session_message":
+        content = event.session_message.message.content
+        detail = content.splitlines()[0] if content else ""
+    elif kind == "plan_error":
+        detail = f"{event.plan_error.error.code}: {event.plan_error.error.message}"
+    ids = " ".join(
+        part
+        for part in (
+            event.plan_id and f"plan={event.plan_id}",
+            event.session_id and f"session={event.session_id}",
+        )
+        if part
+    )
+    return f"{event.type:<22} {detail}  {ids}".rstrip()
+
+
+def event_line(event: events_pb2.Event) -> str:
+    return f"{event.sequence:>6}  {describe(event)}"

@@ -1,0 +1,180 @@
+"""``events watch`` over a server that is killed and restarted (HTTP and gRPC at once), in
+local mode following another process, and the live progress of ``plan execute --wait``."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import pty
+import selectors
+import signal
+import subprocess
+import threading
+import time
+
+from cleveragents.acp.client.cli.calls import EXIT_INTERRUPTED
+from tests.client.cli.conftest import CLI_TIMEOUT, Cli, clean_env
+from tests.client.cli.test_flows import ACTION_SPEC
+from tests.server_process import Tokens, agents_command, start_server
+
+WAIT = 30.0
+
+
+class Lines:
+    """Reads a child's stdout line by line, each wait bounded."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        self.process = process
+        self.fd = process.stdout.fileno()
+        self.buffer = b""
+        self.lines: list[str] = []
+
+    def until(self, count: int, timeout: float = WAIT) -> list[str]:
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.fd, selectors.EVENT_READ)
+            while len(self.lines) < count:
+                remaining = deadline - time.monotonic()
+                assert remaining > 0, f"only {self.lines}"
+                if not selector.select(remaining):
+                    continue
+                chunk = os.read(self.fd, 65536)
+                assert chunk, f"watch ended early: {self.lines}"
+                self.buffer += chunk
+                *complete, self.buffer = self.buffer.split(b"\n")
+                self.lines += [line.decode() for line in complete]
+        return self.lines
+
+
+def _watch(args: list[str], env: dict[str, str], stderr: pathlib.Path) -> subprocess.Popen[bytes]:
+    with stderr.open("w") as err:
+        return subprocess.Popen(
+            agents_command("events", "watch", *args), env=env, stdout=subprocess.PIPE, stderr=err
+        )
+
+
+def _stop(process: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> int:
+    if process.poll() is None:
+        process.send_signal(sig)
+    try:
+        return process.wait(CLI_TIMEOUT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def test_watch_resumes_after_the_server_is_killed_and_restarted(tmp_path: pathlib.Path) -> None:
+    tokens = Tokens.create(tmp_path)
+    server = start_server(tmp_path, tokens=tokens.path, name="acp")
+    http_port, grpc_port = server.http.rsplit(":", 1)[1], server.grpc_target.rsplit(":", 1)[1]
+    env = {**clean_env(tmp_path), "ACP_TOKEN": tokens.tokens["root"]}
+    remote = Cli("http", {**env, "ACP_SERVER": server.http}, tmp_path)
+    local = Cli("local", {**clean_env(tmp_path), "ACP_DB": str(tmp_path / "acp.db")}, tmp_path)
+    watchers = [
+        _watch(["--json", "--server", server.http], env, tmp_path / "http.err"),
+        _watch(["--json", "--grpc", server.grpc_target], env, tmp_path / "grpc.err"),
+    ]
+    try:
+        session_id = remote("session", "create", "--value", "session.meta.id").out.strip()
+        remote("session", "tell", session_id, "one")
+        readers = [Lines(w) for w in watchers]
+        for reader in readers:
+            reader.until(2)
+        assert server.stop(signal.SIGKILL) == -signal.SIGKILL
+        # While the server is down its database moves on; the watchers must get these too.
+        local("session", "tell", session_id, "two")
+        server = start_server(
+            tmp_path, "--http-port", http_port, "--grpc-port", grpc_port, tokens=tokens.path, name="acp"
+        )
+        remote("session", "tell", session_id, "three")
+        for reader, name in zip(readers, ("http", "grpc"), strict=True):
+            events = [json.loads(line)["event"] for line in reader.until(6)]
+            assert [int(e["sequence"]) for e in events] == [1, 2, 3, 4, 5, 6], name
+            said = [e["session_message"]["message"]["content"] for e in events[::2]]
+            assert said == ["one", "two", "three"], name
+    finally:
+        statuses = [_stop(w) for w in watchers]
+        server.stop()
+    assert statuses == [EXIT_INTERRUPTED, EXIT_INTERRUPTED]
+    for name in ("http", "grpc"):
+        err = (tmp_path / f"{name}.err").read_text()
+        assert "reconnecting to resume after sequence 2" in err, err
+        assert "Traceback" not in err, err
+    assert len(readers[0].lines) == 6
+    assert readers[0].buffer == b""
+
+
+def _plan(cli: Cli) -> str:
+    site = cli.cwd / "site"
+    site.mkdir()
+    (site / "notes.txt").write_text("a draft\n")
+    (cli.cwd / "action.yaml").write_text(ACTION_SPEC)
+    cli("resource", "add", "site", "--spec", json.dumps({"type": "directory", "path": str(site)}))
+    cli("project", "add", "demo", "--spec", '{"resources": ["site"]}')
+    cli("action", "add", "greet", "--spec", "action.yaml")
+    return cli(
+        "plan", "use", "greet", "demo", "--inputs", "name=World", "--value", "plan.meta.id"
+    ).out.strip()
+
+
+def test_local_watch_follows_another_process_until_the_run_ends(local_cli: Cli) -> None:
+    plan_id = _plan(local_cli)
+    watcher = _watch(["--plan", plan_id, "--until-done"], local_cli.env, local_cli.cwd / "watch.err")
+    try:
+        reader = Lines(watcher)
+        reader.until(1)
+        local_cli("plan", "execute", plan_id)
+        assert watcher.wait(WAIT) == 0
+        assert watcher.stdout is not None
+        reader.lines += [line.decode() for line in (reader.buffer + watcher.stdout.read()).splitlines()]
+    finally:
+        _stop(watcher)
+    sequences = [int(line.split()[0]) for line in reader.lines]
+    assert sequences == sorted(set(sequences))
+    kinds = [line.split()[1] for line in reader.lines]
+    assert kinds[0] == "plan.created"
+    assert kinds.count("tool.completed") == 2
+    assert "execute: running -> succeeded" in reader.lines[-1]
+    assert (local_cli.cwd / "watch.err").read_text() == ""
+
+
+def test_execute_wait_shows_live_progress_on_a_terminal(local_cli: Cli) -> None:
+    plan_id = _plan(local_cli)
+    primary, secondary = pty.openpty()
+    shown: list[bytes] = []
+
+    def read_terminal() -> None:
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            shown.append(chunk)
+
+    reader = threading.Thread(target=read_terminal, daemon=True)
+    reader.start()
+    try:
+        process = subprocess.Popen(
+            agents_command("plan", "execute", plan_id, "--wait"),
+            env=local_cli.env,
+            stdout=subprocess.PIPE,
+            stderr=secondary,
+        )
+        os.close(secondary)
+        out, _ = process.communicate(timeout=CLI_TIMEOUT)
+        reader.join(WAIT)
+    finally:
+        os.close(primary)
+    assert process.returncode == 0
+    progress = b"".join(shown).decode()
+    assert "tool.invoked" in progress, progress
+    assert "tool.completed" in progress, progress
+    assert "execute: running -> succeeded" in progress
+    assert b"state: succeeded" in out
+    assert b"\x1b[" not in out

@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import pathlib
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -55,7 +57,10 @@ def open_client(conn: Connection) -> ACPClient:
 
         verify: Any = ssl.create_default_context(cafile=conn.ca_cert) if conn.ca_cert else True
         http = httpx.AsyncClient(
-            base_url=conn.server, verify=verify, timeout=httpx.Timeout(60.0, connect=5.0)
+            # No read limit: `plan execute --wait` answers when the run ends, however long.
+            base_url=conn.server,
+            verify=verify,
+            timeout=httpx.Timeout(None, connect=5.0),
         )
         transport = HTTPTransport(http, owns_client=True)
     elif conn.grpc:
@@ -63,11 +68,40 @@ def open_client(conn: Connection) -> ACPClient:
 
         transport = GrpcTransport.connect(conn.grpc, tls=ca is not None, root_certificates=ca)
     else:
-        from cleveragents.acp.client.local import LocalTransport
-        from cleveragents.acp.facade.factory import open_facade
+        import sqlite3
 
-        transport = LocalTransport(open_facade(conn.db), owns_facade=True)
+        from cleveragents.acp.client.local import LocalTransport
+        from cleveragents.acp.facade.factory import default_db_path, open_facade
+
+        try:
+            facade = open_facade(conn.db)
+        except (sqlite3.Error, OSError, ValueError) as exc:
+            raise LocalStoreError(
+                f"cannot open the local database {conn.db or default_db_path()}: {exc}"
+            ) from exc
+        transport = LocalTransport(facade, owns_facade=True)
     return ACPClient(transport, acp_version=conn.acp_version, token=conn.token)
+
+
+class LocalStoreError(Exception):
+    """Local mode cannot open its database (exit 12, like a server that cannot be reached)."""
+
+
+def _reason(exc: ACPError) -> str:
+    """The short cause of a failed connection: "Connection refused", "Name or service not
+    known": the innermost OS error behind the transport's, else the end of its message."""
+    reason = ""
+    cause: BaseException | None = exc
+    for _ in range(10):
+        if cause is None:
+            break
+        if isinstance(cause, OSError) and (cause.strerror or cause.errno):
+            reason = os.strerror(cause.errno) if cause.errno and cause.errno > 0 else str(cause.strerror)
+        cause = cause.__cause__ or cause.__context__
+    if reason:
+        return reason
+    text = exc.message.rsplit(": ", 1)[-1]
+    return re.sub(r"^\[Errno -?\d+\]\s*", "", text).strip(" []")
 
 
 def call_options(conn: Connection) -> CallOptions:
@@ -85,10 +119,13 @@ def is_unreachable(exc: ACPError) -> bool:
 def fail(exc: BaseException, conn: Connection | None, err: TextIO) -> int:
     if isinstance(exc, ACPError):
         if conn is not None and (conn.server or conn.grpc) and is_unreachable(exc):
-            err.write(f"UNAVAILABLE: cannot reach the ACP server at {conn.where}\n")
+            err.write(f"UNAVAILABLE: cannot reach the ACP server at {conn.where} ({_reason(exc)})\n")
             return EXIT_UNREACHABLE
         err.write(f"{exc.code}: {exc.message}\n")
         return errors.exit_code(exc.code)
+    if isinstance(exc, LocalStoreError):
+        err.write(f"UNAVAILABLE: {exc}\n")
+        return EXIT_UNREACHABLE
     if isinstance(exc, ConfigError):
         err.write(f"agents: error: {exc}\n")
         return EXIT_USAGE
@@ -243,7 +280,7 @@ def _run(args: argparse.Namespace, body: Callable[[Connection], Coroutine[Any, A
     except OutputError as exc:
         sys.stderr.write(f"agents: error: {exc}\n")
         return EXIT_USAGE
-    except (ACPError, ConfigError, OSError) as exc:
+    except (ACPError, ConfigError, LocalStoreError, OSError) as exc:
         return fail(exc, conn, sys.stderr)
 
 

@@ -117,5 +117,13 @@ def test_unreachable_server_is_one_line_and_exit_12(
     flag = "--server" if mode == "http" else "--grpc"
     result = cli(*command, flag, address, "--token", "t", expect=EXIT_UNREACHABLE)
     expected = address if mode == "http" else f"grpc://{address}"
-    assert result.err == f"UNAVAILABLE: cannot reach the ACP server at {expected}\n"
+    assert result.err.startswith(f"UNAVAILABLE: cannot reach the ACP server at {expected} (")
+    assert "refused" in result.err
+    assert len(result.err.splitlines()) == 1
     assert result.out == ""
+
+
+def test_unusable_local_database_is_one_line_and_exit_12(local_cli: Cli) -> None:
+    (local_cli.cwd / "garbage.db").write_text("not a database")
+    result = local_cli("session", "list", "--db", "garbage.db", expect=EXIT_UNREACHABLE)
+    assert result.err == "UNAVAILABLE: cannot open the local database garbage.db: file is not a database\n"

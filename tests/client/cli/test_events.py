@@ -127,7 +127,9 @@ def test_local_watch_follows_another_process_until_the_run_ends(local_cli: Cli) 
     try:
         reader = Lines(watcher)
         reader.until(1)
+        # Local mode: the command returns once the background run it started is over.
         local_cli("plan", "execute", plan_id)
+        assert local_cli("plan", "status", plan_id, "--value", "plan.state").out == "PLAN_STATE_SUCCEEDED\n"
         assert watcher.wait(WAIT) == 0
         assert watcher.stdout is not None
         reader.lines += [line.decode() for line in (reader.buffer + watcher.stdout.read()).splitlines()]
@@ -178,3 +180,37 @@ def test_execute_wait_shows_live_progress_on_a_terminal(local_cli: Cli) -> None:
     assert "execute: running -> succeeded" in progress
     assert b"state: succeeded" in out
     assert b"\x1b[" not in out
+
+
+def test_ctrl_c_interrupts_a_local_run(local_cli: Cli) -> None:
+    (local_cli.cwd / "site").mkdir()
+    local_cli(
+        "resource",
+        "add",
+        "site",
+        "--spec",
+        json.dumps({"type": "directory", "path": str(local_cli.cwd / "site")}),
+    )
+    local_cli("project", "add", "demo", "--spec", '{"resources": ["site"]}')
+    local_cli("tool", "add", "nap", "--spec", '{"argv": ["sleep", "30"]}')
+    local_cli("automation-profile", "add", "slow", "--spec", '{"allowed_tools": ["nap"]}')
+    spec = {"actor": "scripted", "automation_profile": "slow", "steps": [{"id": "nap", "tool": "nap"}]}
+    local_cli("action", "add", "nap", "--spec", json.dumps(spec))
+    plan_id = local_cli("plan", "use", "nap", "demo", "--value", "plan.meta.id").out.strip()
+    process = subprocess.Popen(
+        agents_command("plan", "execute", plan_id, "--value", "plan.state"),
+        env=local_cli.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        # A child of a non-interactive shell may inherit SIGINT ignored; Ctrl-C must reach it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    lines = Lines(process)
+    assert lines.until(1) == ["PLAN_STATE_RUNNING"]
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=WAIT)
+    assert process.returncode == EXIT_INTERRUPTED
+    assert b"Traceback" not in err
+    status = json.loads(local_cli("plan", "status", plan_id, "--json").out)["plan"]
+    assert status["state"] == "PLAN_STATE_FAILED"
+    assert status["last_error"]["code"] == "interrupted"

@@ -6,6 +6,7 @@ Every refusal is an ``ACPError`` (INVALID_PARAMS naming the field), never a fram
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
@@ -18,6 +19,8 @@ from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 # Well-known types that proto3 JSON writes as one string, so a query value can carry them.
+# ``labels[team]``: a map entry in OpenAPI's deepObject style.
+_BRACKETED = re.compile(r"([a-z_][a-z0-9_.]*)\[([^\]]*)\]")
 _STRING_MESSAGES = frozenset(
     {"google.protobuf.Timestamp", "google.protobuf.Duration", "google.protobuf.FieldMask"}
 )
@@ -68,17 +71,32 @@ def _query_value(field: descriptor.FieldDescriptor, value: str) -> Any:
     return value
 
 
+def _map_entry(
+    field: descriptor.FieldDescriptor, target: dict[str, Any], key: str, entry: str, value: str
+) -> None:
+    """One entry of a map field: ``labels.team=a`` or ``labels[team]=a``."""
+    value_field = cast(descriptor.Descriptor, field.message_type).fields_by_name["value"]
+    if value_field.message_type is not None:
+        raise invalid(f"{key} cannot be set from the query string; send it in a body", key)
+    entries = target.setdefault(field.name, {})
+    if entry in entries:
+        raise invalid(f"{key} is given more than once", key)
+    entries[entry] = _query_value(value_field, value)
+
+
 def bind_query(
     pairs: Iterable[tuple[str, str]], desc: descriptor.Descriptor, taken: Iterable[str] = ()
 ) -> dict[str, Any]:
-    """Query parameters as JSON params: ``a.b=1`` sets a nested field, a repeated field may
-    be given many times; fields bound by the path cannot be given again."""
+    """Query parameters as JSON params: ``a.b=1`` sets a nested field, ``m.k=v`` or
+    ``m[k]=v`` an entry of a map (the key may hold dots), a repeated field may be given many
+    times; fields bound by the path cannot be given again."""
     data: dict[str, Any] = {}
     bound = set(taken)
     for key, value in pairs:
         if key in bound:
             raise invalid(f"{key} is given by the path; do not repeat it in the query", key)
-        names = key.split(".")
+        bracketed = _BRACKETED.fullmatch(key)
+        names = (bracketed.group(1) if bracketed else key).split(".")
         where, target = desc, data
         for depth, name in enumerate(names):
             field = where.fields_by_name.get(name)
@@ -86,6 +104,12 @@ def bind_query(
                 raise invalid(f"unknown query parameter {key!r}", key, unknown_fields=[key])
             last = depth == len(names) - 1
             is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
+            if is_map and (bracketed is not None) == last:
+                entry = bracketed.group(2) if bracketed else ".".join(names[depth + 1 :])
+                _map_entry(field, target, key, entry, value)
+                break
+            if bracketed is not None and last:
+                raise invalid(f"{key!r} does not name an entry of a map", key)
             if not last:
                 if field.message_type is None or field.is_repeated or is_map:
                     raise invalid(f"{key!r} does not name a field of a message", key)

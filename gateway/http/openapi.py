@@ -115,6 +115,16 @@ class SchemaBuilder:
         return schema
 
 
+def _scalar_map(field: descriptor.FieldDescriptor) -> bool:
+    """A map whose values are scalars, which a query string can carry entry by entry."""
+    entry = field.message_type
+    return (
+        entry is not None
+        and entry.GetOptions().map_entry
+        and entry.fields_by_name["value"].message_type is None
+    )
+
+
 def _parameters(op: Operation, builder: SchemaBuilder) -> list[dict[str, Any]]:
     desc = _desc(op.request_type)
     params: list[dict[str, Any]] = []
@@ -123,6 +133,18 @@ def _parameters(op: Operation, builder: SchemaBuilder) -> list[dict[str, Any]]:
     if op.http.body == "":
         for field in desc.fields:
             if field.name in op.http.path_params:
+                continue
+            if _scalar_map(field):
+                params.append(
+                    {
+                        "name": field.name,
+                        "in": "query",
+                        "style": "deepObject",
+                        "explode": True,
+                        "schema": builder.field(field),
+                        "description": f"Entries as `{field.name}[key]=value` (or `{field.name}.key=value`).",
+                    }
+                )
                 continue
             if field.message_type is not None and field.message_type.full_name not in (
                 "google.protobuf.Timestamp",

@@ -1,0 +1,147 @@
+"""Auth and version conformance, generated from the catalog: a new operation is covered
+with no edit here.
+
+Every operation gets a valid request over a small world of entities in namespace ``default``
+(``world_request``): its required fields from the world, ``namespace: default`` where the
+request has one, and a session as the scope of ``context.*``. Both matrices are scenarios,
+so they run on every transport and their traces are compared like the others.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cleveragents.acp.client.acp_client import request_for
+from cleveragents.acp.client.transport import CallOptions
+from cleveragents.acp.facade.contract import catalog, codec, versions
+from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.facade.contract.envelope import new_request_id
+from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.facade.contract.required import required_fields
+from tests.contract.harness import Run
+from tests.contract.scenarios import (
+    REGISTRY_KINDS,
+    SCENARIOS,
+    folder,
+    plan_world,
+    registry_spec,
+    scenario,
+    use,
+)
+
+AUTH_CODES = frozenset({"AUTH_REQUIRED", "AUTH_FORBIDDEN"})
+UNSUPPORTED_VERSIONS = ("2.0", "0.9", "1", "1.2", "latest")
+IMPORTED_ID = "01HZZZZZZZZZZZZZZZZZZZZZZZ"
+
+
+async def build_world(run: Run) -> dict[str, Any]:
+    """Entities of every kind in ``default``, and the values requests take from them."""
+    alice = run.client()
+    await plan_world(run)
+    base = folder(run, "base")
+    await alice.call("resource.add", name="base", spec=registry_spec("resource", base))
+    for kind in REGISTRY_KINDS:
+        await alice.call(f"{kind}.add", name="w", spec=registry_spec(kind, base))
+    session = await alice.call("session.create", project="proj")
+    session_id = session.session.meta.id  # type: ignore[attr-defined]
+    plan_id = await use(alice)
+    await alice.call("plan.execute", plan_id=plan_id, wait=True)
+    tree = await alice.call("plan.tree", plan_id=plan_id)
+    exported = await alice.call("session.export", session_id=session_id)
+    return {
+        "session_id": session_id,
+        "plan_id": plan_id,
+        "node_id": tree.nodes[0].id,  # type: ignore[attr-defined]
+        "name": "w",
+        "revision": 1,
+        "action": "act",
+        "project": "proj",
+        "item_id": "file:repo/README.md",
+        "content": "/help",
+        "config": {"token_budget": 100},
+        "document": codec.to_dict(exported)["document"],
+        "folder": base,
+    }
+
+
+def world_request(op: Operation, world: dict[str, Any]) -> dict[str, Any]:
+    fields = op.request_type.DESCRIPTOR.fields_by_name
+    params: dict[str, Any] = {}
+    for field in required_fields(op.request_type.DESCRIPTOR):
+        if field.name == "spec":
+            params["spec"] = registry_spec(op.group, world["folder"])
+        else:
+            params[field.name] = world[field.name]
+    if "namespace" in fields:
+        params["namespace"] = "default"
+    if op.group == "context":
+        params["session_id"] = world["session_id"]
+    if op.name == "session.import":
+        # A fixed id of its own: a copy taking a new id keeps the original's creation
+        # instant, and lists in no fixed order beside it.
+        document = params["document"]
+        params["document"] = {
+            **document,
+            "session": {**document["session"], "meta": {**document["session"]["meta"], "id": IMPORTED_ID}},
+        }
+    return params
+
+
+async def outcome(run: Run, op: Operation, params: dict[str, Any], **client: Any) -> ACPError | None:
+    """The error a call answers, or None; a stream is opened and closed again."""
+    c = run.client(**client)
+    try:
+        if op.server_streaming:
+            options = CallOptions(acp_version=c.acp_version, token=c.token, request_id=new_request_id())
+            items = await c.transport.open_stream(op, request_for(op, params, {}), options)
+            await items.aclose()  # type: ignore[attr-defined]
+        else:
+            await c.call(op.name, params)
+    except ACPError as err:
+        return err
+    return None
+
+
+@scenario("auth.matrix")
+async def auth_matrix(run: Run) -> None:
+    """No token and an unknown token: AUTH_REQUIRED; a token of another namespace:
+    AUTH_FORBIDDEN; a token of the namespace and one of every namespace: no auth error."""
+    world = await build_world(run)
+    for principal in (None, "acp_not-a-token", "bob", "alice", "root"):
+        for op in catalog.OPERATIONS.values():
+            err = await outcome(run, op, world_request(op, world), principal=principal)
+            code = err.code if err is not None else None
+            if op.anonymous or principal in ("alice", "root"):
+                assert code not in AUTH_CODES, (principal, op.name, err)
+            elif principal == "bob":
+                assert code == "AUTH_FORBIDDEN", (op.name, err)
+            else:
+                assert code == "AUTH_REQUIRED", (principal, op.name, err)
+                assert err is not None
+                assert err.details == {"scheme": "Bearer"}, err
+
+
+@scenario("version.matrix")
+async def version_matrix(run: Run) -> None:
+    """A 1.0 client is refused every 1.1 operation and served every 1.0 one; versions the
+    server does not speak are VERSION_MISMATCH on every operation."""
+    world = await build_world(run)
+    for op in catalog.OPERATIONS.values():
+        params = world_request(op, world)
+        for version in UNSUPPORTED_VERSIONS:
+            err = await outcome(run, op, params, principal="alice", acp_version=version)
+            assert err is not None, (version, op.name)
+            assert err.code == "VERSION_MISMATCH", (version, op.name, err)
+            assert err.details["supported_versions"] == list(versions.SUPPORTED)
+        err = await outcome(run, op, params, principal="alice", acp_version="1.0")
+        if op.since == "1.0":
+            assert err is None or err.code != "VERSION_MISMATCH", (op.name, err)
+        else:
+            assert err is not None, op.name
+            assert err.code == "VERSION_MISMATCH", (op.name, err)
+            assert err.details["since"] == op.since
+        err = await outcome(run, op, params, principal="alice", acp_version=versions.CURRENT)
+        assert err is None or err.code != "VERSION_MISMATCH", (op.name, err)
+
+
+__all__ = ["SCENARIOS", "build_world", "world_request"]

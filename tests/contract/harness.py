@@ -1,0 +1,223 @@
+"""Scenarios written once against ``ACPClient`` and run on every transport.
+
+A ``RecordingTransport`` wraps the backend's transport and writes every call (operation,
+request, version, who called, and the response or error) and every stream item into the
+run's trace; ``run_everywhere`` runs one scenario on the three transports, each over a fresh
+backend, canonicalizes the traces and asserts they are identical. ``COVERAGE`` keeps which
+operations and which errors the whole suite exercised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from google.protobuf import message
+
+from cleveragents.acp.client.acp_client import ACPClient
+from cleveragents.acp.client.transport import CallOptions, Transport
+from cleveragents.acp.facade.contract import codec
+from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.v1 import events_pb2
+from tests.contract.backends import KINDS, Backend, open_backend
+from tests.contract.canonical import Canonicalizer
+from tests.server_process import Tokens
+
+Entry = dict[str, Any]
+
+
+@dataclass
+class Coverage:
+    """Operations called and errors seen, per transport, over the whole test session."""
+
+    calls: Counter[tuple[str, str]] = field(default_factory=Counter)
+    errors: set[tuple[str, str, str, str]] = field(default_factory=set)
+    # Tests whose recordings the coverage checks rely on, once they passed.
+    passed: set[str] = field(default_factory=set)
+
+    def record(self, kind: str, op: Operation, error: ACPError | None) -> None:
+        self.calls[(kind, op.name)] += 1
+        if error is not None:
+            refinement = str(error.details.get("refinement", ""))
+            self.errors.add((kind, op.name, error.code, refinement))
+
+    def operations(self, kind: str) -> set[str]:
+        return {name for (k, name) in self.calls if k == kind}
+
+    def codes(self, kind: str) -> set[tuple[str, str, str]]:
+        return {(name, code, refinement) for (k, name, code, refinement) in self.errors if k == kind}
+
+
+COVERAGE = Coverage()
+
+
+def error_json(err: ACPError) -> Entry:
+    return {"code": err.code, "message": err.message, "details": err.details}
+
+
+class RecordingTransport:
+    """A transport that writes what passes through it into a trace."""
+
+    def __init__(self, inner: Transport, kind: str, trace: list[Entry], who: str) -> None:
+        self.inner = inner
+        self.kind = kind
+        self.trace = trace
+        self.who = who
+
+    def _entry(self, op: Operation, request: message.Message, options: CallOptions) -> Entry:
+        entry: Entry = {"op": op.name, "who": self.who, "request": codec.to_dict(request)}
+        if options.acp_version is not None:
+            entry["acp_version"] = options.acp_version
+        self.trace.append(entry)
+        return entry
+
+    async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
+        entry = self._entry(op, request, options)
+        try:
+            response = await self.inner.call(op, request, options)
+        except ACPError as err:
+            entry["error"] = error_json(err)
+            COVERAGE.record(self.kind, op, err)
+            raise
+        entry["data"] = codec.to_dict(response)
+        COVERAGE.record(self.kind, op, None)
+        return response
+
+    async def open_stream(
+        self, op: Operation, request: message.Message, options: CallOptions
+    ) -> AsyncIterator[message.Message]:
+        entry = self._entry(op, request, options)
+        try:
+            items = await self.inner.open_stream(op, request, options)
+        except ACPError as err:
+            entry["error"] = error_json(err)
+            COVERAGE.record(self.kind, op, err)
+            raise
+        COVERAGE.record(self.kind, op, None)
+        entry["items"] = []
+        return RecordedStream(self.kind, op, items, entry)
+
+    async def close(self) -> None:
+        """The backend owns the inner transport."""
+
+
+class RecordedStream:
+    """The items of an admitted stream, each written into the call's entry as it arrives.
+
+    ``aclose`` closes the transport's stream even when no item was read."""
+
+    def __init__(self, kind: str, op: Operation, items: AsyncIterator[message.Message], entry: Entry) -> None:
+        self.kind = kind
+        self.op = op
+        self.items = items
+        self.entry = entry
+
+    def __aiter__(self) -> RecordedStream:
+        return self
+
+    async def __anext__(self) -> message.Message:
+        try:
+            item = await anext(self.items)
+        except ACPError as err:
+            self.entry["error"] = error_json(err)
+            COVERAGE.record(self.kind, self.op, err)
+            raise
+        self.entry["items"].append(codec.to_dict(item))
+        return item
+
+    async def aclose(self) -> None:
+        aclose = getattr(self.items, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+@dataclass
+class Run:
+    """One scenario on one backend: recording clients, the trace, scratch space."""
+
+    backend: Backend
+    trace: list[Entry] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return self.backend.kind
+
+    @property
+    def root(self) -> pathlib.Path:
+        return self.backend.root
+
+    def client(self, principal: str | None = "alice", *, acp_version: str | None = None) -> ACPClient:
+        who = principal if principal is None or principal in self.backend.tokens.tokens else "<other>"
+        transport = RecordingTransport(self.backend.transport, self.kind, self.trace, str(who))
+        return ACPClient(transport, token=self.backend.token(principal), acp_version=acp_version)
+
+    def note(self, label: str, value: Any) -> None:
+        """Something the scenario derived (not a call) that must match across transports."""
+        if isinstance(value, message.Message):
+            value = codec.to_dict(value)
+        self.trace.append({"note": label, "value": value})
+
+    @staticmethod
+    async def fails(action: Awaitable[Any], code: str, refinement: str | None = None) -> ACPError:
+        """The ACPError ``action`` raises, after checking its code (and refinement)."""
+        with pytest.raises(ACPError) as info:
+            await action
+        assert info.value.code == code, info.value
+        if refinement is not None:
+            assert info.value.details.get("refinement") == refinement, info.value
+        return info.value
+
+    @staticmethod
+    async def events(
+        client: ACPClient,
+        until: Callable[[events_pb2.Event], bool],
+        *,
+        seconds: float = 10.0,
+        **filters: Any,
+    ) -> list[events_pb2.Event]:
+        """Events of a subscription up to and including the first that satisfies ``until``."""
+        found: list[events_pb2.Event] = []
+        stream = client.subscribe(filters)
+        try:
+            async with asyncio.timeout(seconds):
+                async for event in stream:
+                    found.append(event)
+                    if until(event):
+                        return found
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        raise AssertionError(f"stream ended after {len(found)} events")
+
+
+Scenario = Callable[[Run], Awaitable[None]]
+
+
+def first_difference(expected: list[Entry], actual: list[Entry]) -> str:
+    for index, (a, b) in enumerate(zip(expected, actual, strict=False)):
+        if a != b:
+            return f"entry {index}:\n  local: {a}\n  other: {b}"
+    return f"lengths {len(expected)} and {len(actual)}"
+
+
+async def run_everywhere(scenario: Scenario, tmp_path: pathlib.Path, tokens: Tokens) -> list[Entry]:
+    """Run ``scenario`` on each transport over a fresh backend; their canonical traces must be
+    identical. Returns the canonical trace, and checks every HTTP answer was an envelope."""
+    traces: dict[str, list[Entry]] = {}
+    for index, kind in enumerate(KINDS):
+        # Folder names of one length: paths reach prompts, whose size is counted in tokens.
+        async with open_backend(kind, tmp_path / f"backend{index}", tokens) as backend:
+            run = Run(backend)
+            await scenario(run)
+            assert backend.envelopes.problems == [], backend.envelopes.problems
+            traces[kind] = Canonicalizer([str(backend.root)])(run.trace)
+    for kind in KINDS[1:]:
+        assert traces[kind] == traces["local"], f"{kind} differs from local at " + first_difference(
+            traces["local"], traces[kind]
+        )
+    return traces["local"]

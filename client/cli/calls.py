@@ -301,13 +301,10 @@ def _with_client(
     return run
 
 
-async def _events(
-    client: ACPClient, conn: Connection, request: events_pb2.SubscribeEventsRequest, poll: bool
-) -> AsyncIterator[events_pb2.Event]:
-    """One subscription. With ``poll`` it ends once no event came for a while, so the
-    caller subscribes again and sees what other processes added to the database."""
-    op = catalog.OPERATIONS["events.subscribe"]
-    items = await client.transport.open_stream(op, request, call_options(conn))
+async def _events(items: AsyncIterator[message.Message], poll: bool) -> AsyncIterator[events_pb2.Event]:
+    """The events of one admitted subscription. With ``poll`` it ends once no event came
+    for a while, so the caller subscribes again and sees what other processes added to
+    the database."""
     iterator = aiter(items)
     try:
         while True:
@@ -330,6 +327,7 @@ async def watch(client: ACPClient, conn: Connection, args: argparse.Namespace) -
     """Follow the stream. After a drop, a server restart or a slow-subscriber end it
     subscribes again after the last sequence it printed: nothing lost, nothing twice."""
     printer = Printer(args, conn, sys.stdout)
+    subscribe = catalog.OPERATIONS["events.subscribe"]
     remote = bool(conn.server or conn.grpc)
     last = args.after
     connected = False
@@ -344,26 +342,28 @@ async def watch(client: ACPClient, conn: Connection, args: argparse.Namespace) -
             namespace=args.namespace or "",
         )
         try:
-            async for event in _events(client, conn, request, poll=not remote):
-                if lost:
-                    sys.stderr.write(f"reconnected; resuming after sequence {last}\n")
-                    lost = False
-                connected, delay = True, 0.2
+            items = await client.transport.open_stream(subscribe, request, call_options(conn))
+            connected, delay = True, 0.2
+            if lost:
+                sys.stderr.write(f"reconnected; resuming after sequence {last}\n")
+                lost = False
+            async for event in _events(items, poll=not remote):
                 if event.sequence <= last:
                     continue
                 last = event.sequence
                 printer.item(events_pb2.SubscribeEventsResponse(event=event))
                 if args.until_done and ends_run(event):
                     return 0
-            connected = True
             if not remote:
                 continue
+            why = "the server closed the stream"
         except ACPError as exc:
             slow = exc.details.get("refinement") == "SUBSCRIBER_TOO_SLOW"
             if not (slow or (remote and connected and is_unreachable(exc))):
                 raise
+            why = "the server ended the stream: this watcher fell behind" if slow else "connection lost"
         if not lost:
-            sys.stderr.write(f"stream ended; reconnecting to resume after sequence {last}\n")
+            sys.stderr.write(f"{why}; reconnecting to resume after sequence {last}\n")
             lost = True
         await asyncio.sleep(delay)
         delay = min(delay * 2, 5.0)

@@ -102,7 +102,7 @@ def test_watch_resumes_after_the_server_is_killed_and_restarted(tmp_path: pathli
     assert statuses == [EXIT_INTERRUPTED, EXIT_INTERRUPTED]
     for name in ("http", "grpc"):
         err = (tmp_path / f"{name}.err").read_text()
-        assert "reconnecting to resume after sequence 2" in err, err
+        assert "connection lost; reconnecting to resume after sequence 2" in err, err
         assert "Traceback" not in err, err
     assert len(readers[0].lines) == 6
     assert readers[0].buffer == b""
@@ -214,3 +214,30 @@ def test_ctrl_c_interrupts_a_local_run(local_cli: Cli) -> None:
     status = json.loads(local_cli("plan", "status", plan_id, "--json").out)["plan"]
     assert status["state"] == "PLAN_STATE_FAILED"
     assert status["last_error"]["code"] == "interrupted"
+
+
+def test_watch_resumes_after_the_server_ends_it_as_too_slow(tmp_path: pathlib.Path) -> None:
+    """With a queue of one event, each burst of two ends a live subscriber
+    (SUBSCRIBER_TOO_SLOW); the watchers subscribe again and miss nothing."""
+    tokens = Tokens.create(tmp_path)
+    server = start_server(tmp_path, tokens=tokens.path, env={"ACP_EVENT_QUEUE_SIZE": "1"}, name="slow")
+    env = {**clean_env(tmp_path), "ACP_TOKEN": tokens.tokens["root"]}
+    remote = Cli("http", {**env, "ACP_SERVER": server.http}, tmp_path)
+    watchers = [
+        _watch(["--json", "--server", server.http], env, tmp_path / "http.err"),
+        _watch(["--json", "--grpc", server.grpc_target], env, tmp_path / "grpc.err"),
+    ]
+    try:
+        session_id = remote("session", "create", "--value", "session.meta.id").out.strip()
+        for word in ("one", "two", "three", "four"):
+            remote("session", "tell", session_id, word)
+        for watcher in watchers:
+            events = [json.loads(line)["event"] for line in Lines(watcher).until(8)]
+            assert [int(e["sequence"]) for e in events] == list(range(1, 9))
+    finally:
+        statuses = [_stop(w) for w in watchers]
+        assert server.stop() == 0, server.stderr()
+    assert statuses == [EXIT_INTERRUPTED, EXIT_INTERRUPTED]
+    errs = [(tmp_path / f"{name}.err").read_text() for name in ("http", "grpc")]
+    assert all("Traceback" not in err for err in errs), errs
+    assert all("fell behind; reconnecting to resume after sequence 7" in err for err in errs), errs

@@ -50,7 +50,12 @@ exit status: 0 success, 2 bad usage, {codes[0]}-{codes[-1]} one per ACP error co
 
 class Parser(argparse.ArgumentParser):
     """Reports a mistake in the (sub)command that has it, with that command's usage: an
-    unknown argument, an unknown command (with a suggestion), a missing one (with the help)."""
+    unknown argument, an unknown command (with a suggestion), a missing one (with the help).
+    Flags are never abbreviated: a field added later must not change what one meant."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None

@@ -37,6 +37,7 @@ WIDGET_PROTO = """
             label: LABEL_OPTIONAL options { [google.api.field_behavior]: REQUIRED } }
     field { name: "dry_run" number: 5 type: TYPE_BOOL label: LABEL_OPTIONAL }
     field { name: "mode" number: 6 type: TYPE_ENUM type_name: ".test.widget.FrobMode" label: LABEL_OPTIONAL }
+    field { name: "profile" number: 7 type: TYPE_STRING label: LABEL_OPTIONAL }
   }
   message_type {
     name: "FrobWidgetResponse" field { name: "done" number: 1 type: TYPE_BOOL label: LABEL_OPTIONAL }
@@ -113,7 +114,8 @@ def test_a_new_rpc_is_a_command_with_arguments_from_its_request(
 ) -> None:
     parser, calls = widget_parser
     argv = ["widget", "frob", "w-1", "--spec", '{"size": 3, "colour": "red"}', "--count", "2"]
-    argv += ["--tags", "a", "--tags", "b", "--dry-run", "--mode", "hard"]
+    # `profile` is also a connection option: after the command the field has the flag.
+    argv += ["--tags", "a", "--tags", "b", "--dry-run", "--mode", "hard", "--profile", "p"]
     assert _run(parser, *argv)[0] == 0
     [(op, request)] = calls
     assert op.name == "widget.frob"
@@ -124,6 +126,7 @@ def test_a_new_rpc_is_a_command_with_arguments_from_its_request(
         "spec": {"size": 3, "colour": "red"},
         "dry_run": True,
         "mode": "FROB_MODE_HARD",
+        "profile": "p",
     }
 
 

@@ -11,7 +11,7 @@ from tests.contract.expected import expected_errors, missing
 from tests.contract.generated import SCENARIOS
 from tests.contract.harness import COVERAGE
 
-CONTRIBUTORS = {f"scenario:{name}" for name in SCENARIOS} | {"streaming:slow"}
+CONTRIBUTORS = {f"scenario:{name}" for name in SCENARIOS} | {f"streaming:slow:{kind}" for kind in KINDS}
 
 
 def require_full_run() -> None:

@@ -2,14 +2,22 @@
 
 Both front ends use it: SSE also wants a tick when the stream is idle (keep-alive), and
 both end their streams cleanly on shutdown instead of waiting to be cancelled.
+
+One pump task per stream reads the source into a bounded buffer, and the front end takes
+whatever has accumulated as one batch: SSE sends a batch in one write instead of a system
+call per item, and no item costs a task or an ``asyncio.wait`` of its own. The pump reads
+ahead of the front end by a bounded weight only (SSE: bytes; gRPC: one item), so a peer
+that stops reading still pushes back on the source, and the event log still ends a
+subscriber that falls too far behind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
-from typing import TypeVar
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -19,14 +27,6 @@ class Tick:
 
 
 TICK = Tick()
-_END = object()
-
-
-async def _next(items: AsyncIterator[T]) -> T | object:
-    try:
-        return await anext(items)
-    except StopAsyncIteration:
-        return _END
 
 
 async def close_iterator(items: AsyncIterator[object]) -> None:
@@ -35,36 +35,116 @@ async def close_iterator(items: AsyncIterator[object]) -> None:
         await aclose()
 
 
+def _wake(waiter: asyncio.Future[bool] | None, timed_out: bool = False) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(timed_out)
+
+
+class _Pump(Generic[T]):
+    """Reads ``items`` in a task of its own into ``buffer`` until what it holds weighs
+    ``limit`` (at least one item)."""
+
+    def __init__(self, items: AsyncIterator[T], limit: int, weigh: Callable[[T], int] | None) -> None:
+        self.items = items
+        self.limit = limit
+        self.weigh = weigh
+        self.weight = 0
+        self.buffer: deque[T] = deque()
+        self.error: BaseException | None = None
+        self.done = False
+        # Resolved when the reader should look again (items, the end, a stop).
+        self.waiter: asyncio.Future[bool] | None = None
+        # Resolved when the reader took items out of a full buffer.
+        self._room: asyncio.Future[None] | None = None
+        self.task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        try:
+            async for item in self.items:
+                self.buffer.append(item)
+                self.weight += 1 if self.weigh is None else self.weigh(item)
+                _wake(self.waiter)
+                if self.weight >= self.limit:
+                    self._room = asyncio.get_running_loop().create_future()
+                    await self._room
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.done = True
+            _wake(self.waiter)
+
+    def take(self) -> list[T]:
+        taken = list(self.buffer)
+        self.buffer.clear()
+        self.weight = 0
+        room = self._room
+        if room is not None and not room.done():
+            room.set_result(None)
+        return taken
+
+    async def stop(self) -> None:
+        if not self.task.done():
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.task
+        await close_iterator(self.items)
+
+
+async def batches(
+    items: AsyncIterator[T],
+    stops: Sequence[asyncio.Event],
+    *,
+    tick: float | None = None,
+    read_ahead: int = 1,
+    weigh: Callable[[T], int] | None = None,
+) -> AsyncGenerator[list[T] | Tick, None]:
+    """Every item already read as one list, with a ``TICK`` after each idle ``tick``
+    seconds, until the source ends (or raises, after the items before the error) or any
+    stop is set. The pump reads ahead while the caller is busy until what it holds weighs
+    ``read_ahead`` (``weigh`` of each item; without it, each item weighs 1). The source
+    iterator is closed on every way out, so its subscription is released."""
+    loop = asyncio.get_running_loop()
+    pump = _Pump(items, read_ahead, weigh)
+    watchers = [asyncio.ensure_future(stop.wait()) for stop in stops]
+    for watcher in watchers:
+        watcher.add_done_callback(lambda _: _wake(pump.waiter))
+    try:
+        while not any(stop.is_set() for stop in stops):
+            if pump.buffer:
+                yield pump.take()
+                continue
+            if pump.done:
+                if pump.error is not None:
+                    raise pump.error
+                return
+            pump.waiter = waiter = loop.create_future()
+            timer = loop.call_later(tick, _wake, waiter, True) if tick is not None else None
+            try:
+                timed_out = await waiter
+            finally:
+                pump.waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if timed_out and not pump.buffer and not pump.done:
+                yield TICK
+    finally:
+        for watcher in watchers:
+            watcher.cancel()
+        await pump.stop()
+
+
 async def until_stopped(
     items: AsyncIterator[T], stops: Sequence[asyncio.Event], *, tick: float | None = None
 ) -> AsyncIterator[T | Tick]:
-    """The items, with a ``TICK`` after each idle ``tick`` seconds, until any stop is set.
-
-    The source iterator is closed on every way out, so its subscription is released."""
-    waiters = [asyncio.ensure_future(stop.wait()) for stop in stops]
-    pending: asyncio.Future[T | object] | None = None
-    try:
-        while True:
-            pending = asyncio.ensure_future(_next(items))
-            while True:
-                done, _ = await asyncio.wait(
-                    {pending, *waiters}, timeout=tick, return_when=asyncio.FIRST_COMPLETED
-                )
-                if pending in done:
-                    break
-                if done:
+    """The items one by one, as ``batches`` reads them."""
+    async with contextlib.aclosing(batches(items, stops, tick=tick)) as found:
+        async for batch in found:
+            if isinstance(batch, Tick):
+                yield batch
+                continue
+            for item in batch:
+                if any(stop.is_set() for stop in stops):
                     return
-                yield TICK
-            item = pending.result()
-            pending = None
-            if item is _END:
-                return
-            yield item  # type: ignore[misc]
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-        if pending is not None and not pending.done():
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                await pending
-        await close_iterator(items)
+                yield item

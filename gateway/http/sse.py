@@ -1,17 +1,18 @@
 """The SSE response of a server stream (pure ASGI: it streams, and hears the client leave).
 
 It is only built once the stream is admitted, so headers never go out before an early
-error. Then: a comment right away (clients see the headers), one frame per item, a
-keep-alive comment after each idle interval, and on an error one ``event: error`` frame
-with the error envelope and the last sequence delivered. It ends when the stream ends,
-the client leaves, or the server shuts down.
+error. Then: a comment right away (clients see the headers), one frame per item (frames
+already available go out together, in one write), a keep-alive comment after each idle
+interval, and on an error one ``event: error`` frame with the error envelope and the last
+sequence delivered. It ends when the stream ends, the client leaves, or the server shuts
+down.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from google.protobuf import message
 from starlette.types import Receive, Scope, Send
@@ -21,9 +22,20 @@ from cleveragents.acp.facade.contract.catalog import Operation
 from cleveragents.acp.facade.contract.errors import ACPError
 from cleveragents.acp.facade.service_facade import internal_error
 from cleveragents.acp.gateway.http.responses import Exchange
-from cleveragents.acp.gateway.streams import Tick, until_stopped
+from cleveragents.acp.gateway.streams import Tick, batches
 
 log = logging.getLogger(__name__)
+
+# Frames already available go out together, up to about this many bytes per write.
+CHUNK_BYTES = 64 * 1024
+# Items read ahead while a write is under way, by their proto size (JSON frames are
+# larger): about one chunk, and little beyond the event log's own queue for a stalled client.
+READ_AHEAD_BYTES = 24 * 1024
+KEEPALIVE = sse.comment("keep-alive")
+
+
+def _proto_size(item: message.Message) -> int:
+    return item.ByteSize()
 
 
 class SSEResponse:
@@ -51,6 +63,21 @@ class SSEResponse:
         }
         return [(key.lower().encode(), value.encode("latin-1")) for key, value in headers.items()]
 
+    def _chunks(self, items: list[message.Message]) -> Iterator[bytes]:
+        """The frames of ``items``, joined into chunks of about CHUNK_BYTES: one write each."""
+        frames: list[bytes] = []
+        size = 0
+        for item in items:
+            frame = sse.frame(self.op, item)
+            self.last_sequence = sse.item_id(self.op, item) or self.last_sequence
+            frames.append(frame)
+            size += len(frame)
+            if size >= CHUNK_BYTES:
+                yield b"".join(frames)
+                frames, size = [], 0
+        if frames:
+            yield b"".join(frames)
+
     def _error_frame(self, err: ACPError) -> bytes:
         details = dict(err.details)
         details.setdefault("last_sequence", self.last_sequence or 0)
@@ -69,15 +96,18 @@ class SSEResponse:
             await send({"type": "http.response.start", "status": 200, "headers": self._headers()})
             await send({"type": "http.response.body", "body": sse.comment("stream open"), "more_body": True})
             try:
-                async for item in until_stopped(
-                    self.items, [left, self.closing], tick=self.keepalive_seconds
+                async for batch in batches(
+                    self.items,
+                    [left, self.closing],
+                    tick=self.keepalive_seconds,
+                    read_ahead=READ_AHEAD_BYTES,
+                    weigh=_proto_size,
                 ):
-                    if isinstance(item, Tick):
-                        chunk = sse.comment("keep-alive")
-                    else:
-                        chunk = sse.frame(self.op, item)
-                        self.last_sequence = sse.item_id(self.op, item) or self.last_sequence
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    if isinstance(batch, Tick):
+                        await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+                        continue
+                    for chunk in self._chunks(batch):
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except ACPError as err:
                 chunk = self._error_frame(err)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

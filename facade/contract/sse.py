@@ -33,29 +33,87 @@ def item_field(op: Operation) -> descriptor.FieldDescriptor | None:
     return None
 
 
+class _Shape:
+    """What framing needs to know of an operation's items, read from descriptors once."""
+
+    __slots__ = ("frames", "inner", "sequence", "type")
+
+    def __init__(self, op: Operation) -> None:
+        inner = item_field(op)
+        self.inner = inner.name if inner is not None else None
+        payload: Any = inner.message_type if inner is not None else op.response_type.DESCRIPTOR
+        self.sequence = "sequence" in payload.fields_by_name
+        self.type = "type" in payload.fields_by_name
+        self.frames = _FrameCache()
+
+
+class _FrameCache:
+    """Frames by the serialized item: a frame depends on nothing else, so the subscribers
+    of one event share its encoding. Two generations bound it at 2 * FRAME_CACHE_SIZE."""
+
+    __slots__ = ("new", "old")
+
+    def __init__(self) -> None:
+        self.new: dict[bytes, tuple[bytes, int | None]] = {}
+        self.old: dict[bytes, tuple[bytes, int | None]] = {}
+
+    def get(self, key: bytes) -> tuple[bytes, int | None] | None:
+        found = self.new.get(key)
+        if found is None:
+            found = self.old.get(key)
+            if found is not None:
+                self.put(key, found)
+        return found
+
+    def put(self, key: bytes, value: tuple[bytes, int | None]) -> None:
+        if len(self.new) >= FRAME_CACHE_SIZE:
+            self.old, self.new = self.new, {}
+        self.new[key] = value
+
+
+# Frames kept per operation (each generation); an event's subscribers ask for its frame
+# within moments of each other.
+FRAME_CACHE_SIZE = 2048
+_SHAPES: dict[str, _Shape] = {}
+
+
+def _shape(op: Operation) -> _Shape:
+    shape = _SHAPES.get(op.name)
+    if shape is None:
+        shape = _SHAPES[op.name] = _Shape(op)
+    return shape
+
+
 def _payload(op: Operation, item: message.Message) -> message.Message:
-    inner = item_field(op)
-    return getattr(item, inner.name) if inner is not None else item
+    inner = _shape(op).inner
+    return getattr(item, inner) if inner is not None else item
 
 
 def item_id(op: Operation, item: message.Message) -> int | None:
-    payload = _payload(op, item)
-    if "sequence" in payload.DESCRIPTOR.fields_by_name:
-        return int(payload.sequence)  # type: ignore[attr-defined]
+    if _shape(op).sequence:
+        return int(_payload(op, item).sequence)  # type: ignore[attr-defined]
     return None
 
 
+def encode(op: Operation, item: message.Message) -> tuple[bytes, int | None]:
+    """The frame of a stream item, and its ``id`` (the sequence, when items have one)."""
+    shape = _shape(op)
+    key = item.SerializeToString()
+    found = shape.frames.get(key)
+    if found is not None:
+        return found
+    payload: Any = getattr(item, shape.inner) if shape.inner is not None else item
+    sequence = int(payload.sequence) if shape.sequence else None
+    head = f"id: {sequence}\n" if sequence is not None else ""
+    kind = payload.type if shape.type else ""
+    data = orjson.dumps(codec.to_dict(payload))
+    encoded = (f"{head}event: {kind or op.name}\ndata: ".encode() + data + b"\n\n", sequence)
+    shape.frames.put(key, encoded)
+    return encoded
+
+
 def frame(op: Operation, item: message.Message) -> bytes:
-    payload = _payload(op, item)
-    names = payload.DESCRIPTOR.fields_by_name
-    lines = []
-    sequence = item_id(op, item)
-    if sequence is not None:
-        lines.append(f"id: {sequence}")
-    kind = payload.type if "type" in names else ""  # type: ignore[attr-defined]
-    lines.append(f"event: {kind or op.name}")
-    lines.append("data: " + orjson.dumps(codec.to_dict(payload)).decode())
-    return ("\n".join(lines) + "\n\n").encode()
+    return encode(op, item)[0]
 
 
 def error_frame(envelope: dict[str, Any]) -> bytes:

@@ -68,8 +68,8 @@ class SSEResponse:
         frames: list[bytes] = []
         size = 0
         for item in items:
-            frame = sse.frame(self.op, item)
-            self.last_sequence = sse.item_id(self.op, item) or self.last_sequence
+            frame, sequence = sse.encode(self.op, item)
+            self.last_sequence = sequence or self.last_sequence
             frames.append(frame)
             size += len(frame)
             if size >= CHUNK_BYTES:

@@ -1,6 +1,6 @@
 """Where the server's time goes under one figure's load: py-spy samples ``agents serve``.
 
-``python -m bench.profile envelope|rest|grpc|sse [--seconds N] [--top N]`` starts the
+``python -m bench.profile envelope|rest|grpc|sse|sse-fanout [--seconds N] [--top N]`` starts the
 server, puts the figure's load on it (wrk/h2load or the Python generators, SSE clients),
 samples the server with ``py-spy record`` meanwhile, and prints the functions holding the
 most samples: inclusive (the function or anything it called) and self. py-spy is a dev
@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import orjson
@@ -29,6 +30,9 @@ from cleveragents.acp.facade.contract import catalog
 from cleveragents.acp.v1 import session_pb2
 
 SSE_BACKLOG = 200_000
+# The fan-out figure's shape: many subscribers reading the same events at once.
+FANOUT = 100
+FANOUT_EVENTS = 1000
 
 
 def _loads(
@@ -57,7 +61,18 @@ def _loads(
             response_bytes=response_bytes,
         ),
         "sse": lambda: streams.subscribe(stream_url, product.auth_header, 20, SSE_BACKLOG, seconds),
+        "sse-fanout": lambda: _repeat(
+            lambda: streams.subscribe(stream_url, product.auth_header, FANOUT, FANOUT_EVENTS, seconds),
+            seconds,
+        ),
     }
+
+
+def _repeat(action: Callable[[], object], seconds: float) -> None:
+    """``action`` again and again for ``seconds`` (a fan-out run is short)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        action()
 
 
 def summarize(collapsed: str, top: int) -> str:
@@ -85,7 +100,7 @@ def summarize(collapsed: str, top: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
-    parser.add_argument("figure", choices=["envelope", "rest", "grpc", "sse"])
+    parser.add_argument("figure", choices=["envelope", "rest", "grpc", "sse", "sse-fanout"])
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args(argv)
@@ -95,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="acp-profile-") as tmp:
         folder = pathlib.Path(tmp)
-        if args.figure == "sse":
+        if args.figure.startswith("sse"):
             # Subscribers replay this backlog, as in the benchmark.
             streams.fill_log(folder / "acp.db", SSE_BACKLOG)
         with Product(folder, db=folder / "acp.db") as product:

@@ -19,6 +19,7 @@ from google.protobuf import descriptor, message
 
 from cleveragents.acp.facade.contract import codec
 from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.facade.recent import Recent
 
 ERROR_EVENT = "error"
 # The request field Last-Event-ID fills, when the stream's request has one.
@@ -33,6 +34,11 @@ def item_field(op: Operation) -> descriptor.FieldDescriptor | None:
     return None
 
 
+# Frames kept per operation (per generation of the cache); an event's subscribers ask for
+# its frame within moments of each other.
+FRAME_CACHE_SIZE = 2048
+
+
 class _Shape:
     """What framing needs to know of an operation's items, read from descriptors once."""
 
@@ -44,36 +50,11 @@ class _Shape:
         payload: Any = inner.message_type if inner is not None else op.response_type.DESCRIPTOR
         self.sequence = "sequence" in payload.fields_by_name
         self.type = "type" in payload.fields_by_name
-        self.frames = _FrameCache()
+        # By the serialized item: a frame depends on nothing else, so the subscribers
+        # of one event share its encoding.
+        self.frames: Recent[bytes, tuple[bytes, int | None]] = Recent(FRAME_CACHE_SIZE)
 
 
-class _FrameCache:
-    """Frames by the serialized item: a frame depends on nothing else, so the subscribers
-    of one event share its encoding. Two generations bound it at 2 * FRAME_CACHE_SIZE."""
-
-    __slots__ = ("new", "old")
-
-    def __init__(self) -> None:
-        self.new: dict[bytes, tuple[bytes, int | None]] = {}
-        self.old: dict[bytes, tuple[bytes, int | None]] = {}
-
-    def get(self, key: bytes) -> tuple[bytes, int | None] | None:
-        found = self.new.get(key)
-        if found is None:
-            found = self.old.get(key)
-            if found is not None:
-                self.put(key, found)
-        return found
-
-    def put(self, key: bytes, value: tuple[bytes, int | None]) -> None:
-        if len(self.new) >= FRAME_CACHE_SIZE:
-            self.old, self.new = self.new, {}
-        self.new[key] = value
-
-
-# Frames kept per operation (each generation); an event's subscribers ask for its frame
-# within moments of each other.
-FRAME_CACHE_SIZE = 2048
 _SHAPES: dict[str, _Shape] = {}
 
 

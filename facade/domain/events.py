@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType, TracebackType
 
 from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.recent import Recent
 from cleveragents.acp.facade.store.base import EventFilter, Store, StoredEvent
 from cleveragents.acp.v1 import events_pb2
 
@@ -44,6 +45,8 @@ EVENT_TYPES: frozenset[str] = frozenset(_TYPE_OF_FIELD.values())
 
 # Backlog rows read from the store per query.
 BACKLOG_BATCH = 256
+# Decoded backlog events kept (per generation) for the other subscribers reading them.
+DECODED_CACHE_SIZE = 2048
 
 
 def event_type(event: events_pb2.Event) -> str:
@@ -85,6 +88,9 @@ class EventLog:
         self._lock = threading.Lock()
         self._subscribers: set[Subscription] = set()
         self._closed = False
+        # Subscribers catching up read the same rows at about the same time: one decoding
+        # each, keyed by the row itself (so never stale, whoever else writes the store).
+        self._decoded: Recent[tuple[int, bytes], events_pb2.Event] = Recent(DECODED_CACHE_SIZE)
         # Pruning is amortized: after a tenth of the count limit, or a tenth of the age.
         self._prune_every = max(1, min(1000, (retention_count or 0) // 10))
         self._prune_interval = min(60.0, (retention_seconds or 0.0) / 10)
@@ -152,6 +158,23 @@ class EventLog:
             for event in events:
                 for subscriber in subscribers:
                     subscriber._offer(event)
+
+    @property
+    def fanning_out(self) -> bool:
+        """More than one subscriber is attached, so work per event may be worth sharing
+        (a hint: read without the lock)."""
+        return len(self._subscribers) > 1
+
+    def _event_of(self, stored: StoredEvent) -> events_pb2.Event:
+        if not self.fanning_out:
+            # Keeping events for nobody else costs more than decoding them.
+            return _decode(stored)
+        key = (stored.sequence, stored.body)
+        event = self._decoded.get(key)
+        if event is None:
+            event = _decode(stored)
+            self._decoded.put(key, event)
+        return event
 
     # retention ------------------------------------------------------------------------
 
@@ -322,7 +345,7 @@ class Subscription:
         batch = store.read_events(self.last_sequence, BACKLOG_BATCH, self.filter)
         if not self.missed and self.last_sequence + 1 < store.first_sequence():
             self.missed = True
-        self._pending.extend(_decode(stored) for stored in batch)
+        self._pending.extend(map(self._log._event_of, batch))
         if len(batch) == BACKLOG_BATCH:
             return
         with self._log._lock:

@@ -298,6 +298,17 @@ async def test_switch_over_from_backlog_to_live_has_no_gap_and_no_duplicate(
     log.close()
 
 
+async def test_subscribers_reading_the_same_backlog_share_its_events(log: EventLog) -> None:
+    log.publish_many([state_changed(f"p{i}", reason=f"r{i}") for i in range(300)])
+    alone = await collect(log.subscribe(namespaces=None), 300)
+    assert log.subscriber_count == 1
+    first, second = log.subscribe(namespaces=None), log.subscribe(namespaces=None)
+    one, two = await collect(first, 300), await collect(second, 300)
+    assert all(a is b for a, b in zip(one, two, strict=True))
+    assert one == alone
+    assert [e.plan_state_changed.reason for e in one] == [f"r{i}" for i in range(300)]
+
+
 async def test_subscribing_before_iterating_keeps_live_events(log: EventLog) -> None:
     """Attached at subscribe(): what is published before the first read is not lost."""
     log.publish(state_changed("p"))

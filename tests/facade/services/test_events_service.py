@@ -21,6 +21,7 @@ from cleveragents.acp.facade.service_facade import ServiceFacade
 from cleveragents.acp.facade.services.events import EventFacade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import events_pb2
+from tests.facade.plans.helpers import eventually
 
 TIMEOUT = 10.0
 
@@ -255,3 +256,36 @@ async def test_open_facade_takes_retention_from_the_environment(
     monkeypatch.setenv("ACP_EVENT_RETENTION_SECONDS", "soon")
     with pytest.raises(ValueError, match="ACP_EVENT_RETENTION_SECONDS"):
         open_facade(db_path)
+
+
+async def test_subscribers_of_one_event_share_its_response(log: EventLog) -> None:
+    """With several subscribers attached, each event is wrapped once for all of them; a
+    lone subscriber gets responses of its own. Either way every response is exact."""
+    facade = ServiceFacade([EventFacade(log)])
+    op = catalog.OPERATIONS["events.subscribe"]
+    log.publish_many([message(text=f"m{i}") for i in range(5)])
+
+    async def read(items: AsyncIterator[Any], count: int) -> list[Any]:
+        got = []
+        async with asyncio.timeout(TIMEOUT):
+            async for item in items:
+                got.append(item)
+                if len(got) == count:
+                    break
+        await cast(AsyncGenerator[Any, None], items).aclose()
+        return got
+
+    request = events_pb2.SubscribeEventsRequest()
+    first = await facade.stream(op, request, CallContext())
+    second = await facade.stream(op, request, CallContext())
+    one, two = await read(first, 5), await read(second, 5)
+    assert all(a is b for a, b in zip(one, two, strict=True))
+    assert [r.event.log_record.message for r in one] == [f"m{i}" for i in range(5)]
+
+    async def detached() -> bool:  # closed generators detach on the loop's next turns
+        return log.subscriber_count == 0
+
+    await eventually(detached, seconds=TIMEOUT)
+    alone = await read(await facade.stream(op, request, CallContext()), 5)
+    assert alone == one
+    assert all(a is not b for a, b in zip(alone, one, strict=True))

@@ -7,7 +7,7 @@ THIRD_PARTY := .build/third_party
 RELEASED_IMAGE := proto/released/acp-1.1.binpb
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup serve test lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick bench-tools release-image clean
+.PHONY: setup serve test fuzz lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick bench-tools release-image clean
 
 setup: $(STAMP)
 
@@ -67,6 +67,11 @@ import-lint: $(STAMP)
 # pytest exits 5 when it collects nothing: that must fail, never pass as green.
 pytest: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The fuzz tests with many more examples than `make test` runs (ACP_FUZZ_EXAMPLES there: 4).
+FUZZ_EXAMPLES ?= 200
+fuzz: $(STAMP)
+	ACP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest tests/contract/test_fuzz.py
 
 bench: $(STAMP) bench-tools
 	$(BIN)/python -m bench

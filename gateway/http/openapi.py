@@ -99,6 +99,10 @@ class SchemaBuilder:
         schema = self._value(field)
         if field.is_repeated:
             schema = {"type": "array", "items": schema}
+        elif "$ref" in schema:
+            # proto3 JSON reads null as an unset message field, and the envelope writes
+            # `error: null` beside data (and `data: null` beside an error).
+            schema = {"anyOf": [schema, {"type": "null"}]}
         if field.containing_oneof is not None and not field.containing_oneof.name.startswith("_"):
             schema = {**schema, "description": f"One of the `{field.containing_oneof.name}` fields."}
         return schema

@@ -19,6 +19,7 @@ BUF = pathlib.Path(sys.executable).parent / "buf"
 
 
 def run(*args: str, timeout: float = 15) -> subprocess.CompletedProcess[str]:
+    """A bounded run; a stream still open at ``timeout`` raises TimeoutExpired with its output."""
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -28,11 +29,13 @@ def curl(*args: str) -> subprocess.CompletedProcess[str]:
     return run(CURL, "-sS", *args)
 
 
-def buf_curl(served: Served, method: str, *args: str) -> subprocess.CompletedProcess[str]:
+def buf_curl(
+    served: Served, method: str, *args: str, timeout: float = 15
+) -> subprocess.CompletedProcess[str]:
     if not BUF.exists():
         pytest.skip("buf is not installed")
     url = f"http://{served.server.grpc_target}/{method}"
-    return run(str(BUF), "curl", "--protocol", "grpc", "--http2-prior-knowledge", *args, url)
+    return run(str(BUF), "curl", "--protocol", "grpc", "--http2-prior-knowledge", *args, url, timeout=timeout)
 
 
 def test_curl_envelope_rest_and_errors(served: Served) -> None:
@@ -94,3 +97,58 @@ def test_buf_curl_over_reflection(served: Served) -> None:
     )
     assert listed_sessions.returncode == 0, listed_sessions.stderr
     assert len(json.loads(listed_sessions.stdout).get("sessions", [])) <= 1
+
+
+def json_values(text: str) -> list[Any]:
+    """The JSON documents buf curl printed one after another."""
+    decoder, found, position = json.JSONDecoder(), [], 0
+    while position < len(text.rstrip()):
+        value, end = decoder.raw_decode(text, position)
+        found.append(value)
+        position = end
+        while position < len(text) and text[position].isspace():
+            position += 1
+    return found
+
+
+def test_buf_curl_calls_and_follows_the_event_stream(served: Served) -> None:
+    auth = ["-H", f"Authorization: Bearer {served.token()}"]
+    created = buf_curl(
+        served, "cleveragents.acp.v1.SessionService/CreateSession", *auth, "-d", '{"title": "buf"}'
+    )
+    assert created.returncode == 0, created.stderr
+    session_id = json.loads(created.stdout)["session"]["meta"]["id"]
+    told = buf_curl(
+        served,
+        "cleveragents.acp.v1.SessionService/TellSession",
+        *auth,
+        "-d",
+        json.dumps({"session_id": session_id, "content": "/help"}),
+    )
+    assert told.returncode == 0, told.stderr
+    shown = buf_curl(
+        served,
+        "cleveragents.acp.v1.SessionService/GetSession",
+        *auth,
+        "-d",
+        json.dumps({"session_id": session_id}),
+    )
+    assert json.loads(shown.stdout)["session"]["messageCount"] == 2
+    with pytest.raises(subprocess.TimeoutExpired) as info:
+        buf_curl(
+            served,
+            "cleveragents.acp.v1.EventService/SubscribeEvents",
+            *auth,
+            "-d",
+            json.dumps({"session_id": session_id}),
+            timeout=3,
+        )
+    output = info.value.output
+    events = [
+        item["event"] for item in json_values(output.decode() if isinstance(output, bytes) else output or "")
+    ]
+    assert [e["type"] for e in events] == ["session.message", "session.message"]
+    assert int(events[0]["sequence"]) < int(events[1]["sequence"])
+    assert {e["sessionId"] for e in events} == {session_id}
+    refused = buf_curl(served, "cleveragents.acp.v1.EventService/SubscribeEvents", "-d", "{}")
+    assert json.loads(refused.stderr)["code"] == "unauthenticated"

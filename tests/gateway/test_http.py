@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import jsonschema
 import orjson
 import pytest
 
@@ -335,3 +336,14 @@ def test_rest_lists_filter_by_map_entries(http: httpx.Client, served: Served) ->
     parameters = document["paths"]["/api/v1/skills"]["get"]["parameters"]
     labels = next(p for p in parameters if p["name"] == "labels")
     assert (labels["style"], labels["explode"]) == ("deepObject", True)
+
+
+def test_answers_validate_against_the_openapi_envelope_schema(http: httpx.Client) -> None:
+    """Found by schemathesis: the document described `error` (and every message field) as an
+    object, so each ok envelope's `error: null` broke its own schema."""
+    document = http.get("/api/v1/openapi.json").json()
+    validator = jsonschema.Draft202012Validator(
+        {"$ref": "#/components/schemas/cleveragents.acp.v1.ResponseEnvelope", **document}
+    )
+    for response in (http.get("/api/v1/version"), http.get("/api/v1/sessions")):
+        validator.validate(response.json())

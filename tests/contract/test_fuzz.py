@@ -1,0 +1,150 @@
+"""Fuzzing bad input against a real server (subprocess, token auth on).
+
+schemathesis generates requests for every route of ``/api/v1/openapi.json`` (the REST
+routes, the envelope endpoint, health) with a good token; hypothesis sends arbitrary JSON and
+arbitrary bytes to the envelope endpoint. Nothing may answer 5xx, every answer is a valid
+envelope, and answers conform to the document's schemas. ``ACP_FUZZ_EXAMPLES`` sets the
+examples per route and per property (``make fuzz`` raises it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis import checks
+
+from cleveragents.acp.facade.contract import catalog
+from cleveragents.acp.gateway.http import openapi
+from tests.contract.envelopes import envelope_problems, operation_of
+from tests.server_process import ServerProcess, Tokens, start_server
+
+EXAMPLES = int(os.environ.get("ACP_FUZZ_EXAMPLES", "4"))
+STREAM_PATH = "/api/v1/events/stream"
+FUZZ_SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
+
+
+@pytest.fixture(scope="module")
+def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Tokens]]:
+    directory = tmp_path_factory.mktemp("fuzz")
+    tokens = Tokens.create(directory)
+    (directory / "repo").mkdir()
+    server = start_server(directory, "--max-body-bytes", "65536", tokens=tokens.path)
+    yield server, tokens
+    assert server.stop() == 0, server.stderr()
+
+
+# The document the gateway serves, built the same way here so each route is its own test
+# (the served one is compared with it below).
+schema = schemathesis.openapi.from_dict(openapi.document())
+
+
+def conforms(method: str, raw_path: str, request_body: bytes, response: Any) -> None:
+    assert response.status_code < 500, response.text
+    if raw_path == "/api/v1/openapi.json":
+        return
+    headers = httpx.Headers(
+        {key: value[0] if isinstance(value, list) else value for key, value in response.headers.items()}
+    )
+    assert headers["content-type"] == "application/json", headers
+    body = orjson.loads(response.content)
+    op = operation_of(method, raw_path, request_body)
+    assert envelope_problems(body, op, status=response.status_code, headers=headers) == []
+
+
+@schema.parametrize()
+@FUZZ_SETTINGS
+def test_every_route_of_the_openapi_document(case: Any, fuzzed: tuple[ServerProcess, Tokens]) -> None:
+    server, tokens = fuzzed
+    headers = {"Authorization": f"Bearer {tokens.tokens['root']}"}
+    if case.path == STREAM_PATH:
+        kwargs = case.as_transport_kwargs(base_url=server.http, headers=headers)
+        with requests.request(**kwargs, stream=True, timeout=10) as streamed:
+            if streamed.headers.get("content-type", "").startswith("text/event-stream"):
+                assert streamed.status_code == 200
+                assert next(streamed.iter_lines()) == b": stream open"
+                return
+            body = streamed.content
+        conforms("GET", STREAM_PATH, b"", streamed)
+        assert orjson.loads(body)["status"] == "error"
+        return
+    response = case.call(base_url=server.http, headers=headers, timeout=30)
+    request = response.request
+    raw_path = urllib.parse.urlsplit(request.url).path
+    body = request.body if isinstance(request.body, bytes) else (request.body or "").encode()
+    conforms(request.method, raw_path, body, response)
+    case.validate_response(
+        response,
+        checks=[
+            checks.not_a_server_error,
+            checks.status_code_conformance,
+            checks.content_type_conformance,
+            checks.response_schema_conformance,
+        ],
+    )
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+OPERATIONS = st.sampled_from(sorted(catalog.OPERATIONS))
+ENVELOPES = st.fixed_dictionaries(
+    {"operation": OPERATIONS},
+    optional={
+        "params": st.dictionaries(st.text(max_size=12), JSON, max_size=5),
+        "acp_version": st.sampled_from(["1.0", "1.1", "2.0", ""]) | st.text(max_size=5),
+        "request_id": st.text(max_size=30),
+        "auth": st.fixed_dictionaries({"token": st.text(max_size=10)}) | JSON,
+    },
+)
+
+
+@pytest.fixture(scope="module")
+def envelope_client(fuzzed: tuple[ServerProcess, Tokens]) -> Iterator[httpx.Client]:
+    server, tokens = fuzzed
+    auth = {"Authorization": f"Bearer {tokens.tokens['root']}"}
+    with httpx.Client(base_url=server.http, timeout=30, headers=auth) as client:
+        yield client
+
+
+def post(client: httpx.Client, content: bytes) -> None:
+    """Any body: an envelope answers, never a server error."""
+    response = client.post("/api/v1/acp", content=content, headers={"Content-Type": "application/json"})
+    conforms("POST", "/api/v1/acp", content, response)
+
+
+@given(body=JSON | ENVELOPES)
+@settings(parent=FUZZ_SETTINGS, max_examples=EXAMPLES * 25)
+def test_the_envelope_endpoint_takes_any_json(envelope_client: httpx.Client, body: Any) -> None:
+    # The standard library writes integers of any size, which orjson refuses to.
+    post(envelope_client, json.dumps(body).encode())
+
+
+@given(content=st.binary(max_size=200))
+@settings(parent=FUZZ_SETTINGS, max_examples=EXAMPLES * 10)
+def test_the_envelope_endpoint_takes_any_bytes(envelope_client: httpx.Client, content: bytes) -> None:
+    post(envelope_client, content)
+
+
+def test_the_fuzzed_document_is_the_served_one(envelope_client: httpx.Client) -> None:
+    served = envelope_client.get("/api/v1/openapi.json").json()
+    served["info"]["description"] = schema.raw_schema["info"]["description"]
+    assert served == schema.raw_schema
+    assert len(list(schema.get_all_operations())) == len(catalog.OPERATIONS) + 2

@@ -84,10 +84,16 @@ class ACPClient:
     async def subscribe(self, params: Params = None, **fields: Any) -> AsyncIterator[events_pb2.Event]:
         op = resolve("events.subscribe")
         items = await self.transport.open_stream(op, request_for(op, params, fields), self._options())
-        async for item in items:
-            if not isinstance(item, events_pb2.SubscribeEventsResponse):
-                raise ACPError(ErrorCode.INTERNAL_ERROR, f"unexpected stream item {type(item).__name__}")
-            yield item.event
+        try:
+            async for item in items:
+                if not isinstance(item, events_pb2.SubscribeEventsResponse):
+                    raise ACPError(ErrorCode.INTERNAL_ERROR, f"unexpected stream item {type(item).__name__}")
+                yield item.event
+        finally:
+            # A subscriber that stops early releases the stream (connection, subscription) now.
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     async def close(self) -> None:
         await self.transport.close()

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
+from google.protobuf import message
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.client.stubs import local_stub
+from cleveragents.acp.client.transport import CallOptions
+from cleveragents.acp.facade.contract.catalog import Operation
 from cleveragents.acp.facade.contract.errors import ACPError
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from cleveragents.acp.v1 import meta_pb2
@@ -52,3 +57,43 @@ async def test_unknown_operation_and_bad_params(client: ACPClient) -> None:
     assert info.value.code == "INVALID_PARAMS"
     with pytest.raises(AttributeError):
         _ = client.ops.nogroup
+
+
+class _Items:
+    """A transport's stream items that tell whether they were closed."""
+
+    def __init__(self, items: AsyncIterator[message.Message]) -> None:
+        self.items = items
+        self.closed = False
+
+    def __aiter__(self) -> _Items:
+        return self
+
+    async def __anext__(self) -> message.Message:
+        return await anext(self.items)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self.items.aclose()  # type: ignore[attr-defined]
+
+
+class _Watching(LocalTransport):
+    opened: list[_Items]
+
+    async def open_stream(self, op: Operation, request: message.Message, options: CallOptions) -> _Items:
+        items = _Items(await super().open_stream(op, request, options))
+        self.opened.append(items)
+        return items
+
+
+async def test_a_subscriber_that_stops_early_closes_its_stream(facade: ServiceFacade) -> None:
+    """Found by the contract suite: the stream stayed open until garbage collection."""
+    transport = _Watching(facade)
+    transport.opened = []
+    client = ACPClient(transport)
+    created = await client.call("session.create")
+    await client.call("session.tell", session_id=created.session.meta.id, content="hi")  # type: ignore[attr-defined]
+    events = client.subscribe()
+    assert (await anext(events)).type == "session.message"
+    await events.aclose()  # type: ignore[attr-defined]
+    assert [items.closed for items in transport.opened] == [True]

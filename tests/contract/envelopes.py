@@ -89,6 +89,10 @@ def envelope_problems(
             problems.append("X-Request-ID differs from request_id")
         if headers.get("acp-version") != body.get("acp_version"):
             problems.append("ACP-Version differs from acp_version")
+        error = body.get("error")
+        code = error.get("code") if isinstance(error, dict) else None
+        if code == "AUTH_REQUIRED" and not headers.get("www-authenticate", "").startswith("Bearer"):
+            problems.append("AUTH_REQUIRED without WWW-Authenticate: Bearer")
     return problems
 
 
@@ -134,6 +138,9 @@ class EnvelopeChecker:
             self.problems.append(f"{where}: not JSON: {exc}")
             return
         op = operation_of(method, raw_path, request_body)
+        sent = _json(request_body).get("request_id") or response.request.headers.get("x-request-id")
+        if sent and isinstance(body, dict) and body.get("request_id") != sent:
+            self.problems.append(f"{where}: request id {sent!r} came back as {body.get('request_id')!r}")
         if (
             raw_path == HEALTH_PATH
             and body.get("status") == "ok"
@@ -149,6 +156,14 @@ class EnvelopeChecker:
             return
         await response.aread()
         self.check(response.request.method, _raw(response.request), _body(response.request), response)
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _raw(request: httpx.Request) -> str:

@@ -8,9 +8,11 @@ namespaces it may use (a list, or ``"*"`` for all)::
     token_sha256 = "9f86d0..."
     namespaces = ["default", "team-a"]
 
-The server re-reads the file when it changes, so a token created while it runs works at
-once and a removed principal stops working at once. A file that cannot be read fails
-closed: every authenticated call is refused until it is fixed.
+The server re-reads the file when it changes: a token created while it runs works at once
+(an unknown token makes it look at the file right away), and a removed principal stops
+working within ``CHECK_SECONDS`` (a known token makes it look at most once per interval,
+so a call costs no file system access). A file that cannot be read fails closed: every
+authenticated call is refused until it is fixed.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import os
 import pathlib
 import re
 import secrets
 import threading
+import time
 import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -38,6 +42,10 @@ TOKEN_PREFIX = "acp_"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _UNREAD = object()
+# How long a known token may outlive its removal from the file (seconds).
+CHECK_SECONDS = 1.0
+# Digests of recently seen tokens kept, so hashing is not repeated per call.
+_DIGESTS_KEPT = 1024
 
 
 class TokenFileError(Exception):
@@ -179,17 +187,25 @@ def create_token(path: pathlib.Path, name: str, namespaces: Sequence[str] | None
 class TokenAuthenticator:
     """``Authenticator`` over a token file, re-read whenever the file changes."""
 
-    def __init__(self, path: str | pathlib.Path) -> None:
+    def __init__(self, path: str | pathlib.Path, *, check_seconds: float = CHECK_SECONDS) -> None:
         self.path = pathlib.Path(path)
+        self.check_seconds = check_seconds
         self._lock = threading.Lock()
         self._stamp: object = _UNREAD
-        self._entries: list[TokenEntry] = []
+        self._checked = -math.inf
+        # Entries and their digests, replaced together (readers take both at once).
+        self._table: tuple[list[TokenEntry], list[bytes]] = ([], [])
         self._broken: str | None = None
-        self._refresh()
+        self._seen: dict[str, bytes] = {}
+        self._refresh(force=True)
 
-    def _refresh(self) -> None:
+    def _refresh(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._checked < self.check_seconds:
+            return
+        self._checked = now
         try:
-            stat = self.path.stat()
+            stat = os.stat(self.path)
             stamp = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
         except FileNotFoundError:
             stamp = None
@@ -198,18 +214,39 @@ class TokenAuthenticator:
                 return
             self._stamp = stamp
             if stamp is None:
-                self._entries, self._broken = [], None
+                self._set([], None)
                 return
             try:
-                self._entries, self._broken = load(self.path), None
+                self._set(load(self.path), None)
             except TokenFileError as exc:
                 log.error("refusing every token until the file is fixed: %s", exc)
-                self._entries, self._broken = [], str(exc)
+                self._set([], str(exc))
+
+    def _set(self, entries: list[TokenEntry], broken: str | None) -> None:
+        self._table = (entries, [entry.token_sha256.encode() for entry in entries])
+        self._broken = broken
 
     @property
     def principals(self) -> list[Principal]:
-        self._refresh()
-        return [entry.principal for entry in self._entries]
+        self._refresh(force=True)
+        return [entry.principal for entry in self._table[0]]
+
+    def _digest(self, token: str) -> bytes:
+        digest = self._seen.get(token)
+        if digest is None:
+            if len(self._seen) >= _DIGESTS_KEPT:
+                self._seen.clear()
+            digest = self._seen[token] = hash_token(token).encode()
+        return digest
+
+    def _match(self, digest: bytes) -> TokenEntry | None:
+        found: TokenEntry | None = None
+        entries, digests = self._table
+        # Every entry is compared, in constant time, so timing tells nothing about which matched.
+        for entry, known in zip(entries, digests, strict=True):
+            if hmac.compare_digest(digest, known):
+                found = entry
+        return found
 
     def authenticate(self, token: str | None) -> Principal:
         if not token:
@@ -219,17 +256,17 @@ class TokenAuthenticator:
                 {"scheme": "Bearer"},
             )
         self._refresh()
-        if self._broken is not None:
-            raise ACPError(
-                ErrorCode.INTERNAL_ERROR,
-                "the server's token file is unreadable; no token is accepted until it is fixed",
-            )
-        digest = hash_token(token).encode()
-        found: TokenEntry | None = None
-        # Every entry is compared, in constant time, so timing tells nothing about which matched.
-        for entry in self._entries:
-            if hmac.compare_digest(digest, entry.token_sha256.encode()):
-                found = entry
+        digest = self._digest(token)
+        found = self._match(digest) if self._broken is None else None
+        if found is None:
+            # Perhaps created (or the file fixed) since the last look: look now.
+            self._refresh(force=True)
+            if self._broken is not None:
+                raise ACPError(
+                    ErrorCode.INTERNAL_ERROR,
+                    "the server's token file is unreadable; no token is accepted until it is fixed",
+                )
+            found = self._match(digest)
         if found is None:
             raise ACPError(ErrorCode.AUTH_REQUIRED, "unknown or revoked token", {"scheme": "Bearer"})
         return found.principal

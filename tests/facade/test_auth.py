@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 import stat
+import time
 
 import pytest
 
@@ -38,19 +39,36 @@ def test_create_and_authenticate(tmp_path: pathlib.Path) -> None:
 
 
 def test_the_file_is_reread_when_it_changes(tmp_path: pathlib.Path) -> None:
+    """A new token works at once; a removed one stops working within the check interval
+    (the file is looked at once per interval while known tokens come, at once for others)."""
     path = tmp_path / "tokens.toml"
-    authenticator = auth.TokenAuthenticator(path)
+    authenticator = auth.TokenAuthenticator(path, check_seconds=0.2)
     assert refused(authenticator, "acp_x").code == "AUTH_REQUIRED"
     token = auth.create_token(path, "late", ["default"])
     assert authenticator.authenticate(token).name == "late"
+    other = auth.create_token(path, "later", None)
+    assert authenticator.authenticate(other).name == "later"
     auth.write(path, [])
+    time.sleep(0.25)
+    assert refused(authenticator, token).code == "AUTH_REQUIRED"
+    assert refused(authenticator, other).code == "AUTH_REQUIRED"
+
+
+def test_a_removed_token_stops_working_within_a_second_by_default(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "tokens.toml"
+    token = auth.create_token(path, "a", ["default"])
+    authenticator = auth.TokenAuthenticator(path)
+    assert authenticator.check_seconds <= 1.0
+    assert authenticator.authenticate(token).name == "a"
+    auth.write(path, [])
+    time.sleep(authenticator.check_seconds + 0.05)
     assert refused(authenticator, token).code == "AUTH_REQUIRED"
 
 
 def test_a_broken_file_refuses_every_token(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "tokens.toml"
     token = auth.create_token(path, "a", ["default"])
-    authenticator = auth.TokenAuthenticator(path)
+    authenticator = auth.TokenAuthenticator(path, check_seconds=0)
     path.write_text(path.read_text() + "\n[[principal]\n")
     os.utime(path, ns=(1, 1))
     assert refused(authenticator, token).code == "INTERNAL_ERROR"
@@ -87,3 +105,13 @@ def test_create_refuses_bad_input(tmp_path: pathlib.Path) -> None:
         auth.create_token(path, "b", ["bad namespace"])
     assert [e.name for e in auth.load(path)] == ["a"]
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_remembered_digests_are_bounded(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "tokens.toml"
+    token = auth.create_token(path, "a", ["default"])
+    authenticator = auth.TokenAuthenticator(path)
+    for index in range(1500):
+        assert refused(authenticator, f"acp_wrong{index}").code == "AUTH_REQUIRED"
+    assert len(authenticator._seen) <= 1024
+    assert authenticator.authenticate(token).name == "a"

@@ -14,7 +14,7 @@ from typing import Any, cast
 import grpc
 from google.protobuf import message
 
-from cleveragents.acp.client.transport import CallOptions
+from cleveragents.acp.client.transport import CallOptions, StreamItems
 from cleveragents.acp.facade.contract import rich_status
 from cleveragents.acp.facade.contract.catalog import Operation
 from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
@@ -139,7 +139,11 @@ class GrpcTransport:
         except BaseException:
             call.cancel()
             raise
-        return self._items(call)
+
+        async def release() -> None:
+            call.cancel()
+
+        return StreamItems(self._items(call), release)
 
     @staticmethod
     async def _items(call: grpc.aio.UnaryStreamCall[Any, Any]) -> AsyncIterator[message.Message]:

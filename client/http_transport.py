@@ -17,7 +17,7 @@ import httpx
 import orjson
 from google.protobuf import descriptor, message
 
-from cleveragents.acp.client.transport import CallOptions
+from cleveragents.acp.client.transport import CallOptions, StreamItems
 from cleveragents.acp.facade.contract import codec, envelope, sse
 from cleveragents.acp.facade.contract.catalog import Operation
 from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
@@ -161,7 +161,7 @@ class HTTPTransport:
                 await response.aclose()
             envelope.raise_for_error(_decode_envelope(response, body))
             raise ACPError(ErrorCode.INTERNAL_ERROR, "the server answered a stream with an envelope")
-        return self._items(op, response)
+        return StreamItems(self._items(op, response), response.aclose)
 
     async def _items(self, op: Operation, response: httpx.Response) -> AsyncIterator[message.Message]:
         parser = sse.Parser()

@@ -10,7 +10,7 @@ real status before it sends any stream headers; ``stream`` is the same as one it
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -37,3 +37,28 @@ class Transport(Protocol):
         """Admit the stream (auth, version, filters: errors raise here) and return its items."""
 
     async def close(self) -> None: ...
+
+
+class StreamItems:
+    """The items of an admitted stream. ``aclose`` releases the stream (the HTTP response,
+    the gRPC call) even when no item was read, which closing an unstarted generator would not."""
+
+    def __init__(self, items: AsyncIterator[message.Message], release: Callable[[], Awaitable[None]]) -> None:
+        self._items = items
+        self._release = release
+        self.released = False
+
+    def __aiter__(self) -> StreamItems:
+        return self
+
+    async def __anext__(self) -> message.Message:
+        return await anext(self._items)
+
+    async def aclose(self) -> None:
+        try:
+            aclose = getattr(self._items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        finally:
+            self.released = True
+            await self._release()

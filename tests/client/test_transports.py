@@ -170,3 +170,32 @@ async def test_stream_admission_errors(clients: dict[str, Factory]) -> None:
     assert forbidden[1] == "AUTH_FORBIDDEN"
     anonymous = await same_everywhere(clients, lambda c: first_events(c, 1))
     assert anonymous[1] == "AUTH_REQUIRED"
+
+
+async def test_a_stream_closed_before_its_first_item_is_released(
+    remote: tuple[ServerProcess, Tokens],
+) -> None:
+    """Found by the contract suite: closing the items of a stream never read left the HTTP
+    response (and its pooled connection) or the gRPC call open."""
+    server, tokens = remote
+    op = catalog.OPERATIONS["events.subscribe"]
+    options = CallOptions(acp_version=None, token=tokens.tokens["alice"], request_id="r1")
+    limits = httpx.Limits(max_connections=1)
+    http = HTTPTransport(
+        httpx.AsyncClient(base_url=server.http, timeout=httpx.Timeout(5, pool=2), limits=limits),
+        owns_client=True,
+    )
+    grpc_transport = GrpcTransport.connect(server.grpc_target, timeout=10)
+    try:
+        for transport in (http, grpc_transport):
+            for _ in range(3):
+                items = await transport.open_stream(op, op.request_type(), options)
+                await items.aclose()  # type: ignore[attr-defined]
+                assert items.released  # type: ignore[attr-defined]
+        # One pooled connection: it would still be taken by an unreleased response.
+        assert await http.call(
+            catalog.OPERATIONS["meta.version"], catalog.OPERATIONS["meta.version"].request_type(), options
+        )
+    finally:
+        await http.close()
+        await grpc_transport.close()

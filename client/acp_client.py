@@ -34,7 +34,7 @@ def request_for(op: Operation, params: Params, fields: Mapping[str, Any]) -> mes
         if fields:
             raise ACPError(ErrorCode.INVALID_PARAMS, "pass either a request message or keyword fields")
         return params
-    merged = {**(params or {}), **fields}
+    merged = {**params, **fields} if params else fields
     return codec.from_dict(merged, op.request_type)
 
 
@@ -76,7 +76,7 @@ class ACPClient:
         return CallOptions(acp_version=self.acp_version, token=self.token, request_id=new_request_id())
 
     async def call(self, operation: str, params: Params = None, **fields: Any) -> message.Message:
-        op = resolve(operation)
+        op = catalog.OPERATIONS.get(operation) or resolve(operation)
         if op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{operation} is a stream; use subscribe()")
         return await self.transport.call(op, request_for(op, params, fields), self._options())

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 from google.protobuf import message
 
@@ -23,8 +24,11 @@ class LocalTransport:
             token=options.token, acp_version=options.acp_version, request_id=options.request_id
         )
 
-    async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
-        return await self.facade.invoke(op, request, self._context(options))
+    def call(
+        self, op: Operation, request: message.Message, options: CallOptions
+    ) -> Coroutine[Any, Any, message.Message]:
+        """The facade's own coroutine: no frame of this transport's between caller and facade."""
+        return self.facade.invoke(op, request, self._context(options))
 
     async def open_stream(
         self, op: Operation, request: message.Message, options: CallOptions

@@ -19,8 +19,11 @@ from google.protobuf import message
 from cleveragents.acp.facade.contract.catalog import Operation
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CallOptions:
+    """Per call; built on every call's path, hence slotted and not frozen (a frozen
+    dataclass sets each field through ``object.__setattr__``: twice the cost)."""
+
     acp_version: str | None
     token: str | None
     request_id: str

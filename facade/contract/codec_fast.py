@@ -377,17 +377,19 @@ def _fill(data: Any, msg: message.Message, level: int) -> None:
         raise UnsupportedError
     plan = _IN.get(msg.DESCRIPTOR) or _in(msg.DESCRIPTOR)
     by_key = plan.by_key
-    seen: set[str] = set()
+    # One key cannot name a field twice (by proto and JSON name) or two of a oneof.
+    seen: set[str] | None = set() if len(data) > 1 else None
     for key, value in data.items():
         spec = by_key.get(key)
         if spec is None or value is None:
             raise UnsupportedError
         name, kind, oneof, convert = spec
-        if name in seen or (oneof is not None and oneof in seen):
-            raise UnsupportedError
-        seen.add(name)
-        if oneof is not None:
-            seen.add(oneof)
+        if seen is not None:
+            if name in seen or (oneof is not None and oneof in seen):
+                raise UnsupportedError
+            seen.add(name)
+            if oneof is not None:
+                seen.add(oneof)
         if kind == _SET:
             setattr(msg, name, convert(value))
         elif kind == _MESSAGE:

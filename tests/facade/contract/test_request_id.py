@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
+import pytest
 from ulid import ULID
 
+from cleveragents.acp.facade.contract import envelope
 from cleveragents.acp.facade.contract.envelope import new_request_id
 
 
@@ -24,3 +27,20 @@ def test_request_ids_sort_by_time() -> None:
     first = new_request_id()
     time.sleep(0.003)
     assert new_request_id()[:10] > first[:10]
+
+
+def test_ids_of_one_millisecond_count_up_and_stay_distinct_past_the_counter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = new_request_id()
+    ms = ULID.from_str(first).milliseconds
+    # The counter of the low 20 bits about to run out: the next ids start afresh.
+    monkeypatch.setattr(envelope, "_state", (ms, first[:-4], itertools.count((1 << 20) - 2)))
+    ids = [new_request_id() for _ in range(4)]
+    assert len({first, *ids}) == 5
+    for value in ids:
+        assert str(ULID.from_str(value)) == value
+        assert ULID.from_str(value).milliseconds >= ms
+    same_ms = [value for value in ids if value[:10] == first[:10]]
+    if same_ms and same_ms[0][:-4] == first[:-4]:
+        assert same_ms[0] > first

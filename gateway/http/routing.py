@@ -51,6 +51,15 @@ def _route(method: str, template: str, *, op: Operation | None = None, endpoint:
     return Route(method, template, pattern, variables, op, endpoint)
 
 
+def _prefix(path: str) -> str:
+    """The first three segments of a path, the last cut at ``:`` (``/api/v1/plans`` of
+    ``/api/v1/plans/x:apply``): a template's whole prefix is literal text in practice, so
+    only routes of the same prefix can match a path."""
+    head = path.split("/", 4)[:4]
+    head[-1] = head[-1].split(":", 1)[0]
+    return "/".join(head)
+
+
 class RouteTable:
     def __init__(self, operations: Iterable[Operation] | None = None) -> None:
         ops = catalog.OPERATIONS.values() if operations is None else operations
@@ -60,6 +69,15 @@ class RouteTable:
             _route("GET", OPENAPI_PATH, endpoint="openapi"),
             *(_route(op.http.method, op.http.path, op=op) for op in ops),
         ]
+        # Candidates per prefix, in table order; a template with a variable in its prefix
+        # is a candidate for every path.
+        anywhere = [route for route in self.routes if "{" in _prefix(route.template)]
+        self._by_prefix: dict[str, list[Route]] = {}
+        for route in self.routes:
+            key = _prefix(route.template)
+            if "{" not in key and key not in self._by_prefix:
+                self._by_prefix[key] = [r for r in self.routes if _prefix(r.template) == key or r in anywhere]
+        self._anywhere = anywhere
 
     def match(self, method: str, raw_path: str) -> tuple[Route, dict[str, str]]:
         """The route and its decoded path variables; NOT_FOUND for an unknown path or verb.
@@ -67,7 +85,7 @@ class RouteTable:
         HEAD is served as GET (the server sends no body)."""
         verb = "GET" if method == "HEAD" else method
         allowed: list[str] = []
-        for route in self.routes:
+        for route in self._by_prefix.get(_prefix(raw_path), self._anywhere):
             found = route.pattern.match(raw_path)
             if found is None:
                 continue

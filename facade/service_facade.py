@@ -125,7 +125,13 @@ class ServiceFacade:
         if not op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is not a stream")
         handler = cast(Streaming, self._admit(op, request, ctx))
-        return self._guarded(handler(request, ctx), op.name)
+        try:
+            items = handler(request, ctx)
+        except ACPError:
+            raise
+        except Exception as exc:
+            raise internal_error(exc, op.name) from exc
+        return self._guarded(items, op.name)
 
     @staticmethod
     async def _guarded(items: AsyncIterator[message.Message], where: str) -> AsyncIterator[message.Message]:

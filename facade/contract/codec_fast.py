@@ -78,14 +78,15 @@ Printer = Callable[[Any], Any]
 
 
 class _Out:
-    """How one message type prints: per set field a name and converter, then the
-    defaults of fields without presence, in descriptor order."""
+    """How one message type prints: per set field a name and converter (None: the value
+    as it is), then the defaults of fields without presence, in descriptor order (a
+    constant, or a factory of a fresh empty list or dict)."""
 
     __slots__ = ("defaults", "fields", "special")
 
     def __init__(self) -> None:
-        self.fields: dict[Field, tuple[str, Printer]] = {}
-        self.defaults: list[tuple[str, Callable[[], Any]]] = []
+        self.fields: dict[Field, tuple[str, Printer | None]] = {}
+        self.defaults: list[tuple[str, Any, Callable[[], Any] | None]] = []
         self.special: Printer | None = None
 
 
@@ -94,10 +95,6 @@ _OUT: dict[Desc, _Out] = {}
 
 def _identity(value: Any) -> Any:
     return value
-
-
-def _constant(value: Any) -> Callable[[], Any]:
-    return lambda: value
 
 
 def _enum_printer(field: Field) -> Printer:
@@ -135,17 +132,26 @@ def _scalar_printer(field: Field) -> Printer:
 
 _EPOCH_ORDINAL = datetime.date(1970, 1, 1).toordinal()
 _SECONDS_MIN, _SECONDS_MAX = -62135596800, 253402300799
+# Text by table: "YYYY-MM-DDT" per day seen (bounded), "HH:MM:" per minute of a day, "SS".
+_DAY_TEXT: dict[int, str] = {}
+_DAYS_KEPT = 4096
+_MINUTE_TEXT = [f"{hour:02d}:{minute:02d}:" for hour in range(24) for minute in range(60)]
+_TWO_DIGITS = [f"{number:02d}" for number in range(60)]
 
 
 def _timestamp(value: Any) -> str:
-    """Timestamp.ToJsonString without building a datetime (a third of its cost)."""
+    """Timestamp.ToJsonString by table: no datetime per call (entities carry two each)."""
     seconds, nanos = value.seconds, value.nanos
     if not (_SECONDS_MIN <= seconds <= _SECONDS_MAX and 0 <= nanos < 1_000_000_000):
         raise UnsupportedError
     days, in_day = divmod(seconds, 86400)
-    hours, rest = divmod(in_day, 3600)
-    date = datetime.date.fromordinal(_EPOCH_ORDINAL + days).isoformat()
-    text = f"{date}T{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
+    date = _DAY_TEXT.get(days)
+    if date is None:
+        if len(_DAY_TEXT) >= _DAYS_KEPT:
+            _DAY_TEXT.clear()
+        date = _DAY_TEXT[days] = datetime.date.fromordinal(_EPOCH_ORDINAL + days).isoformat() + "T"
+    minute, second = divmod(in_day, 60)
+    text: str = date + _MINUTE_TEXT[minute] + _TWO_DIGITS[second]
     if nanos == 0:
         return text + "Z"
     if nanos % 1_000_000 == 0:
@@ -187,18 +193,18 @@ def _out(desc: Desc) -> _Out:
             else:
                 plan.fields[field] = (name, _map(value_printer))
             if not field.has_presence:
-                plan.defaults.append((name, dict))
+                plan.defaults.append((name, None, dict))
         elif field.is_repeated:
             item = _scalar_printer(field)
             plan.fields[field] = (name, list if item is _identity else _list(item))
             if not field.has_presence:
-                plan.defaults.append((name, list))
+                plan.defaults.append((name, None, list))
         else:
             printer = _scalar_printer(field)
-            plan.fields[field] = (name, printer)
+            plan.fields[field] = (name, None if printer is _identity else printer)
             if not field.has_presence:
                 default = _PRINTER._FieldToJsonObject(field, field.default_value)
-                plan.defaults.append((name, _constant(default)))
+                plan.defaults.append((name, default, None))
     # Published only once complete: other threads may convert meanwhile.
     _OUT[desc] = plan
     return plan
@@ -231,10 +237,10 @@ def _to_dict(msg: message.Message) -> Any:
             name, printer = fields[field]
         except KeyError:
             raise UnsupportedError from None  # an extension
-        js[name] = printer(value)
-    for name, default in plan.defaults:
+        js[name] = value if printer is None else printer(value)
+    for name, default, factory in plan.defaults:
         if name not in js:
-            js[name] = default()
+            js[name] = default if factory is None else factory()
     return js
 
 

@@ -17,7 +17,7 @@ from google.protobuf import descriptor, json_format, message, struct_pb2, timest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cleveragents.acp.facade.contract import codec
+from cleveragents.acp.facade.contract import codec, codec_fast
 from cleveragents.acp.facade.contract.errors import ACPError
 from cleveragents.acp.v1 import (
     common_pb2,
@@ -316,3 +316,13 @@ def test_common_messages_take_the_fast_path() -> None:
     use = plan_pb2.UsePlanRequest()
     codec_fast.from_dict({"action": "a", "project": "p", "inputs": {"name": "x", "n": [1, 2]}}, use)
     assert use.inputs["n"] == [1, 2]
+
+
+def test_timestamps_print_as_json_format_does_across_days_and_edges() -> None:
+    seconds = [-62135596800, 253402300799, -1, 0, 59, 60, 3599, 3600, 86399, 86400, 951782400]
+    seconds += [1_700_000_000 + 86400 * day + 3661 for day in range(0, 5 * codec_fast._DAYS_KEPT, 997)]
+    for second in seconds:
+        for nanos in (0, 1, 1000, 1_000_000, 999_999_999, 456_677_000):
+            stamp = timestamp_pb2.Timestamp(seconds=second, nanos=nanos)
+            assert codec_fast._timestamp(stamp) == stamp.ToJsonString(), (second, nanos)
+    assert len(codec_fast._DAY_TEXT) <= codec_fast._DAYS_KEPT

@@ -40,6 +40,8 @@ from cleveragents.acp.gateway.http.sse import SSEResponse
 
 log = logging.getLogger(__name__)
 
+_VERSION_HEADER = common.VERSION_HEADER.encode()
+_REQUEST_ID_HEADER = common.REQUEST_ID_HEADER.encode()
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -52,7 +54,7 @@ class GatewaySettings:
 
 
 def _resume_from(request: Request) -> int | None:
-    value = request.headers.get("last-event-id")
+    value = binding.header(request, b"last-event-id")
     if value is None or value.strip() == "":
         return None
     value = value.strip()
@@ -93,8 +95,8 @@ class Gateway:
     async def handle(self, request: Request) -> Response | SSEResponse:
         exchange = Exchange()
         try:
-            exchange.acp_version = request.headers.get(common.VERSION_HEADER) or None
-            exchange.request_id = common.request_id(request.headers.get(common.REQUEST_ID_HEADER))
+            exchange.acp_version = binding.header(request, _VERSION_HEADER) or None
+            exchange.request_id = common.request_id(binding.header(request, _REQUEST_ID_HEADER))
             route, variables = self.routes.match(request.method, _raw_path(request))
             return await self._dispatch(route, variables, request, exchange)
         except ACPError as err:
@@ -109,7 +111,7 @@ class Gateway:
     ) -> Response | SSEResponse:
         if route.op is not None:
             data = await binding.bind_rest(route.op, request, variables, self.settings.max_body_bytes)
-            token = common.bearer_token(request.headers.get("authorization"))
+            token = common.bearer_token(binding.header(request, b"authorization"))
             if route.op.server_streaming:
                 return await self._stream(route.op, data, token, request, exchange)
             return await self._call(route.op, data, token, exchange)
@@ -132,7 +134,7 @@ class Gateway:
                 f"unknown operation {parsed.operation!r}",
                 {"operation": parsed.operation},
             )
-        header_token = common.bearer_token(request.headers.get("authorization"))
+        header_token = common.bearer_token(binding.header(request, b"authorization"))
         if parsed.token and header_token and parsed.token != header_token:
             raise binding.invalid("auth.token and the Authorization header name different tokens", "auth")
         return await self._call(op, parsed.params, parsed.token or header_token, exchange)

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import orjson
 from google.protobuf import descriptor
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 
 from cleveragents.acp.facade.contract.catalog import Operation
 from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
@@ -34,21 +34,35 @@ class PeerGoneError(Exception):
     """The client left before its request body arrived."""
 
 
+def header(request: Request, name: bytes) -> str | None:
+    """A request header by its lower-case name, as Starlette's ``Headers.get`` finds it
+    (the first of that name), read from the scope without building a Headers object."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return cast(bytes, value).decode("latin-1")
+    return None
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused once it passes ``limit`` bytes (without reading the rest)."""
-    declared = request.headers.get("content-length")
+    declared = header(request, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise invalid(f"the request body is {declared} bytes; the limit is {limit}", "body", max_bytes=limit)
     chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise invalid(f"the request body is over the limit of {limit} bytes", "body", max_bytes=limit)
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise PeerGoneError from None
-    return b"".join(chunks)
+    # The ASGI messages themselves (Request.stream is an async generator around them).
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise PeerGoneError
+        if message["type"] != "http.request":
+            continue
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise invalid(f"the request body is over the limit of {limit} bytes", "body", max_bytes=limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def parse_json(body: bytes) -> Any:

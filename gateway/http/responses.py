@@ -7,6 +7,7 @@ version), so an error at any stage still echoes them, with the time spent.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,24 @@ from cleveragents.acp.gateway import common
 
 
 class EnvelopeResponse(Response):
+    """A JSON envelope: Starlette's Response with its headers built directly (every
+    answer of the gateway is one, and the generic header handling costs more than the
+    JSON). The gateway's own headers never hold Content-Length or Content-Type."""
+
     media_type = "application/json"
+
+    def __init__(
+        self, content: Any, status_code: int = 200, headers: Mapping[str, str] | None = None
+    ) -> None:
+        self.status_code = status_code
+        self.background = None
+        self.body = self.render(content)
+        raw = [
+            (key.lower().encode("latin-1"), value.encode("latin-1")) for key, value in (headers or {}).items()
+        ]
+        raw.append((b"content-length", str(len(self.body)).encode("latin-1")))
+        raw.append((b"content-type", b"application/json"))
+        self.raw_headers = raw
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content, default=str, option=orjson.OPT_NON_STR_KEYS)

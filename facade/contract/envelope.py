@@ -97,8 +97,8 @@ def parse_request(body: Any) -> Request:
     """Validate a request envelope's shape; the params are parsed later, per operation."""
     if not isinstance(body, dict):
         raise _invalid(f"the request envelope must be a JSON object, not {type(body).__name__}", "envelope")
-    unknown = sorted(set(body) - REQUEST_FIELDS)
-    if unknown:
+    if not REQUEST_FIELDS.issuperset(body):
+        unknown = sorted(set(body) - REQUEST_FIELDS)
         raise ACPError(
             ErrorCode.INVALID_PARAMS,
             f"unknown envelope field{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
 
 CURRENT = "1.1"
@@ -27,9 +29,14 @@ def negotiate(requested: str | None) -> str:
     return requested
 
 
+@functools.cache
+def _newer(since: str, version: str) -> bool:
+    return _minor(since) > _minor(version)
+
+
 def check_operation(version: str, operation: str, since: str) -> None:
     """Refuse an operation newer than the version the client speaks."""
-    if _minor(since) > _minor(version):
+    if _newer(since, version):
         raise ACPError(
             ErrorCode.VERSION_MISMATCH,
             f"{operation} was introduced in ACP {since}; the request speaks {version}",

@@ -24,16 +24,30 @@ def required_fields(desc: descriptor.Descriptor) -> tuple[descriptor.FieldDescri
     return tuple(found)
 
 
-def _is_set(msg: message.Message, field: descriptor.FieldDescriptor) -> bool:
-    if field.is_repeated:
-        return len(getattr(msg, field.name)) > 0
-    if field.message_type is not None:
-        return msg.HasField(field.name)
-    return bool(getattr(msg, field.name))
+# How a required field is tested: its length (repeated), HasField (message), truth (scalar).
+_LENGTH, _PRESENCE, _TRUTH = range(3)
+
+
+@cache
+def _checks(desc: descriptor.Descriptor) -> tuple[tuple[str, int], ...]:
+    """Each required field's name and test, read from descriptors once per message type."""
+    checks = []
+    for field in required_fields(desc):
+        test = _LENGTH if field.is_repeated else _PRESENCE if field.message_type is not None else _TRUTH
+        checks.append((field.name, test))
+    return tuple(checks)
+
+
+def _is_set(msg: message.Message, name: str, test: int) -> bool:
+    if test == _LENGTH:
+        return len(getattr(msg, name)) > 0
+    if test == _PRESENCE:
+        return msg.HasField(name)
+    return bool(getattr(msg, name))
 
 
 def check_required(msg: message.Message) -> None:
-    missing = [f.name for f in required_fields(msg.DESCRIPTOR) if not _is_set(msg, f)]
+    missing = [name for name, test in _checks(msg.DESCRIPTOR) if not _is_set(msg, name, test)]
     if missing:
         raise ACPError(
             ErrorCode.INVALID_PARAMS,

@@ -24,10 +24,10 @@ from tests.contract.scenarios import (
     SCENARIOS,
     folder,
     plan_world,
-    registry_spec,
     scenario,
     use,
 )
+from tests.registry_specs import registry_spec
 
 AUTH_CODES = frozenset({"AUTH_REQUIRED", "AUTH_FORBIDDEN"})
 UNSUPPORTED_VERSIONS = ("2.0", "0.9", "1", "1.2", "latest")

@@ -18,6 +18,7 @@ from cleveragents.acp.facade.contract import catalog, codec
 from cleveragents.acp.v1 import events_pb2, plan_pb2
 from tests.contract.harness import Run, Scenario
 from tests.facade.plans.helpers import INPUTS, SCHEMA, STEPS, write_tree
+from tests.registry_specs import registry_spec
 
 SCENARIOS: dict[str, Scenario] = {}
 MISSING_ID = "01J00000000000000000000000"
@@ -43,23 +44,6 @@ def folder(run: Run, name: str) -> pathlib.Path:
     path = run.root / name
     write_tree(path)
     return path
-
-
-def registry_spec(kind: str, root: pathlib.Path) -> dict[str, Any]:
-    """A valid spec of each kind, naming only built-ins and the ``base`` resource."""
-    specs: dict[str, dict[str, Any]] = {
-        "action": {"actor": "scripted", "steps": [{"id": "s", "tool": "fs.read", "args": {"path": "x"}}]},
-        "actor": {"provider": "scripted", "system_prompt": "be brief"},
-        "automation_profile": {"auto_execute": False, "allowed_tools": ["fs.read"], "cost_budget": 2.5},
-        "invariant": {"max_files_changed": {"limit": 5}},
-        "project": {"resources": ["base"]},
-        "resource": {"type": "directory", "path": str(root)},
-        "resource_type": {"driver": "directory"},
-        "skill": {"instructions": "Prefer small diffs."},
-        "tool": {"argv": ["echo", "{{message}}"], "timeout_seconds": 5},
-        "validation": {"paths": ["**/*.py"], "regex": {"pattern": "TODO", "must_match": False}},
-    }
-    return specs[kind]
 
 
 def registry_scenario(kind: str) -> Scenario:

@@ -19,23 +19,9 @@ from cleveragents.acp.facade.contract.errors import ACPError
 from cleveragents.acp.facade.domain.registries import KINDS
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
+from tests.registry_specs import registry_spec
 
-
-def valid_spec(kind: str, root: pathlib.Path) -> dict[str, Any]:
-    """A spec of each kind that needs nothing but built-ins (and, for a project, `base`)."""
-    specs: dict[str, dict[str, Any]] = {
-        "action": {"actor": "scripted", "steps": [{"tool": "fs.read", "args": {"path": "{{file}}"}}]},
-        "actor": {"provider": "scripted", "system_prompt": "be brief"},
-        "automation_profile": {"auto_execute": True, "allowed_tools": ["fs.read"], "cost_budget": 2.5},
-        "invariant": {"max_files_changed": {"limit": 5}},
-        "project": {"resources": ["base"]},
-        "resource": {"type": "directory", "path": str(root)},
-        "resource_type": {"driver": "directory"},
-        "skill": {"instructions": "Prefer small diffs."},
-        "tool": {"argv": ["echo", "{{message}}"], "timeout_seconds": 5},
-        "validation": {"paths": ["**/*.py"], "regex": {"pattern": "TODO", "must_match": False}},
-    }
-    return specs[kind]
+valid_spec = registry_spec
 
 
 async def call(client: ACPClient, op: str, **params: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	@rm -rf .build/typecheck && mkdir -p .build/typecheck/cleveragents/acp
-	@for d in facade gateway client; do ln -s ../../../../$$d .build/typecheck/cleveragents/acp/$$d; done
+	@for d in contract facade gateway client; do ln -s ../../../../$$d .build/typecheck/cleveragents/acp/$$d; done
 	@ln -s ../../../../gen/cleveragents/acp/v1 .build/typecheck/cleveragents/acp/v1
 	mypy
 
@@ -71,7 +71,7 @@ pytest: $(STAMP)
 # The fuzz tests with many more examples than `make test` runs (ACP_FUZZ_EXAMPLES there: 4).
 FUZZ_EXAMPLES ?= 200
 fuzz: $(STAMP)
-	ACP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest tests/contract/test_fuzz.py
+	ACP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest tests/conformance/test_fuzz.py
 
 bench: $(STAMP) bench-tools
 	$(BIN)/python -m bench

@@ -19,9 +19,9 @@ from bench.load import percentile
 from bench.run import Run
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
-from cleveragents.acp.client.transport import CallOptions
-from cleveragents.acp.facade.call import CallContext
-from cleveragents.acp.facade.contract import catalog
+from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.facade.factory import open_event_log, open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from cleveragents.acp.facade.services.events import EventFacade

@@ -26,7 +26,7 @@ import orjson
 from bench import load, streams
 from bench.product import Product
 from bench.unary import IN_FLIGHT, seed_session
-from cleveragents.acp.facade.contract import catalog
+from cleveragents.acp.contract import catalog
 from cleveragents.acp.v1 import session_pb2
 
 SSE_BACKLOG = 200_000

@@ -23,7 +23,7 @@ from bench.load import RESULT
 from bench.procs import CPUMeter, ServerProcess, python_module
 from bench.product import Product
 from bench.run import Run
-from cleveragents.acp.facade.contract import catalog, sse
+from cleveragents.acp.contract import catalog, sse
 from cleveragents.acp.facade.factory import open_event_log
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import events_pb2, plan_pb2

@@ -22,7 +22,7 @@ from bench.load import LoadResult
 from bench.procs import CPUMeter, ServerProcess, python_module
 from bench.product import Product
 from bench.run import Run
-from cleveragents.acp.facade.contract import catalog
+from cleveragents.acp.contract import catalog
 from cleveragents.acp.v1 import session_pb2
 
 IN_FLIGHT = 16

@@ -12,11 +12,11 @@ from typing import Any
 
 from google.protobuf import message
 
-from cleveragents.acp.client.transport import CallOptions, Transport
-from cleveragents.acp.facade.contract import catalog, codec
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.envelope import new_request_id
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract import catalog, codec
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.envelope import new_request_id
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.v1 import events_pb2
 
 Params = Mapping[str, Any] | message.Message | None

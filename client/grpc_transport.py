@@ -14,10 +14,10 @@ from typing import Any, cast
 import grpc
 from google.protobuf import message
 
-from cleveragents.acp.client.transport import CallOptions, StreamItems
-from cleveragents.acp.facade.contract import rich_status
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract import rich_status
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.transport import CallOptions, StreamItems
 
 # Clients trust the server's replies to be as big as they need (long lists, exports).
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [("grpc.max_receive_message_length", -1)]

@@ -17,10 +17,10 @@ import httpx
 import orjson
 from google.protobuf import descriptor, message
 
-from cleveragents.acp.client.transport import CallOptions, StreamItems
-from cleveragents.acp.facade.contract import codec, envelope, sse
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract import codec, envelope, sse
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.transport import CallOptions, StreamItems
 
 ENVELOPE_PATH = "/api/v1/acp"
 _FD = descriptor.FieldDescriptor

@@ -7,9 +7,9 @@ from typing import Any
 
 from google.protobuf import message
 
-from cleveragents.acp.client.transport import CallOptions
-from cleveragents.acp.facade.call import CallContext
-from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.facade.service_facade import ServiceFacade
 
 

@@ -13,10 +13,10 @@ from typing import Any
 from google.protobuf import message
 
 from cleveragents.acp.client.local import LocalTransport
-from cleveragents.acp.client.transport import CallOptions
-from cleveragents.acp.facade.contract import catalog
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.envelope import new_request_id
+from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.envelope import new_request_id
+from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.facade.service_facade import ServiceFacade
 
 

@@ -31,8 +31,8 @@ import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cleveragents.acp.facade.call import Principal
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.call import Principal
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
 log = logging.getLogger(__name__)
 

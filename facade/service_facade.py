@@ -15,11 +15,11 @@ from typing import Any, Protocol, cast
 from google.protobuf import message
 from ulid import ULID
 
-from cleveragents.acp.facade.call import LOCAL_PRINCIPAL, CallContext, Principal
-from cleveragents.acp.facade.contract import catalog, versions
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.contract.required import check_required
+from cleveragents.acp.contract import catalog, versions
+from cleveragents.acp.contract.call import LOCAL_PRINCIPAL, CallContext, Principal
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.required import check_required
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 
-from cleveragents.acp.facade.contract import versions
-from cleveragents.acp.facade.contract.envelope import new_request_id
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract import versions
+from cleveragents.acp.contract.envelope import new_request_id
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
 REQUEST_ID_HEADER = "x-request-id"
 VERSION_HEADER = "acp-version"

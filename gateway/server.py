@@ -24,7 +24,7 @@ import grpc
 import uvicorn
 from grpc_health.v1._async import HealthServicer
 
-from cleveragents.acp.client.transport import Transport
+from cleveragents.acp.contract.transport import Transport
 from cleveragents.acp.facade.service_facade import Closeable, ServiceFacade
 from cleveragents.acp.gateway.grpc import server as grpc_server
 from cleveragents.acp.gateway.http.app import GatewaySettings, build_app

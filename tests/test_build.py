@@ -91,6 +91,7 @@ def test_a_built_wheel_carries_every_package_and_imports(tmp_path: pathlib.Path)
     for module in (
         "v1/plan_pb2.py",
         "v1/plan_pb2.pyi",
+        "contract/catalog.py",
         "facade/factory.py",
         "gateway/server.py",
         "client/cli/main.py",

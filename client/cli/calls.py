@@ -27,10 +27,10 @@ from google.protobuf import message
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.cli import operations, render
 from cleveragents.acp.client.cli.connect import ConfigError, Connection, add_options, option, resolve
-from cleveragents.acp.client.transport import CallOptions
-from cleveragents.acp.facade.contract import catalog, codec, envelope, errors, versions
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract import catalog, codec, envelope, errors, versions
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.v1 import events_pb2, plan_pb2
 
 EXIT_USAGE = 2

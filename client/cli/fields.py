@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from google.protobuf import descriptor
 
-from cleveragents.acp.facade.contract.required import required_fields
+from cleveragents.acp.contract.required import required_fields
 
 FD = descriptor.FieldDescriptor
 _STRUCT = "google.protobuf.Struct"

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from cleveragents.acp.client.cli import calls, serve, tokens
 from cleveragents.acp.client.cli.connect import add_options, given_globally
-from cleveragents.acp.facade.contract.errors import TABLE
+from cleveragents.acp.contract.errors import TABLE
 
 COMMANDS: tuple[ModuleType, ...] = (serve, tokens, calls)
 

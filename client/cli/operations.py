@@ -15,9 +15,9 @@ from google.protobuf.descriptor import Descriptor
 
 from cleveragents.acp.client.cli import fields
 from cleveragents.acp.client.cli.connect import add_options
-from cleveragents.acp.facade.contract import catalog, codec
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract import catalog, codec
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import ACPError
 
 # Runs one operation's request (already checked) and returns the exit status.
 Runner = Callable[[Operation, message.Message, argparse.Namespace], int]

@@ -15,7 +15,7 @@ import yaml
 from google.protobuf import descriptor, message
 
 from cleveragents.acp.client.cli.fields import enum_choices, enum_prefix, is_map
-from cleveragents.acp.facade.contract import codec
+from cleveragents.acp.contract import codec
 from cleveragents.acp.v1 import events_pb2, plan_pb2, session_pb2
 
 FD = descriptor.FieldDescriptor

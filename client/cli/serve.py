@@ -186,8 +186,8 @@ def example_curl(http_url: str, token: str, operation: str, *, cacert: pathlib.P
 
 def _example_operation(served: frozenset[str]) -> str:
     """A served operation that needs the token and no parameters, to show the token works."""
-    from cleveragents.acp.facade.contract import catalog
-    from cleveragents.acp.facade.contract.required import required_fields
+    from cleveragents.acp.contract import catalog
+    from cleveragents.acp.contract.required import required_fields
 
     preferred = ["session.list", "actor.list", "plan.list"]
     candidates = [

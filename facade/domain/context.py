@@ -15,8 +15,8 @@ from typing import Any
 
 from ulid import ULID
 
-from cleveragents.acp.facade.call import CallContext
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import context_files, session_records
 from cleveragents.acp.facade.domain.context_files import FileText, NotAnItemError, PathEscapeError
 from cleveragents.acp.facade.domain.globs import matches_any

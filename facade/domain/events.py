@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType, TracebackType
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.recent import Recent
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.recent import Recent
 from cleveragents.acp.facade.store.base import EventFilter, Store, StoredEvent
 from cleveragents.acp.v1 import events_pb2
 

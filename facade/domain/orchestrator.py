@@ -15,8 +15,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cleveragents.acp.facade.call import CallContext
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.v1 import plan_pb2, registry_pb2, session_pb2
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.store.base import Record, Store, StoreConflictError
 
 DEFAULT_PAGE_SIZE = 50

@@ -13,8 +13,8 @@ from typing import Any
 from google.protobuf import json_format, message, timestamp_pb2
 from ulid import ULID
 
-from cleveragents.acp.facade.contract import codec
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract import codec
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.session_records import STATE_NAMES
 from cleveragents.acp.v1 import context_pb2, session_pb2
 

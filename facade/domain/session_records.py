@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from google.protobuf import timestamp_pb2
 
-from cleveragents.acp.facade.call import CallContext
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.store.base import Record, Store
 from cleveragents.acp.v1 import session_pb2
 

@@ -14,8 +14,8 @@ from typing import Protocol
 from google.protobuf import json_format
 from ulid import ULID
 
-from cleveragents.acp.facade.call import CallContext
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import paging, session_export
 from cleveragents.acp.facade.domain.context import Context, session_key
 from cleveragents.acp.facade.domain.orchestrator import BuiltinOrchestrator, Orchestrator, PlanStarter

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cleveragents.acp.facade.call import CallContext
+from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.facade.domain.context import Context
 from cleveragents.acp.v1 import context_pb2, context_pb2_grpc
 

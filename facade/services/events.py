@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
-from cleveragents.acp.facade.call import CallContext
+from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.recent import Recent
 from cleveragents.acp.facade.domain.events import EventLog, Subscription
-from cleveragents.acp.facade.recent import Recent
 from cleveragents.acp.v1 import events_pb2, events_pb2_grpc
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from importlib import metadata
 
-from cleveragents.acp.facade.contract import versions
+from cleveragents.acp.contract import versions
 from cleveragents.acp.v1 import meta_pb2, meta_pb2_grpc
 
 

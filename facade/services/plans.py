@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from google.protobuf import json_format
 
-from cleveragents.acp.facade.call import CallContext
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import paging
 from cleveragents.acp.facade.domain.plans import model
 from cleveragents.acp.facade.domain.plans.engine import PlanEngine

@@ -12,7 +12,7 @@ from typing import Any
 
 from google.protobuf import message
 
-from cleveragents.acp.facade.call import CallContext
+from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.facade.domain.registries import KINDS, Kind, Registries, check_name
 from cleveragents.acp.v1 import registry_pb2_grpc
 

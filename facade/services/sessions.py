@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cleveragents.acp.facade.call import CallContext
+from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.facade.domain.sessions import Sessions
 from cleveragents.acp.v1 import session_pb2, session_pb2_grpc
 

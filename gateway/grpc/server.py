@@ -21,10 +21,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from cleveragents.acp.facade.call import CallContext
-from cleveragents.acp.facade.contract import catalog, rich_status
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode, grpc_code
+from cleveragents.acp.contract import catalog, rich_status
+from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import ACPError, ErrorCode, grpc_code
 from cleveragents.acp.facade.service_facade import ServiceFacade, internal_error
 from cleveragents.acp.gateway import common
 from cleveragents.acp.gateway.streams import Tick, until_stopped

@@ -27,10 +27,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cleveragents.acp.client.transport import CallOptions, Transport
-from cleveragents.acp.facade.contract import catalog, codec, envelope, sse
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract import catalog, codec, envelope, sse
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.facade.service_facade import internal_error
 from cleveragents.acp.gateway import common
 from cleveragents.acp.gateway.http import binding, openapi

@@ -14,8 +14,8 @@ import orjson
 from google.protobuf import descriptor
 from starlette.requests import Request
 
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 # Well-known types that proto3 JSON writes as one string, so a query value can carry them.

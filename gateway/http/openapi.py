@@ -14,9 +14,9 @@ from typing import Any, cast
 from google.api import field_behavior_pb2
 from google.protobuf import descriptor, message
 
-from cleveragents.acp.facade.contract import catalog, versions
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import TABLE
+from cleveragents.acp.contract import catalog, versions
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import TABLE
 from cleveragents.acp.gateway.http.routing import ENVELOPE_PATH, HEALTH_PATH, VARIABLE
 from cleveragents.acp.v1 import envelope_pb2
 

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from cleveragents.acp.facade.contract import envelope
-from cleveragents.acp.facade.contract.errors import ACPError, http_status
+from cleveragents.acp.contract import envelope
+from cleveragents.acp.contract.errors import ACPError, http_status
 from cleveragents.acp.gateway import common
 
 

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from cleveragents.acp.facade.contract import catalog
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
 ENVELOPE_PATH = "/api/v1/acp"
 HEALTH_PATH = "/healthz"

@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Iterator
 from google.protobuf import message
 from starlette.types import Receive, Scope, Send
 
-from cleveragents.acp.facade.contract import sse
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract import sse
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.service_facade import internal_error
 from cleveragents.acp.gateway.http.responses import Exchange
 from cleveragents.acp.gateway.streams import Tick, batches

@@ -10,9 +10,9 @@ from google.protobuf import message
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.client.stubs import local_stub
-from cleveragents.acp.client.transport import CallOptions
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from cleveragents.acp.v1 import meta_pb2
 

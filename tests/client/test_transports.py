@@ -17,10 +17,10 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.grpc_transport import GrpcTransport
 from cleveragents.acp.client.http_transport import HTTPTransport
 from cleveragents.acp.client.local import LocalTransport
-from cleveragents.acp.client.transport import CallOptions, Transport
+from cleveragents.acp.contract import catalog, codec
+from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.facade.auth import TokenAuthenticator
-from cleveragents.acp.facade.contract import catalog, codec
-from cleveragents.acp.facade.contract.errors import ACPError
 from cleveragents.acp.facade.factory import open_facade
 from tests.server_process import ServerProcess, Tokens, start_server
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from cleveragents.acp.contract.call import Principal
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade import auth
-from cleveragents.acp.facade.call import Principal
-from cleveragents.acp.facade.contract.errors import ACPError
 
 
 def refused(authenticator: auth.TokenAuthenticator, token: str | None) -> ACPError:

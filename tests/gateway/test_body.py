@@ -6,7 +6,7 @@ import pytest
 from starlette.requests import Request
 from starlette.types import Message
 
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.gateway.http import binding
 
 

@@ -13,9 +13,9 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from cleveragents.acp.facade.contract import catalog
-from cleveragents.acp.facade.contract.errors import ERROR_DOMAIN, grpc_code
-from cleveragents.acp.facade.contract.required import required_fields
+from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract.errors import ERROR_DOMAIN, grpc_code
+from cleveragents.acp.contract.required import required_fields
 from cleveragents.acp.v1 import errors_pb2, meta_pb2, session_pb2
 from tests.gateway.conftest import MAX_BODY, Served
 
@@ -91,7 +91,7 @@ def test_version_needs_no_token(channel: Any) -> None:
 
 
 def test_no_token_is_auth_required_with_the_scheme(channel: Any) -> None:
-    """Every operation, every principal: tests/contract/generated.py (auth.matrix)."""
+    """Every operation, every principal: tests/conformance/generated.py (auth.matrix)."""
     reason, metadata, _ = fails(channel, catalog.OPERATIONS["session.list"], token="acp_not-a-token")
     assert (reason, metadata) == ("AUTH_REQUIRED", {"scheme": "Bearer"})
 
@@ -162,7 +162,7 @@ def test_versions(channel: Any, served: Served) -> None:
     reason, _, exact = fails(channel, version_op, version="1.0")
     assert reason == "VERSION_MISMATCH"
     assert exact["supported_versions"] == ["1.1", "1.0"]
-    # Every operation at every version: tests/contract/generated.py (version.matrix).
+    # Every operation at every version: tests/conformance/generated.py (version.matrix).
     reason, metadata, _ = fails(channel, version_op, version="2.0")
     assert reason == "VERSION_MISMATCH"
     assert metadata["supported_versions"] == '["1.1","1.0"]'

@@ -11,9 +11,9 @@ import jsonschema
 import orjson
 import pytest
 
-from cleveragents.acp.facade.contract import catalog
-from cleveragents.acp.facade.contract.errors import http_status
-from cleveragents.acp.facade.contract.required import required_fields
+from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract.errors import http_status
+from cleveragents.acp.contract.required import required_fields
 from tests.gateway.conftest import MAX_BODY, Served
 
 ULID = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
@@ -186,7 +186,7 @@ def test_health_and_openapi(http: httpx.Client) -> None:
 
 
 # Every operation without a token, with an unknown one, another namespace's and a good one,
-# on the envelope, the REST routes and gRPC: tests/contract/generated.py (auth.matrix).
+# on the envelope, the REST routes and gRPC: tests/conformance/generated.py (auth.matrix).
 
 
 def test_a_malformed_authorization_header_is_no_token(http: httpx.Client, served: Served) -> None:
@@ -235,7 +235,7 @@ def test_versions(http: httpx.Client, served: Served) -> None:
             "/api/v1/sessions", headers={"ACP-Version": version, "Authorization": f"Bearer {served.token()}"}
         )
         assert by_header.json()["acp_version"] == version == by_header.headers["acp-version"]
-    # Every operation at 1.0, 1.1 and unsupported versions: tests/contract/generated.py.
+    # Every operation at 1.0, 1.1 and unsupported versions: tests/conformance/generated.py.
     newer = next(op for op in UNARY_PRIVATE if op.since == "1.1")
     details = error_of(
         envelope(http, {"operation": newer.name, "acp_version": "1.0"}, served.token()), "VERSION_MISMATCH"

@@ -7,7 +7,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.gateway.http.routing import VARIABLE, Route, RouteTable
 
 TABLE = RouteTable()

@@ -20,7 +20,7 @@ import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.grpc_transport import GrpcTransport
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract.errors import ACPError
 from tests.gateway.conftest import Served
 from tests.gateway.test_http import data_of, envelope, error_of
 from tests.server_process import Tokens, agents_command, run_agents, start_gateway, start_server, wait_ready

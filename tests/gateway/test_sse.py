@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from cleveragents.acp.facade.contract import sse
+from cleveragents.acp.contract import sse
 from tests.gateway.conftest import Served
 from tests.gateway.test_http import data_of, envelope, error_of
 from tests.server_process import Tokens, start_server

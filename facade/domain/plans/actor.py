@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from google.protobuf import json_format, struct_pb2
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.plans import model, paths, templates
 from cleveragents.acp.facade.domain.plans.setup import PlanSetup
 from cleveragents.acp.v1 import common_pb2, plan_pb2, specs_pb2

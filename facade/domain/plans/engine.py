@@ -23,8 +23,8 @@ import jsonschema
 from google.protobuf import timestamp_pb2
 from ulid import ULID
 
-from cleveragents.acp.facade.call import CallContext
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.plans import (
     actor,

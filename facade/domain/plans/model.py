@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TypeAlias
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.v1 import plan_pb2
 
 Phase: TypeAlias = plan_pb2.PlanPhase.ValueType

@@ -12,7 +12,7 @@ import os
 import pathlib
 from dataclasses import dataclass
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from google.protobuf import message
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.plans import model
 from cleveragents.acp.facade.store.base import ListQuery, Record, Store
 from cleveragents.acp.v1 import events_pb2, plan_pb2, registry_pb2

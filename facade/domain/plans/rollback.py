@@ -6,7 +6,7 @@ import hashlib
 import pathlib
 from collections.abc import Sequence
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.plans.records import CheckpointEntry
 
 

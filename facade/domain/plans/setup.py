@@ -7,7 +7,7 @@ from __future__ import annotations
 import pathlib
 from dataclasses import dataclass
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.plans.paths import ResourceRoot
 from cleveragents.acp.facade.domain.registries import BUILTIN_TOOLS, Registries
 from cleveragents.acp.v1 import registry_pb2, specs_pb2

@@ -12,7 +12,7 @@ import pathlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.plans import paths
 from cleveragents.acp.facade.domain.plans.paths import ResourceRoot
 from cleveragents.acp.facade.domain.plans.records import Change

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.domain.plans import paths, process, templates
 from cleveragents.acp.facade.domain.plans.records import Change
 from cleveragents.acp.facade.domain.plans.staging import Staging

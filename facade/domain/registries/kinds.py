@@ -14,9 +14,9 @@ from typing import cast
 
 from google.protobuf import descriptor, message, message_factory
 
-from cleveragents.acp.facade.contract import catalog
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.v1 import registry_pb2
 
 VERBS = ("list", "show", "add", "update", "remove")

@@ -16,8 +16,8 @@ from google.protobuf import message
 from google.protobuf.timestamp_pb2 import Timestamp
 from ulid import ULID
 
-from cleveragents.acp.facade.call import DEFAULT_NAMESPACE
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.call import DEFAULT_NAMESPACE
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import paging
 from cleveragents.acp.facade.domain.registries.builtins import (
     BUILTIN_LABEL,

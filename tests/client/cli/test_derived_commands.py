@@ -14,8 +14,8 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message, text_format
 
 from cleveragents.acp.client.cli import main, operations
-from cleveragents.acp.facade.contract import catalog, codec
-from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.contract import catalog, codec
+from cleveragents.acp.contract.catalog import Operation
 from tests.server_process import agents_command
 
 WIDGET_PROTO = """

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from cleveragents.acp.client.cli.calls import EXIT_INTERRUPTED, EXIT_UNREACHABLE, EXIT_USAGE
-from cleveragents.acp.facade.contract.errors import TABLE
+from cleveragents.acp.contract.errors import TABLE
 from tests.client.cli.conftest import CLI_TIMEOUT, Cli, clean_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]

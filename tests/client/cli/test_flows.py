@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from cleveragents.acp.facade.contract.errors import exit_code
+from cleveragents.acp.contract.errors import exit_code
 from tests.client.cli.conftest import Cli
 
 ACTION_SPEC = """\

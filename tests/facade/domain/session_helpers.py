@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.v1 import session_pb2
 
 

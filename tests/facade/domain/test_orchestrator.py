@@ -11,8 +11,8 @@ from ulid import ULID
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
-from cleveragents.acp.facade.call import CallContext
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.context import Context
 from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.orchestrator import PlanStarter, UseArgumentError, parse_use

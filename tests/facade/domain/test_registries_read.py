@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.domain.registries import KINDS, Registries
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import registry_pb2, specs_pb2

@@ -10,8 +10,8 @@ from google.protobuf import json_format
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
-from cleveragents.acp.facade.call import Principal
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.call import Principal
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.v1 import session_pb2
 from tests.facade.domain.session_helpers import add_project, create, error_of, tell

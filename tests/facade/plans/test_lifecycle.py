@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.v1 import plan_pb2
 from tests.facade.plans.helpers import (
     INPUTS,

@@ -8,8 +8,8 @@ import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.auth import TokenAuthenticator, create_token
-from cleveragents.acp.facade.contract.errors import ACPError
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.v1 import plan_pb2
 from tests.facade.plans.helpers import add_action, add_project, write_tree

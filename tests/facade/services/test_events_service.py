@@ -12,9 +12,9 @@ import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
-from cleveragents.acp.facade.call import CallContext, Principal
-from cleveragents.acp.facade.contract import catalog
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract.call import CallContext, Principal
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.domain.events import EVENT_TYPES, EventLog
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade

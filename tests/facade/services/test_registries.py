@@ -13,9 +13,9 @@ import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
-from cleveragents.acp.facade.call import Principal
-from cleveragents.acp.facade.contract import catalog, codec
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract import catalog, codec
+from cleveragents.acp.contract.call import Principal
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.domain.registries import KINDS
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from cleveragents.acp.facade.contract import catalog, codec, sse
+from cleveragents.acp.contract import catalog, codec, sse
 from cleveragents.acp.v1 import events_pb2, session_pb2
 
 OP = catalog.OPERATIONS["events.subscribe"]

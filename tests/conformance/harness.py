@@ -20,13 +20,13 @@ import pytest
 from google.protobuf import message
 
 from cleveragents.acp.client.acp_client import ACPClient
-from cleveragents.acp.client.transport import CallOptions, Transport
-from cleveragents.acp.facade.contract import codec
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract import codec
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.v1 import events_pb2
-from tests.contract.backends import KINDS, Backend, open_backend
-from tests.contract.canonical import Canonicalizer
+from tests.conformance.backends import KINDS, Backend, open_backend
+from tests.conformance.canonical import Canonicalizer
 from tests.server_process import Tokens
 
 Entry = dict[str, Any]

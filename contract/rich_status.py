@@ -21,7 +21,7 @@ from google.protobuf import json_format, struct_pb2
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 
-from cleveragents.acp.facade.contract.errors import ERROR_DOMAIN, TABLE, ACPError, ErrorCode, grpc_code
+from cleveragents.acp.contract.errors import ERROR_DOMAIN, TABLE, ACPError, ErrorCode, grpc_code
 from cleveragents.acp.v1 import errors_pb2
 
 DETAILS_KEY = "grpc-status-details-bin"

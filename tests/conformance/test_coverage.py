@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from cleveragents.acp.facade.contract import catalog
-from tests.contract.backends import KINDS
-from tests.contract.expected import expected_errors, missing
-from tests.contract.generated import SCENARIOS
-from tests.contract.harness import COVERAGE
+from cleveragents.acp.contract import catalog
+from tests.conformance.backends import KINDS
+from tests.conformance.expected import expected_errors, missing
+from tests.conformance.generated import SCENARIOS
+from tests.conformance.harness import COVERAGE
 
 CONTRIBUTORS = {f"scenario:{name}" for name in SCENARIOS} | {f"streaming:slow:{kind}" for kind in KINDS}
 
@@ -35,7 +35,7 @@ def test_every_error_of_every_operation_is_provoked(kind: str) -> None:
 
 
 def test_the_expectations_name_only_catalog_operations_and_codes() -> None:
-    from cleveragents.acp.facade.contract.errors import TABLE
+    from cleveragents.acp.contract.errors import TABLE
 
     for name, code, _ in expected_errors():
         assert name in catalog.OPERATIONS

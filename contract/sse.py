@@ -17,9 +17,9 @@ from typing import Any, cast
 import orjson
 from google.protobuf import descriptor, message
 
-from cleveragents.acp.facade.contract import codec
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.recent import Recent
+from cleveragents.acp.contract import codec
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.recent import Recent
 
 ERROR_EVENT = "error"
 # The request field Last-Event-ID fills, when the stream's request has one.

@@ -7,9 +7,9 @@ A refinement of ``None`` accepts the code with any refinement (or none).
 
 from __future__ import annotations
 
-from cleveragents.acp.facade.contract import catalog
-from cleveragents.acp.facade.contract.required import required_fields
-from tests.contract.scenarios import REGISTRY_KINDS
+from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract.required import required_fields
+from tests.conformance.scenarios import REGISTRY_KINDS
 
 Expected = tuple[str, str, str | None]
 
@@ -34,7 +34,7 @@ DOMAIN: dict[str, list[tuple[str, str | None]]] = {
     "plan.correct": [("INVALID_STATE", None)],
     "plan.rollback": [("INVALID_STATE", None)],
     "plan.prompt": [("INVALID_STATE", None)],
-    # A live subscriber that falls behind is ended (tests/contract/test_streaming.py).
+    # A live subscriber that falls behind is ended (tests/conformance/test_streaming.py).
     "events.subscribe": [("BUDGET_EXCEEDED", "SUBSCRIBER_TOO_SLOW"), ("INVALID_PARAMS", None)],
 }
 

@@ -8,8 +8,8 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from cleveragents.acp.facade.contract import codec, envelope, errors, versions
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract import codec, envelope, errors, versions
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.v1 import envelope_pb2, errors_pb2, session_pb2
 
 ADR_CODES = {

@@ -323,7 +323,7 @@ def _scalar_reader(field: Field) -> Reader | None:
 
 def _delegated(desc: Desc) -> Callable[[Any, message.Message, int], None]:
     """A well-known type parsed by json_format itself, into the field's message."""
-    from cleveragents.acp.facade.contract.codec import depth
+    from cleveragents.acp.contract.codec import depth
 
     def parse(value: Any, target: message.Message, level: int) -> None:
         if depth(value, _DELEGATE_DEPTH) + level > _DELEGATE_DEPTH:

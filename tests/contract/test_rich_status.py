@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 from google.rpc import error_details_pb2
 
-from cleveragents.acp.facade.contract import rich_status
-from cleveragents.acp.facade.contract.errors import ERROR_DOMAIN, ACPError
+from cleveragents.acp.contract import rich_status
+from cleveragents.acp.contract.errors import ERROR_DOMAIN, ACPError
 
 
 def test_round_trip_keeps_code_message_and_details() -> None:

@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 from google.protobuf import json_format, message
 
-from cleveragents.acp.facade.contract import codec_fast
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract import codec_fast
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
 M = TypeVar("M", bound=message.Message)
 

@@ -6,8 +6,8 @@ import pathlib
 
 import pytest
 
-from tests.contract.generated import SCENARIOS
-from tests.contract.harness import COVERAGE, run_everywhere
+from tests.conformance.generated import SCENARIOS
+from tests.conformance.harness import COVERAGE, run_everywhere
 from tests.server_process import Tokens
 
 

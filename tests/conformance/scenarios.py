@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from cleveragents.acp.client.acp_client import ACPClient
-from cleveragents.acp.facade.contract import catalog, codec
+from cleveragents.acp.contract import catalog, codec
 from cleveragents.acp.v1 import events_pb2, plan_pb2
-from tests.contract.harness import Run, Scenario
+from tests.conformance.harness import Run, Scenario
 from tests.facade.plans.helpers import INPUTS, SCHEMA, STEPS, write_tree
 from tests.registry_specs import registry_spec
 

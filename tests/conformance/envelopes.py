@@ -15,9 +15,9 @@ import httpx
 import orjson
 from google.protobuf import json_format
 
-from cleveragents.acp.facade.contract import catalog, versions
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.errors import TABLE, ACPError, http_status
+from cleveragents.acp.contract import catalog, versions
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import TABLE, ACPError, http_status
 from cleveragents.acp.gateway.http.routing import ENVELOPE_PATH, HEALTH_PATH, OPENAPI_PATH, RouteTable
 from cleveragents.acp.v1 import envelope_pb2, events_pb2
 

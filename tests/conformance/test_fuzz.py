@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import checks
 
-from cleveragents.acp.facade.contract import catalog
+from cleveragents.acp.contract import catalog
 from cleveragents.acp.gateway.http import openapi
-from tests.contract.envelopes import envelope_problems, operation_of
+from tests.conformance.envelopes import envelope_problems, operation_of
 from tests.server_process import ServerProcess, Tokens, start_server
 
 EXAMPLES = int(os.environ.get("ACP_FUZZ_EXAMPLES", "4"))

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from google.protobuf import message
 
-from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.contract.catalog import Operation
 
 
 @dataclass(slots=True)

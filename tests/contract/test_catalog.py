@@ -7,7 +7,7 @@ import re
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool
 
-from cleveragents.acp.facade.contract import catalog
+from cleveragents.acp.contract import catalog
 
 REGISTRY_KINDS = (
     "actor",

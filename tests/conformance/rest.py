@@ -19,9 +19,9 @@ import orjson
 from google.protobuf import json_format, message
 
 from cleveragents.acp.client.http_transport import HTTPTransport, _decode_envelope
-from cleveragents.acp.client.transport import CallOptions
-from cleveragents.acp.facade.contract import codec, envelope
-from cleveragents.acp.facade.contract.catalog import Operation
+from cleveragents.acp.contract import codec, envelope
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.transport import CallOptions
 
 
 def _set_fields(request: message.Message) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from google.protobuf import descriptor, json_format, message, struct_pb2, timest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cleveragents.acp.facade.contract import codec, codec_fast
-from cleveragents.acp.facade.contract.errors import ACPError
+from cleveragents.acp.contract import codec, codec_fast
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.v1 import (
     common_pb2,
     context_pb2,
@@ -305,7 +305,7 @@ def test_nan_and_infinity_print_as_json_format_does() -> None:
 
 def test_common_messages_take_the_fast_path() -> None:
     """Not every input falls back: the plain shapes are converted by codec_fast itself."""
-    from cleveragents.acp.facade.contract import codec_fast
+    from cleveragents.acp.contract import codec_fast
 
     request = session_pb2.CreateSessionRequest()
     codec_fast.from_dict({"title": "t", "labels": {"a": "b"}, "namespace": "default"}, request)

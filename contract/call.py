@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
 DEFAULT_NAMESPACE = "default"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
 CURRENT = "1.1"
 SUPPORTED: tuple[str, ...] = ("1.1", "1.0")

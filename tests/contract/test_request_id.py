@@ -8,8 +8,8 @@ import time
 import pytest
 from ulid import ULID
 
-from cleveragents.acp.facade.contract import envelope
-from cleveragents.acp.facade.contract.envelope import new_request_id
+from cleveragents.acp.contract import envelope
+from cleveragents.acp.contract.envelope import new_request_id
 
 
 def test_request_ids_are_ulids_of_now_and_distinct() -> None:

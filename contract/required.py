@@ -11,7 +11,7 @@ from functools import cache
 from google.api import field_behavior_pb2
 from google.protobuf import descriptor, message
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
 
 @cache

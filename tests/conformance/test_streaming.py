@@ -14,12 +14,12 @@ from typing import Any
 import orjson
 import pytest
 
-from cleveragents.acp.facade.contract import sse
+from cleveragents.acp.contract import sse
 from cleveragents.acp.v1 import events_pb2, plan_pb2
-from tests.contract.backends import KINDS, open_backend
-from tests.contract.envelopes import frame_problems
-from tests.contract.harness import COVERAGE, Run, run_everywhere
-from tests.contract.scenarios import plan_world, use
+from tests.conformance.backends import KINDS, open_backend
+from tests.conformance.envelopes import frame_problems
+from tests.conformance.harness import COVERAGE, Run, run_everywhere
+from tests.conformance.scenarios import plan_world, use
 from tests.server_process import Tokens
 
 # The events of a plan from use to apply, in the order they must arrive.

@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from cleveragents.acp.client.acp_client import request_for
-from cleveragents.acp.client.transport import CallOptions
-from cleveragents.acp.facade.contract import catalog, codec, versions
-from cleveragents.acp.facade.contract.catalog import Operation
-from cleveragents.acp.facade.contract.envelope import new_request_id
-from cleveragents.acp.facade.contract.errors import ACPError
-from cleveragents.acp.facade.contract.required import required_fields
-from tests.contract.harness import Run
-from tests.contract.scenarios import (
+from cleveragents.acp.contract import catalog, codec, versions
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.envelope import new_request_id
+from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.contract.required import required_fields
+from cleveragents.acp.contract.transport import CallOptions
+from tests.conformance.harness import Run
+from tests.conformance.scenarios import (
     REGISTRY_KINDS,
     SCENARIOS,
     folder,

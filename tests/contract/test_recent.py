@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cleveragents.acp.facade.recent import Recent
+from cleveragents.acp.contract.recent import Recent
 
 
 def test_recent_values_are_found_and_the_size_is_bounded() -> None:

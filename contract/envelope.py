@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from cleveragents.acp.facade.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
 REQUEST_FIELDS = frozenset({"acp_version", "request_id", "operation", "params", "auth"})
 

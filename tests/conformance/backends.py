@@ -20,13 +20,13 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.grpc_transport import GrpcTransport
 from cleveragents.acp.client.http_transport import HTTPTransport
 from cleveragents.acp.client.local import LocalTransport
-from cleveragents.acp.client.transport import Transport
+from cleveragents.acp.contract.transport import Transport
 from cleveragents.acp.facade.auth import TokenAuthenticator
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.gateway.http.app import GatewaySettings
 from cleveragents.acp.gateway.server import Server, ServerConfig
-from tests.contract.envelopes import EnvelopeChecker
-from tests.contract.rest import RESTTransport
+from tests.conformance.envelopes import EnvelopeChecker
+from tests.conformance.rest import RESTTransport
 from tests.server_process import Tokens
 
 # http: the envelope endpoint; rest: the REST routes; gateway: the envelope through a

@@ -17,6 +17,7 @@ from google.api import annotations_pb2, http_pb2
 from google.protobuf import descriptor, message, message_factory
 
 import cleveragents.acp.v1 as acp_v1
+from cleveragents.acp.contract import surface, versions
 from cleveragents.acp.v1 import options_pb2
 
 NAME_PATTERN = re.compile(r"^[a-z_]+\.[a-z_]+$")
@@ -88,6 +89,8 @@ def _operation(method: descriptor.MethodDescriptor) -> Operation:
         raise CatalogError(f"{method.full_name}: operation name {op.name!r} is not <group>.<verb>")
     if method.client_streaming:
         raise CatalogError(f"{method.full_name}: client streaming is not part of ACP")
+    if op.since not in versions.RELEASED or versions.newer(op.since, versions.CURRENT):
+        raise CatalogError(f"{method.full_name}: since {op.since!r} is not a released ACP version")
     return Operation(
         name=op.name,
         since=op.since,
@@ -114,7 +117,11 @@ def build(files: Iterator[descriptor.FileDescriptor] | None = None) -> Mapping[s
     """Every RPC of the given files (default: the ACP contract), by operation name."""
     table: dict[str, Operation] = {}
     routes: dict[tuple[str, str], str] = {}
-    for file in files if files is not None else _contract_files():
+    contract_files = list(files if files is not None else _contract_files())
+    problems = surface.check_versions(contract_files)
+    if problems:
+        raise CatalogError("; ".join(problems))
+    for file in contract_files:
         for service in file.services_by_name.values():
             for method in service.methods:
                 op = _operation(method)

@@ -15,7 +15,7 @@ from typing import Any, Protocol, cast
 from google.protobuf import message
 from ulid import ULID
 
-from cleveragents.acp.contract import catalog, versions
+from cleveragents.acp.contract import catalog, surface, versions
 from cleveragents.acp.contract.call import LOCAL_PRINCIPAL, CallContext, Principal
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
@@ -96,6 +96,8 @@ class ServiceFacade:
                 ErrorCode.INVALID_PARAMS,
                 f"{op.name} takes {op.request_type.DESCRIPTOR.full_name}, not {type(request).__name__}",
             )
+        if ctx.served_version != versions.CURRENT:
+            surface.check_request(request, ctx.served_version)
         check_required(request)
         handler = self._handlers.get(op.name)
         if handler is None:
@@ -111,11 +113,14 @@ class ServiceFacade:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is a stream; subscribe to it")
         handler = cast(Unary, self._admit(op, request, ctx))
         try:
-            return await handler(request, ctx)
+            response = await handler(request, ctx)
         except ACPError:
             raise
         except Exception as exc:
             raise internal_error(exc, op.name) from exc
+        if ctx.served_version != versions.CURRENT:
+            return surface.strip(response, ctx.served_version)
+        return response
 
     async def stream(
         self, op: Operation, request: message.Message, ctx: CallContext
@@ -131,13 +136,17 @@ class ServiceFacade:
             raise
         except Exception as exc:
             raise internal_error(exc, op.name) from exc
-        return self._guarded(items, op.name)
+        return self._guarded(items, op.name, ctx.served_version)
 
     @staticmethod
-    async def _guarded(items: AsyncIterator[message.Message], where: str) -> AsyncIterator[message.Message]:
+    async def _guarded(
+        items: AsyncIterator[message.Message], where: str, version: str
+    ) -> AsyncIterator[message.Message]:
+        """Items as the client's version may see them; faults as INTERNAL_ERROR."""
+        older = version != versions.CURRENT
         try:
             async for item in items:
-                yield item
+                yield surface.strip(item, version) if older else item
         except ACPError:
             raise
         except Exception as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
+from cleveragents.acp.contract import surface
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.recent import Recent
 from cleveragents.acp.facade.domain.events import EventLog, Subscription
@@ -31,7 +32,7 @@ class EventFacade(events_pb2_grpc.EventServiceServicer):
             namespaces=ctx.visible_namespaces(request.namespace),
             plan_id=request.plan_id,
             session_id=request.session_id,
-            event_types=list(request.event_type),
+            event_types=surface.event_types(ctx.served_version, request.event_type),
             after_sequence=request.after_sequence,
         )
         return self._responses(subscription)

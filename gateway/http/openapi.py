@@ -14,7 +14,7 @@ from typing import Any, cast
 from google.api import field_behavior_pb2
 from google.protobuf import descriptor, message
 
-from cleveragents.acp.contract import catalog, versions
+from cleveragents.acp.contract import catalog, surface, versions
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import TABLE
 from cleveragents.acp.gateway.http.routing import ENVELOPE_PATH, HEALTH_PATH, VARIABLE
@@ -105,6 +105,9 @@ class SchemaBuilder:
             schema = {"anyOf": [schema, {"type": "null"}]}
         if field.containing_oneof is not None and not field.containing_oneof.name.startswith("_"):
             schema = {**schema, "description": f"One of the `{field.containing_oneof.name}` fields."}
+        since = surface.field_since(field)
+        if since is not None:
+            schema = {**schema, "x-acp-since": since}
         return schema
 
     def _message(self, desc: descriptor.Descriptor) -> dict[str, Any]:

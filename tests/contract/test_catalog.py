@@ -7,7 +7,7 @@ import re
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool
 
-from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract import catalog, versions
 
 REGISTRY_KINDS = (
     "actor",
@@ -58,7 +58,7 @@ def test_every_adr_operation_resolves_exactly_once() -> None:
 def test_operation_is_fully_described(name: str) -> None:
     op = catalog.OPERATIONS[name]
     assert re.fullmatch(r"[a-z_]+\.[a-z_]+", op.name)
-    assert op.since in {"1.0", "1.1"}
+    assert op.since in versions.RELEASED
     assert op.summary
     assert op.http.method in {"GET", "POST", "PUT", "PATCH", "DELETE"}
     assert op.http.path.startswith("/api/v1/")

@@ -13,7 +13,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract import catalog, versions
 from cleveragents.acp.contract.errors import ERROR_DOMAIN, grpc_code
 from cleveragents.acp.contract.required import required_fields
 from cleveragents.acp.v1 import errors_pb2, meta_pb2, session_pb2
@@ -84,10 +84,10 @@ def fails(
 def test_version_needs_no_token(channel: Any) -> None:
     raw, rpc = call(channel, catalog.OPERATIONS["meta.version"], request_id="grpc-1")
     response = meta_pb2.GetVersionResponse.FromString(raw)
-    assert list(response.supported_versions) == ["1.1", "1.0"]
+    assert list(response.supported_versions) == list(versions.SUPPORTED)
     trailing = dict(rpc.trailing_metadata())
     assert trailing["x-request-id"] == "grpc-1"
-    assert trailing["acp-version"] == "1.1"
+    assert trailing["acp-version"] == versions.CURRENT
 
 
 def test_no_token_is_auth_required_with_the_scheme(channel: Any) -> None:
@@ -155,17 +155,17 @@ def test_namespaces(channel: Any, served: Served) -> None:
 
 def test_versions(channel: Any, served: Served) -> None:
     listing = catalog.OPERATIONS["session.list"]
-    for version in ("1.0", "1.1"):
+    for version in versions.SUPPORTED:
         _, rpc = call(channel, listing, token=served.token(), version=version)
         assert dict(rpc.trailing_metadata())["acp-version"] == version
     version_op = catalog.OPERATIONS["meta.version"]
     reason, _, exact = fails(channel, version_op, version="1.0")
     assert reason == "VERSION_MISMATCH"
-    assert exact["supported_versions"] == ["1.1", "1.0"]
+    assert exact["supported_versions"] == list(versions.SUPPORTED)
     # Every operation at every version: tests/conformance/generated.py (version.matrix).
     reason, metadata, _ = fails(channel, version_op, version="2.0")
     assert reason == "VERSION_MISMATCH"
-    assert metadata["supported_versions"] == '["1.1","1.0"]'
+    assert metadata["supported_versions"] == '["1.2","1.1"]'
 
 
 def test_stream_admission_errors_come_before_any_item(channel: Any, served: Served) -> None:

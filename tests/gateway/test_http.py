@@ -11,7 +11,7 @@ import jsonschema
 import orjson
 import pytest
 
-from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract import catalog, versions
 from cleveragents.acp.contract.errors import http_status
 from cleveragents.acp.contract.required import required_fields
 from tests.gateway.conftest import MAX_BODY, Served
@@ -63,9 +63,9 @@ def test_version_is_open_on_the_envelope_and_rest(http: httpx.Client) -> None:
     by_envelope = data_of(envelope(http, {"operation": "meta.version"}))
     response = http.get("/api/v1/version")
     assert data_of(response) == by_envelope
-    assert by_envelope["supported_versions"] == ["1.1", "1.0"]
+    assert by_envelope["supported_versions"] == list(versions.SUPPORTED) == ["1.2", "1.1"]
     assert by_envelope["server_build"].startswith("cleveragents-acp")
-    assert response.headers["acp-version"] == "1.1"
+    assert response.headers["acp-version"] == versions.CURRENT
 
 
 def test_request_id_is_echoed_or_generated(http: httpx.Client) -> None:
@@ -227,7 +227,7 @@ def test_namespaces_are_enforced(http: httpx.Client, served: Served) -> None:
 
 
 def test_versions(http: httpx.Client, served: Served) -> None:
-    for version in ("1.0", "1.1"):
+    for version in versions.SUPPORTED:
         response = envelope(http, {"operation": "session.list", "acp_version": version}, served.token())
         assert response.json()["acp_version"] == version
         data_of(response)
@@ -235,20 +235,22 @@ def test_versions(http: httpx.Client, served: Served) -> None:
             "/api/v1/sessions", headers={"ACP-Version": version, "Authorization": f"Bearer {served.token()}"}
         )
         assert by_header.json()["acp_version"] == version == by_header.headers["acp-version"]
-    # Every operation at 1.0, 1.1 and unsupported versions: tests/conformance/generated.py.
-    newer = next(op for op in UNARY_PRIVATE if op.since == "1.1")
-    details = error_of(
-        envelope(http, {"operation": newer.name, "acp_version": "1.0"}, served.token()), "VERSION_MISMATCH"
-    )
-    assert details["since"] == "1.1"
+    # Every operation at every version: tests/conformance/generated.py (version.matrix).
+    prior = versions.SUPPORTED[-1]
+    for newer in (op for op in UNARY_PRIVATE if versions.newer(op.since, prior)):
+        details = error_of(
+            envelope(http, {"operation": newer.name, "acp_version": prior}, served.token()),
+            "VERSION_MISMATCH",
+        )
+        assert details["since"] == newer.since
     old_client = envelope(http, {"operation": "meta.version", "acp_version": "1.0"})
-    assert error_of(old_client, "VERSION_MISMATCH")["supported_versions"] == ["1.1", "1.0"]
+    assert error_of(old_client, "VERSION_MISMATCH")["supported_versions"] == list(versions.SUPPORTED)
     for version in ("2.0", "0.9", "1", "latest"):
         response = envelope(http, {"operation": "meta.version", "acp_version": version})
         assert error_of(response, "VERSION_MISMATCH")["requested"] == version
-        assert response.json()["acp_version"] == "1.1"
+        assert response.json()["acp_version"] == versions.CURRENT
         rest = http.get("/api/v1/version", headers={"ACP-Version": version})
-        assert error_of(rest, "VERSION_MISMATCH")["supported_versions"] == ["1.1", "1.0"]
+        assert error_of(rest, "VERSION_MISMATCH")["supported_versions"] == list(versions.SUPPORTED)
 
 
 # -- REST routes -------------------------------------------------------------------------------

@@ -178,7 +178,7 @@ async def _grpc_over_tls(target: str, root_certificates: bytes) -> None:
     transport = GrpcTransport.connect(target, root_certificates=root_certificates, timeout=10)
     async with ACPClient(transport) as client:
         version = await client.call("meta.version")
-        assert list(version.supported_versions) == ["1.1", "1.0"]  # type: ignore[attr-defined]
+        assert list(version.supported_versions) == ["1.2", "1.1"]  # type: ignore[attr-defined]
         with pytest.raises(ACPError) as info:
             await client.call("session.list")
         assert info.value.code == "AUTH_REQUIRED"
@@ -198,7 +198,7 @@ def test_tls_and_cors(tmp_path: pathlib.Path, certificate: tuple[pathlib.Path, p
         assert server.http.startswith("https://")
         context = ssl.create_default_context(cafile=str(cert))
         with httpx.Client(base_url=server.http, verify=context, timeout=10) as client:
-            assert data_of(envelope(client, {"operation": "meta.version"}))["current_version"] == "1.1"
+            assert data_of(envelope(client, {"operation": "meta.version"}))["current_version"] == "1.2"
             error_of(envelope(client, {"operation": "session.list"}), "AUTH_REQUIRED")
             preflight = client.options(
                 "/api/v1/acp",
@@ -228,7 +228,7 @@ def test_gateway_only_mode(tmp_path: pathlib.Path, served: Served) -> None:
         assert gateway.grpc is None
         with httpx.Client(base_url=gateway.http, timeout=10) as client:
             version = client.get("/api/v1/version", headers={"X-Request-ID": "through-gw"})
-            assert data_of(version)["supported_versions"] == ["1.1", "1.0"]
+            assert data_of(version)["supported_versions"] == ["1.2", "1.1"]
             assert version.json()["request_id"] == "through-gw"
             assert data_of(client.get("/healthz")) == {"status": "SERVING"}
             error_of(envelope(client, {"operation": "session.list"}), "AUTH_REQUIRED")

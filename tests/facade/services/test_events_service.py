@@ -12,7 +12,7 @@ import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
-from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract import catalog, versions
 from cleveragents.acp.contract.call import CallContext, Principal
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.domain.events import EVENT_TYPES, EventLog
@@ -209,10 +209,11 @@ async def test_slow_subscriber_is_told_where_to_resume(events_client: ACPClient,
     assert [e.log_record.message for e in got] == [str(i) for i in range(101)]
 
 
-async def test_a_10_client_can_subscribe(log: EventLog) -> None:
+async def test_a_client_of_the_prior_minor_can_subscribe(log: EventLog) -> None:
     log.publish(message())
     facade = ServiceFacade([EventFacade(log)])
-    async with ACPClient(LocalTransport(facade, owns_facade=True), acp_version="1.0") as client:
+    prior = versions.SUPPORTED[-1]
+    async with ACPClient(LocalTransport(facade, owns_facade=True), acp_version=prior) as client:
         assert (await first_event(client)).sequence == 1
 
 

@@ -33,7 +33,7 @@ class Operation(_message.Message):
     name: _builtins.str
     """The ACP operation name, `<group>.<verb>` (for example `plan.status`)."""
     since: _builtins.str
-    """The ACP minor version that introduced the operation (`1.0`, `1.1`)."""
+    """The ACP minor version that introduced the operation (`1.0`, `1.1`, `1.2`)."""
     summary: _builtins.str
     """One line for help texts and the OpenAPI summary."""
     anonymous: _builtins.bool
@@ -55,5 +55,11 @@ class Operation(_message.Message):
 Global___Operation: _TypeAlias = Operation  # noqa: Y015
 
 OPERATION_FIELD_NUMBER: _builtins.int
+SINCE_FIELD_NUMBER: _builtins.int
 operation: _extension_dict._ExtensionFieldDescriptor[_descriptor_pb2.MethodOptions, Global___Operation]
 """50000-99999 is the range reserved for in-house options."""
+since: _extension_dict._ExtensionFieldDescriptor[_descriptor_pb2.FieldOptions, _builtins.str]
+"""The ACP minor version that introduced a field, when later than its message (absent:
+as old as the message). On a member of `Event.payload` it dates the event type. A
+client speaking an older version never sees the field, and may not set it.
+"""

@@ -23,9 +23,10 @@ from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.facade.factory import open_event_log, open_facade
+from cleveragents.acp.facade.handlers import table
+from cleveragents.acp.facade.handlers.events import EventHandlers
+from cleveragents.acp.facade.handlers.meta import MetaHandlers
 from cleveragents.acp.facade.service_facade import ServiceFacade
-from cleveragents.acp.facade.services.events import EventFacade
-from cleveragents.acp.facade.services.meta import MetaFacade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import events_pb2, session_pb2
 
@@ -91,7 +92,8 @@ def _event(index: int) -> events_pb2.Event:
 async def event_latency(run: Run) -> None:
     store = SQLiteStore(run.scratch("latency") / "acp.db")
     log = open_event_log(store)
-    transport = LocalTransport(ServiceFacade([MetaFacade(), EventFacade(log)]))
+    handlers = table.build([MetaHandlers(), EventHandlers(log)], serves=["meta.version", "events.subscribe"])
+    transport = LocalTransport(ServiceFacade(handlers))
     wanted = run.mode.latency_events
     received: dict[int, float] = {}
     sent: dict[int, float] = {}

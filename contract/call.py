@@ -39,16 +39,6 @@ class CallContext:
     # The version the call is served at, after negotiation.
     served_version: str = field(default="")
 
-    @staticmethod
-    def of(context: object) -> CallContext:
-        """The call context a servicer method receives as its ``context`` argument.
-
-        Servicer methods declare ``context: object`` (wider than the generated stubs'
-        type, so they stay valid overrides) and read it back through here."""
-        if not isinstance(context, CallContext):
-            raise ACPError(ErrorCode.INTERNAL_ERROR, "servicer called outside ServiceFacade.invoke")
-        return context
-
     def authorize(self, namespace: str) -> None:
         """Refuse an entity or namespace outside the principal's namespaces."""
         principal = self.require_principal()

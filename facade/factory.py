@@ -12,14 +12,16 @@ from cleveragents.acp.facade.domain.context import Context
 from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.plans.engine import PlanEngine
 from cleveragents.acp.facade.domain.registries import Registries
+from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs
 from cleveragents.acp.facade.domain.sessions import Sessions
+from cleveragents.acp.facade.handlers import table
+from cleveragents.acp.facade.handlers.context import ContextHandlers
+from cleveragents.acp.facade.handlers.events import EventHandlers
+from cleveragents.acp.facade.handlers.meta import MetaHandlers
+from cleveragents.acp.facade.handlers.plans import PlanHandlers
+from cleveragents.acp.facade.handlers.registries import RegistryHandlers
+from cleveragents.acp.facade.handlers.sessions import SessionHandlers
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
-from cleveragents.acp.facade.services.context import ContextFacade
-from cleveragents.acp.facade.services.events import EventFacade
-from cleveragents.acp.facade.services.meta import MetaFacade
-from cleveragents.acp.facade.services.plans import PlanFacade
-from cleveragents.acp.facade.services.registries import registry_servicers
-from cleveragents.acp.facade.services.sessions import SessionFacade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 
 
@@ -89,8 +91,16 @@ def open_facade(
     plans = PlanEngine(events, registries)
     plans.recover()
     sessions = Sessions(store, registries, events, context, plan_starter=plans)
-    servicers: list[object] = [MetaFacade(), EventFacade(events), *registry_servicers(registries)]
-    servicers += [SessionFacade(sessions), ContextFacade(context), PlanFacade(plans)]
+    handlers = table.build(
+        [
+            MetaHandlers(),
+            EventHandlers(events),
+            RegistryHandlers(RegistryVerbs(registries)),
+            SessionHandlers(sessions),
+            ContextHandlers(context),
+            PlanHandlers(plans),
+        ]
+    )
     # Closed in reverse: the event log ends its subscriptions before the store goes.
     resources: list[Closeable] = [_StoreResource(store), _EventLogResource(events), plans]
-    return ServiceFacade(servicers, authenticator=authenticator, resources=resources)
+    return ServiceFacade(handlers, authenticator=authenticator, resources=resources)

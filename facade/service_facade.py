@@ -1,30 +1,28 @@
 """``ServiceFacade``: the one entry point every transport calls.
 
-It routes an operation of the catalog to the servicer that implements its RPC (the
-servicers subclass the generated ones) and runs, once for every transport, the checks
-no wire may skip: authentication, version gating, required fields, and the mapping of
-unexpected faults to INTERNAL_ERROR with a correlation id.
+It dispatches an operation of the catalog through the handler table (``handlers.table``)
+and runs, once for every transport, the checks no wire may skip: authentication, version
+gating, required fields, and the mapping of unexpected faults to INTERNAL_ERROR with a
+correlation id. Authorization is the domain's, on the call's ``CallContext``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, Protocol, cast
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Protocol, cast
 
 from google.protobuf import message
 from ulid import ULID
 
-from cleveragents.acp.contract import catalog, surface, versions
+from cleveragents.acp.contract import surface, versions
 from cleveragents.acp.contract.call import LOCAL_PRINCIPAL, CallContext, Principal
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.contract.required import check_required
+from cleveragents.acp.facade.handlers.table import Handler, Streaming, Unary
 
 log = logging.getLogger(__name__)
-
-Unary = Callable[[Any, CallContext], Awaitable[message.Message]]
-Streaming = Callable[[Any, CallContext], AsyncIterator[message.Message]]
 
 
 class Authenticator(Protocol):
@@ -35,14 +33,6 @@ class Authenticator(Protocol):
 
 class Closeable(Protocol):
     async def close(self) -> None: ...
-
-
-def _generated_base(servicer: object, service: str) -> type | None:
-    short = service.rsplit(".", 1)[-1]
-    for base in type(servicer).__mro__:
-        if base.__name__ == f"{short}Servicer" and base.__module__.startswith("cleveragents.acp.v1."):
-            return base
-    return None
 
 
 def internal_error(exc: BaseException, where: str) -> ACPError:
@@ -58,31 +48,21 @@ def internal_error(exc: BaseException, where: str) -> ACPError:
 class ServiceFacade:
     def __init__(
         self,
-        servicers: Iterable[object],
+        handlers: Mapping[str, Handler],
         *,
         authenticator: Authenticator | None = None,
         resources: Iterable[Closeable] = (),
     ) -> None:
+        """``handlers`` is a table from ``handlers.table.build``, checked against the catalog."""
         self.authenticator = authenticator
         self._resources = list(resources)
-        self._handlers: dict[str, Any] = {}
-        servicers = list(servicers)
-        for op in catalog.OPERATIONS.values():
-            for servicer in servicers:
-                base = _generated_base(servicer, op.service)
-                if base is None:
-                    continue
-                handler = getattr(servicer, op.method)
-                if getattr(type(servicer), op.method) is getattr(base, op.method):
-                    continue
-                self._handlers[op.name] = handler
-                break
+        self._handlers: dict[str, Handler] = dict(handlers)
 
     @property
     def served_operations(self) -> frozenset[str]:
         return frozenset(self._handlers)
 
-    def _admit(self, op: Operation, request: message.Message, ctx: CallContext) -> Any:
+    def _admit(self, op: Operation, request: message.Message, ctx: CallContext) -> Handler:
         if op.anonymous:
             ctx.principal = ctx.principal or LOCAL_PRINCIPAL
         elif self.authenticator is None:

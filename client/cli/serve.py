@@ -145,7 +145,7 @@ def _config(args: argparse.Namespace, grpc_port: int | None) -> Any:
         raise ValueError("give both --tls-cert and --tls-key, or neither")
     tls = TLSFiles(args.tls_cert, args.tls_key) if args.tls_cert is not None else None
     origins = args.cors_origins if args.cors_origins is not None else env_list("ACP_CORS_ORIGIN")
-    from cleveragents.acp.facade.services.meta import server_build
+    from cleveragents.acp.facade.handlers.meta import server_build
 
     return ServerConfig(
         host=args.host,

@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType, TracebackType
 
+from cleveragents.acp.contract import surface
+from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.contract.recent import Recent
 from cleveragents.acp.facade.store.base import EventFilter, Store, StoredEvent
@@ -236,6 +238,18 @@ class EventLog:
             else:
                 self._subscribers.add(subscription)
         return subscription
+
+    def subscription(self, ctx: CallContext, request: events_pb2.SubscribeEventsRequest) -> Subscription:
+        """``events.subscribe`` for a call: events of the namespaces the caller may see (or
+        the one it names, once authorized), attached now so a bad filter or a forbidden
+        namespace fails before any stream headers go out."""
+        return self.subscribe(
+            namespaces=ctx.visible_namespaces(request.namespace),
+            plan_id=request.plan_id,
+            session_id=request.session_id,
+            event_types=surface.event_types(ctx.served_version, request.event_type),
+            after_sequence=request.after_sequence,
+        )
 
     def _detach(self, subscription: Subscription) -> None:
         with self._lock:

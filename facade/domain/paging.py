@@ -1,4 +1,5 @@
-"""Opaque, signed page tokens and page-size rules, shared by every paginated list.
+"""Paging, shared by every paginated list: page-size rules, signed page tokens, and
+``Pager.page``, which fetches one item more than the page to know whether another follows.
 
 A token names the list it belongs to (its scope and filters) and where the next page
 starts; it is signed with a key kept in the store, so a forged token, or one replayed
@@ -13,8 +14,8 @@ import hmac
 import json
 import secrets
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.store.base import Record, Store, StoreConflictError
@@ -23,6 +24,19 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 _KEY_KIND = "system"
 _KEY_NAME = "page-token-key"
+
+T = TypeVar("T")
+# (position the page starts after, or None for the first page; how many items) -> items.
+Fetch = Callable[[str | None, int], Sequence[T]]
+
+
+class PagedRequest(Protocol):
+    """What every list request carries (``ListSessionsRequest``, ``ListActorsRequest``...)."""
+
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def page_token(self) -> str: ...
 
 
 def page_size(requested: int) -> int:
@@ -99,3 +113,29 @@ class PageTokens:
         if not isinstance(position, str):
             raise invalid
         return position
+
+
+class Pager:
+    """Pages of any list: one call gives the page and the token of the next one."""
+
+    def __init__(self, store: Store) -> None:
+        self.tokens = PageTokens(store)
+
+    def page(
+        self,
+        scope: str,
+        filters: Mapping[str, Any],
+        request: PagedRequest,
+        fetch: Fetch[T],
+        position: Callable[[T], str],
+    ) -> tuple[list[T], str]:
+        """The page the request's ``page_token`` continues (the first when empty) and the
+        next page's token ("" on the last page). ``fetch`` returns items in list order after
+        a position; ``position`` is where an item sits, which the next token carries.
+        ``scope`` and ``filters`` are what a token is bound to: every filter of the list."""
+        size = page_size(request.page_size)
+        after = self.tokens.decode(request.page_token, scope, filters)
+        found = fetch(after, size + 1)
+        if len(found) <= size:
+            return list(found), ""
+        return list(found[:size]), self.tokens.encode(scope, filters, position(found[size - 1]))

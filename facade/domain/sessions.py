@@ -32,7 +32,13 @@ from cleveragents.acp.facade.domain.session_records import (
     seconds,
     to_record,
 )
-from cleveragents.acp.facade.store.base import ListQuery, StaleRevisionError, Store, StoreConflictError
+from cleveragents.acp.facade.store.base import (
+    ListQuery,
+    Record,
+    StaleRevisionError,
+    Store,
+    StoreConflictError,
+)
 from cleveragents.acp.v1 import common_pb2, events_pb2, registry_pb2, session_pb2
 
 DEFAULT_ORCHESTRATOR = "orchestrator"
@@ -78,7 +84,7 @@ class Sessions:
         self.registries = registries
         self.events = events
         self.context = context
-        self.pages = paging.PageTokens(store)
+        self.pages = paging.Pager(store)
         # Actor provider -> the orchestrator that runs sessions of actors of that provider.
         self.orchestrators: dict[str, Orchestrator] = {
             BuiltinOrchestrator.provider: BuiltinOrchestrator(registries, plan_starter)
@@ -137,7 +143,6 @@ class Sessions:
         self, ctx: CallContext, req: session_pb2.ListSessionsRequest
     ) -> session_pb2.ListSessionsResponse:
         namespaces = ctx.visible_namespaces(req.namespace)
-        size = paging.page_size(req.page_size)
         state = None
         if req.state != session_pb2.SESSION_STATE_UNSPECIFIED:
             state = STATE_NAMES.get(req.state)
@@ -151,23 +156,17 @@ class Sessions:
             "state": state,
             "attrs": attrs,
         }
-        position = self.pages.decode(req.page_token, LIST_SCOPE, filters)
-        records = self.store.query(
-            ListQuery(
-                kind=SESSION_KIND,
-                namespaces=namespaces,
-                state=state,
-                attrs=attrs,
-                before_id=position,
-                limit=size + 1,
+
+        def fetch(after: str | None, limit: int) -> list[Record]:
+            query = ListQuery(
+                SESSION_KIND, namespaces, state=state, attrs=attrs, before_id=after, limit=limit
             )
+            return self.store.query(query)
+
+        records, token = self.pages.page(LIST_SCOPE, filters, req, fetch, lambda r: r.id)
+        return session_pb2.ListSessionsResponse(
+            sessions=[session_pb2.Session.FromString(r.body) for r in records], next_page_token=token
         )
-        response = session_pb2.ListSessionsResponse(
-            sessions=[session_pb2.Session.FromString(r.body) for r in records[:size]]
-        )
-        if len(records) > size:
-            response.next_page_token = self.pages.encode(LIST_SCOPE, filters, records[size - 1].id)
-        return response
 
     def delete(self, ctx: CallContext, session_id: str) -> None:
         record, _ = load(self.store, ctx, session_id)

@@ -16,21 +16,23 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jsonschema
-from google.protobuf import timestamp_pb2
+from google.protobuf import json_format, timestamp_pb2
 from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain import paging
 from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.plans import (
     actor,
     apply,
     diff,
     invariants,
+    listing,
     model,
     records,
     rollback,
@@ -45,8 +47,6 @@ from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2, registry_pb2
 
 log = logging.getLogger(__name__)
-
-Authorize = Callable[[str], None]
 
 # How long plan.cancel waits for the plan to reach its step boundary.
 CANCEL_WAIT_SECONDS = 10.0
@@ -102,6 +102,7 @@ class PlanEngine:
         self.events = events
         self.registries = registries
         self.records = PlanRecords(self.store)
+        self.pages = paging.Pager(self.store)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancels: dict[str, asyncio.Event] = {}
         self._cancel_reasons: dict[str, str] = {}
@@ -109,10 +110,14 @@ class PlanEngine:
 
     # loading ----------------------------------------------------------------------------
 
-    def load(self, plan_id: str, authorize: Authorize) -> plan_pb2.Plan:
+    def load(self, ctx: CallContext, plan_id: str) -> plan_pb2.Plan:
+        """The plan, once the caller may use its namespace."""
         plan = self.records.load(plan_id)
-        authorize(plan.meta.namespace)
+        ctx.authorize(plan.meta.namespace)
         return plan
+
+    def list_plans(self, ctx: CallContext, request: plan_pb2.ListPlansRequest) -> plan_pb2.ListPlansResponse:
+        return listing.page(self.records, self.pages, ctx, request)
 
     def _setup(self, plan: plan_pb2.Plan) -> setup.PlanSetup:
         return setup.resolve(
@@ -215,7 +220,17 @@ class PlanEngine:
 
     # plan.use ---------------------------------------------------------------------------
 
-    async def use(
+    async def use(self, ctx: CallContext, request: plan_pb2.UsePlanRequest) -> plan_pb2.Plan:
+        return await self._use(
+            namespace=ctx.namespace(request.namespace),
+            action=request.action,
+            project=request.project,
+            inputs=json_format.MessageToDict(request.inputs),
+            session_id=request.session_id,
+            automation_profile=request.automation_profile,
+        )
+
+    async def _use(
         self,
         *,
         namespace: str,
@@ -275,14 +290,14 @@ class PlanEngine:
     ) -> plan_pb2.Plan:
         """The sessions' ``PlanStarter``: ``/use <action> k=v`` in a session."""
         ctx.authorize(namespace)
-        return await self.use(
+        return await self._use(
             namespace=namespace, action=action, project=project, inputs=inputs, session_id=session_id
         )
 
     # plan.execute -----------------------------------------------------------------------
 
-    async def execute(self, plan_id: str, authorize: Authorize, *, wait: bool = False) -> plan_pb2.Plan:
-        plan = self.load(plan_id, authorize)
+    async def execute(self, ctx: CallContext, plan_id: str, *, wait: bool = False) -> plan_pb2.Plan:
+        plan = self.load(ctx, plan_id)
         model.require("execute", plan)
         task = self._start(plan)
         if wait:
@@ -489,8 +504,8 @@ class PlanEngine:
 
     # plan.cancel ------------------------------------------------------------------------
 
-    async def cancel(self, plan_id: str, authorize: Authorize, *, reason: str = "") -> plan_pb2.Plan:
-        plan = self.load(plan_id, authorize)
+    async def cancel(self, ctx: CallContext, plan_id: str, *, reason: str = "") -> plan_pb2.Plan:
+        plan = self.load(ctx, plan_id)
         model.require("cancel", plan)
         task = self._tasks.get(plan_id)
         if task is None:
@@ -504,9 +519,9 @@ class PlanEngine:
     # plan.correct -----------------------------------------------------------------------
 
     async def correct(
-        self, request: plan_pb2.CorrectPlanRequest, authorize: Authorize
+        self, ctx: CallContext, request: plan_pb2.CorrectPlanRequest
     ) -> tuple[plan_pb2.Plan, plan_pb2.DecisionNode]:
-        plan = self.load(request.plan_id, authorize)
+        plan = self.load(ctx, request.plan_id)
         model.require("correct", plan)
         nodes = self.records.nodes(plan.meta.id)
         if not nodes:
@@ -554,8 +569,8 @@ class PlanEngine:
 
     # plan.apply -------------------------------------------------------------------------
 
-    async def apply(self, plan_id: str, authorize: Authorize) -> tuple[plan_pb2.Plan, list[str]]:
-        plan = self.load(plan_id, authorize)
+    async def apply(self, ctx: CallContext, plan_id: str) -> tuple[plan_pb2.Plan, list[str]]:
+        plan = self.load(ctx, plan_id)
         model.require("apply", plan)
         changed = self._apply(plan, self._setup(plan))
         return plan, changed
@@ -615,9 +630,9 @@ class PlanEngine:
     # plan.rollback ----------------------------------------------------------------------
 
     async def rollback(
-        self, plan_id: str, authorize: Authorize, *, force: bool = False
+        self, ctx: CallContext, plan_id: str, *, force: bool = False
     ) -> tuple[plan_pb2.Plan, list[str]]:
-        plan = self.load(plan_id, authorize)
+        plan = self.load(ctx, plan_id)
         model.require("rollback", plan)
         entries = self.records.checkpoint(plan_id)
         rollback.check(plan_id, entries, force=force)

@@ -69,7 +69,7 @@ def _entry(kind: Kind, record: Record) -> message.Message:
 class Registries:
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._tokens = paging.PageTokens(store)
+        self._pages = paging.Pager(store)
         self._referrer_sources: list[ReferrerSource] = []
 
     def add_referrer_source(self, source: ReferrerSource) -> None:
@@ -123,10 +123,8 @@ class Registries:
         self,
         kind: str,
         namespaces: frozenset[str] | None,
-        *,
-        labels: Mapping[str, str] | None = None,
-        page_size: int = 0,
-        page_token: str = "",
+        labels: Mapping[str, str],
+        request: paging.PagedRequest,
     ) -> tuple[list[message.Message], str]:
         """One page of entries, ordered by (namespace, name), carrying all ``labels``.
 
@@ -134,30 +132,30 @@ class Registries:
         and in each namespace that holds an entry of this kind. Registries are small, so
         the page is cut from the whole (filtered) kind rather than by a store cursor."""
         k = kind_of(kind)
-        wanted = dict(labels or {})
-        size = paging.page_size(page_size)
+        wanted = dict(labels)
         filters = {"namespaces": sorted(namespaces) if namespaces is not None else None, "labels": wanted}
-        after = _position(self._tokens.decode(page_token, k.record_kind, filters))
-        if namespaces is None:
-            records = list(self.store.iter_kind(k.record_kind))
-            shown = {DEFAULT_NAMESPACE} | {r.namespace for r in records}
-        else:
-            records = [r for ns in sorted(namespaces) for r in self.store.iter_kind(k.record_kind, ns)]
-            shown = set(namespaces)
-        found = [_entry(k, r) for r in records]
-        for ns in shown:
-            found.extend(e for n in builtin_names(k.name) if (e := builtin_entry(k.name, ns, n)) is not None)
-        keyed = sorted(
-            ((view(e).meta.namespace, view(e).name), e)
-            for e in found
-            if all(view(e).labels.get(key) == value for key, value in wanted.items())
-        )
-        rest = [(key, e) for key, e in keyed if after is None or key > after]
-        page = rest[:size]
-        token = ""
-        if len(rest) > size:
-            token = self._tokens.encode(k.record_kind, filters, json.dumps(list(page[-1][0])))
-        return [e for _, e in page], token
+
+        def fetch(position: str | None, limit: int) -> list[message.Message]:
+            after = _position(position)
+            if namespaces is None:
+                records = list(self.store.iter_kind(k.record_kind))
+                shown = {DEFAULT_NAMESPACE} | {r.namespace for r in records}
+            else:
+                records = [r for ns in sorted(namespaces) for r in self.store.iter_kind(k.record_kind, ns)]
+                shown = set(namespaces)
+            found = [_entry(k, r) for r in records]
+            for ns in shown:
+                found.extend(
+                    e for n in builtin_names(k.name) if (e := builtin_entry(k.name, ns, n)) is not None
+                )
+            keyed = sorted(
+                (_key(e), e)
+                for e in found
+                if all(view(e).labels.get(key) == value for key, value in wanted.items())
+            )
+            return [e for key, e in keyed if after is None or key > after][:limit]
+
+        return self._pages.page(k.record_kind, filters, request, fetch, lambda e: json.dumps(list(_key(e))))
 
     # writes ---------------------------------------------------------------------------
 
@@ -316,6 +314,11 @@ def _record(k: Kind, entry: Any) -> Record:
         update_time=entry.meta.update_time.ToNanoseconds() / 1e9,
         body=entry.SerializeToString(deterministic=True),
     )
+
+
+def _key(entry: message.Message) -> tuple[str, str]:
+    """Where an entry sits in a list: (namespace, name)."""
+    return (view(entry).meta.namespace, view(entry).name)
 
 
 def _position(position: str | None) -> tuple[str, str] | None:

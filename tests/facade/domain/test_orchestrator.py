@@ -11,16 +11,19 @@ from ulid import ULID
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
+from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.context import Context
 from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.orchestrator import PlanStarter, UseArgumentError, parse_use
-from cleveragents.acp.facade.domain.registries import Registries
+from cleveragents.acp.facade.domain.registries import KINDS, Registries
+from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs
 from cleveragents.acp.facade.domain.sessions import Sessions
+from cleveragents.acp.facade.handlers import table
+from cleveragents.acp.facade.handlers.registries import RegistryHandlers
+from cleveragents.acp.facade.handlers.sessions import SessionHandlers
 from cleveragents.acp.facade.service_facade import ServiceFacade
-from cleveragents.acp.facade.services.registries import registry_servicers
-from cleveragents.acp.facade.services.sessions import SessionFacade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import common_pb2, plan_pb2
 from tests.facade.domain.session_helpers import add_project, create, tell
@@ -108,7 +111,9 @@ async def _sessions_client(db_path: pathlib.Path, starter: PlanStarter | None) -
     registries = Registries(store)
     context = Context(store, registries)
     sessions = Sessions(store, registries, events, context, plan_starter=starter)
-    facade = ServiceFacade([SessionFacade(sessions), *registry_servicers(registries)])
+    served = [op.name for op in catalog.OPERATIONS.values() if op.group == "session" or op.group in KINDS]
+    handlers = [SessionHandlers(sessions), RegistryHandlers(RegistryVerbs(registries))]
+    facade = ServiceFacade(table.build(handlers, serves=served))
     yield ACPClient(LocalTransport(facade))
     events.close()
     store.close()

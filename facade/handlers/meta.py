@@ -6,7 +6,9 @@ import functools
 from importlib import metadata
 
 from cleveragents.acp.contract import versions
-from cleveragents.acp.v1 import meta_pb2, meta_pb2_grpc
+from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.facade.handlers.table import handles
+from cleveragents.acp.v1 import meta_pb2
 
 
 @functools.cache
@@ -18,9 +20,10 @@ def server_build() -> str:
         return "cleveragents-acp (not installed)"
 
 
-class MetaFacade(meta_pb2_grpc.MetaServiceServicer):
+class MetaHandlers:
+    @handles("meta.version")
     async def GetVersion(
-        self, request: meta_pb2.GetVersionRequest, context: object
+        self, request: meta_pb2.GetVersionRequest, ctx: CallContext
     ) -> meta_pb2.GetVersionResponse:
         return meta_pb2.GetVersionResponse(
             supported_versions=list(versions.SUPPORTED),

@@ -10,32 +10,25 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
-from cleveragents.acp.contract import surface
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.recent import Recent
 from cleveragents.acp.facade.domain.events import EventLog, Subscription
-from cleveragents.acp.v1 import events_pb2, events_pb2_grpc
+from cleveragents.acp.facade.handlers.table import handles
+from cleveragents.acp.v1 import events_pb2
 
 
-class EventFacade(events_pb2_grpc.EventServiceServicer):
+class EventHandlers:
     def __init__(self, log: EventLog) -> None:
         self._log = log
         self._wrapped: Recent[int, _Wrapped] = Recent(WRAPPED_CACHE_SIZE)
 
+    @handles("events.subscribe")
     def SubscribeEvents(
-        self, request: events_pb2.SubscribeEventsRequest, context: object
+        self, request: events_pb2.SubscribeEventsRequest, ctx: CallContext
     ) -> AsyncIterator[events_pb2.SubscribeEventsResponse]:
-        """Authorizes, validates the filters and attaches to the log before it returns, so a
-        bad filter or a forbidden namespace fails before any stream headers go out."""
-        ctx = CallContext.of(context)
-        subscription = self._log.subscribe(
-            namespaces=ctx.visible_namespaces(request.namespace),
-            plan_id=request.plan_id,
-            session_id=request.session_id,
-            event_types=surface.event_types(ctx.served_version, request.event_type),
-            after_sequence=request.after_sequence,
-        )
-        return self._responses(subscription)
+        """Not a generator: the subscription is opened (authorized, its filters checked,
+        attached to the log) before this returns, so early errors precede any headers."""
+        return self._responses(self._log.subscription(ctx, request))
 
     def _response(self, event: events_pb2.Event) -> events_pb2.SubscribeEventsResponse:
         if not self._log.fanning_out:

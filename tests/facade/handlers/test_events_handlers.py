@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
@@ -17,8 +17,9 @@ from cleveragents.acp.contract.call import CallContext, Principal
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.domain.events import EVENT_TYPES, EventLog
 from cleveragents.acp.facade.factory import open_facade
+from cleveragents.acp.facade.handlers import table
+from cleveragents.acp.facade.handlers.events import EventHandlers
 from cleveragents.acp.facade.service_facade import ServiceFacade
-from cleveragents.acp.facade.services.events import EventFacade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import events_pb2
 from tests.facade.plans.helpers import eventually
@@ -51,8 +52,12 @@ def log(store: SQLiteStore) -> Iterator[EventLog]:
 
 @pytest.fixture
 async def events_client(log: EventLog) -> AsyncIterator[ACPClient]:
-    async with ACPClient(LocalTransport(ServiceFacade([EventFacade(log)]), owns_facade=True)) as client:
+    async with ACPClient(LocalTransport(ServiceFacade(events_table(log)), owns_facade=True)) as client:
         yield client
+
+
+def events_table(log: EventLog) -> Mapping[str, table.Handler]:
+    return table.build([EventHandlers(log)], serves=["events.subscribe"])
 
 
 def message(namespace: str = "default", session_id: str = "s1", text: str = "hi") -> events_pb2.Event:
@@ -158,7 +163,7 @@ async def test_bad_filters_are_invalid_params(events_client: ACPClient) -> None:
 async def test_errors_surface_before_the_first_item(log: EventLog) -> None:
     """Validation and authorization happen when the stream is opened, so a transport can
     answer with a real error status before any stream headers."""
-    facade = ServiceFacade([EventFacade(log)], authenticator=OnlyNamespaceA())
+    facade = ServiceFacade(events_table(log), authenticator=OnlyNamespaceA())
     op = catalog.OPERATIONS["events.subscribe"]
     with pytest.raises(ACPError) as info:
         await facade.stream(op, events_pb2.SubscribeEventsRequest(event_type=["x"]), CallContext(token="t-a"))
@@ -173,7 +178,7 @@ async def test_errors_surface_before_the_first_item(log: EventLog) -> None:
 
 
 async def test_principal_sees_only_its_namespaces(log: EventLog) -> None:
-    facade = ServiceFacade([EventFacade(log)], authenticator=OnlyNamespaceA())
+    facade = ServiceFacade(events_table(log), authenticator=OnlyNamespaceA())
     async with ACPClient(LocalTransport(facade, owns_facade=True), token="t-a") as client:
         log.publish_many([message(namespace="a", text="mine"), message(namespace="b", text="theirs")])
         async with opened(client) as stream:
@@ -211,7 +216,7 @@ async def test_slow_subscriber_is_told_where_to_resume(events_client: ACPClient,
 
 async def test_a_client_of_the_prior_minor_can_subscribe(log: EventLog) -> None:
     log.publish(message())
-    facade = ServiceFacade([EventFacade(log)])
+    facade = ServiceFacade(events_table(log))
     prior = versions.SUPPORTED[-1]
     async with ACPClient(LocalTransport(facade, owns_facade=True), acp_version=prior) as client:
         assert (await first_event(client)).sequence == 1
@@ -262,7 +267,7 @@ async def test_open_facade_takes_retention_from_the_environment(
 async def test_subscribers_of_one_event_share_its_response(log: EventLog) -> None:
     """With several subscribers attached, each event is wrapped once for all of them; a
     lone subscriber gets responses of its own. Either way every response is exact."""
-    facade = ServiceFacade([EventFacade(log)])
+    facade = ServiceFacade(events_table(log))
     op = catalog.OPERATIONS["events.subscribe"]
     log.publish_many([message(text=f"m{i}") for i in range(5)])
 

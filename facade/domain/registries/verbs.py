@@ -1,0 +1,78 @@
+"""The registry operations of the contract (``<kind>.list|show|add|update|remove``) for
+every kind, over proto requests: the kind is read from the request's type, and the
+namespace a request names is resolved and authorized on the call's context here, in the
+domain, as for every other group."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from google.protobuf import message
+
+from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.facade.domain.registries.kinds import KINDS, Kind
+from cleveragents.acp.facade.domain.registries.registry import Registries, check_name
+
+# Request class -> the kind whose operation takes it (``ListActorsRequest`` -> actor).
+_KIND_OF_REQUEST: Mapping[type[message.Message], Kind] = MappingProxyType(
+    {op.request_type: kind for kind in KINDS.values() for op in kind.operations.values()}
+)
+
+
+def _kind(request: message.Message) -> Kind:
+    return _KIND_OF_REQUEST[type(request)]
+
+
+def _respond(kind: Kind, verb: str, entry: message.Message) -> message.Message:
+    return kind.operations[verb].response_type(**{kind.entry_field: entry})
+
+
+class RegistryVerbs:
+    def __init__(self, registries: Registries) -> None:
+        self.registries = registries
+
+    def list(self, ctx: CallContext, request: Any) -> message.Message:
+        kind = _kind(request)
+        namespaces = ctx.visible_namespaces(request.namespace)
+        entries, token = self.registries.list_page(kind.name, namespaces, request.labels, request)
+        return kind.operations["list"].response_type(**{kind.list_field: entries, "next_page_token": token})
+
+    def show(self, ctx: CallContext, request: Any) -> message.Message:
+        kind = _kind(request)
+        namespace = ctx.namespace(request.namespace)
+        check_name(request.name)
+        return _respond(kind, "show", self.registries.get(kind.name, namespace, request.name))
+
+    def add(self, ctx: CallContext, request: Any) -> message.Message:
+        kind = _kind(request)
+        entry = self.registries.add(
+            kind.name,
+            ctx.namespace(request.namespace),
+            request.name,
+            spec=request.spec,
+            description=request.description,
+            labels=dict(request.labels),
+        )
+        return _respond(kind, "add", entry)
+
+    def update(self, ctx: CallContext, request: Any) -> message.Message:
+        kind = _kind(request)
+        entry = self.registries.update(
+            kind.name,
+            ctx.namespace(request.namespace),
+            request.name,
+            revision=request.revision,
+            spec=request.spec if request.HasField("spec") else None,
+            description=request.description,
+            labels=dict(request.labels),
+            mask=list(request.update_mask.paths),
+        )
+        return _respond(kind, "update", entry)
+
+    def remove(self, ctx: CallContext, request: Any) -> message.Message:
+        kind = _kind(request)
+        namespace = ctx.namespace(request.namespace)
+        entry = self.registries.remove(kind.name, namespace, request.name, revision=request.revision)
+        return _respond(kind, "remove", entry)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import inspect
 import pathlib
 import re
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -97,7 +96,7 @@ def test_a_unary_handler_is_a_coroutine_and_a_stream_handler_is_not() -> None:
         @handles("events.subscribe")
         async def SubscribeEvents(
             self, request: events_pb2.SubscribeEventsRequest, ctx: CallContext
-        ) -> AsyncIterator[events_pb2.SubscribeEventsResponse]: ...
+        ) -> None: ...
 
     with pytest.raises(HandlerTableError, match=r"meta\.version must be a coroutine function"):
         table.build([SyncUnary()], serves=["meta.version"])

@@ -1,0 +1,219 @@
+"""JSON Schemas that callers register (action ``inputs_schema``, ``json_schema`` validations),
+checked once and run with every pattern matched by RE2 (``patterns``, ECMA-262 dialect).
+
+The ``jsonschema`` library matches ``pattern`` and ``patternProperties`` (also inside
+``additionalProperties`` and ``unevaluatedProperties``) with Python's backtracking ``re`` and
+has no way to swap the engine, so the validator classes here replace those four keywords;
+everything else is the library's. A pattern RE2 cannot run (a backreference, lookaround) is
+refused when the schema is checked, through the metaschema's ``format: regex``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from functools import lru_cache
+from typing import Any
+
+import jsonschema
+from jsonschema import FormatChecker, ValidationError
+from jsonschema.protocols import Validator
+
+from cleveragents.acp.facade.domain import patterns
+
+Schema = Mapping[str, Any]
+
+
+class SchemaProblem(ValueError):
+    """The schema cannot be used: ``message`` for the caller, ``where`` its JSON pointer path."""
+
+    def __init__(self, message: str, where: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.where = where
+
+
+def _matches(pattern: str, text: str) -> bool:
+    """Whether RE2 finds ``pattern`` in ``text``; PatternError for a pattern it cannot run
+    (only in a schema that ``check`` could not see it in: a draft-4 ``patternProperties`` name)."""
+    return patterns.search(pattern, text, patterns.Dialect.ECMA)
+
+
+def _unusable(pattern: str, exc: patterns.PatternError) -> ValidationError:
+    return ValidationError(f"the pattern {pattern!r} cannot be used: {exc}")
+
+
+def _pattern(validator: Validator, pattern: str, instance: Any, schema: Schema) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "string"):
+        return
+    try:
+        found = _matches(pattern, instance)
+    except patterns.PatternError as exc:
+        yield _unusable(pattern, exc)
+        return
+    if not found:
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(
+    validator: Validator, pattern_properties: Schema, instance: Any, schema: Schema
+) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in pattern_properties.items():
+        try:
+            keys = [key for key in instance if _matches(pattern, key)]
+        except patterns.PatternError as exc:
+            yield _unusable(pattern, exc)
+            continue
+        for key in keys:
+            yield from validator.descend(instance[key], subschema, path=key, schema_path=pattern)
+
+
+def _pattern_keys(validator: Validator, instance: Mapping[str, Any], schema: Schema) -> set[str]:
+    """The keys of ``instance`` that a ``patternProperties`` pattern of ``schema`` matches."""
+    found: set[str] = set()
+    for pattern in schema.get("patternProperties") or {}:
+        found.update(key for key in instance if key not in found and _matches(pattern, key))
+    return found
+
+
+def _additional_properties(
+    validator: Validator, additional: Any, instance: Any, schema: Schema
+) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    try:
+        matched = _pattern_keys(validator, instance, schema)
+    except patterns.PatternError as exc:
+        yield ValidationError(f"a patternProperties pattern cannot be used: {exc}")
+        return
+    properties = schema.get("properties") or {}
+    extras = sorted((key for key in instance if key not in properties and key not in matched), key=str)
+    if validator.is_type(additional, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], additional, path=extra)
+    elif not additional and extras:
+        listed = ", ".join(repr(extra) for extra in extras)
+        if "patternProperties" in schema:
+            regexes = ", ".join(repr(p) for p in sorted(schema["patternProperties"]))
+            verb = "does" if len(extras) == 1 else "do"
+            yield ValidationError(f"{listed} {verb} not match any of the regexes: {regexes}")
+        else:
+            verb = "was" if len(extras) == 1 else "were"
+            yield ValidationError(f"Additional properties are not allowed ({listed} {verb} unexpected)")
+
+
+def _valid(errors: Iterator[ValidationError]) -> bool:
+    return next(errors, None) is None
+
+
+def _evaluated_keys(validator: Validator, instance: Mapping[str, Any], schema: Any) -> set[str]:
+    """The keys of ``instance`` that ``schema``'s keywords evaluate (JSON Schema 2019-09 and
+    2020-12 ``unevaluatedProperties``), following the library's own reading of it."""
+    if not isinstance(schema, Mapping):
+        return set()
+    keys: set[str] = set()
+    for keyword in ("$ref", "$dynamicRef", "$recursiveRef"):
+        reference = schema.get(keyword)
+        if isinstance(reference, str):
+            # The library offers no public resolver; its keyword functions use this one too.
+            resolved = validator._resolver.lookup("#" if keyword == "$recursiveRef" else reference)  # type: ignore[attr-defined]
+            scoped = validator.evolve(schema=resolved.contents, _resolver=resolved.resolver)  # type: ignore[call-arg]
+            keys |= _evaluated_keys(scoped, instance, resolved.contents)
+    properties = schema.get("properties")
+    if isinstance(properties, Mapping):
+        keys.update(key for key in instance if key in properties)
+    for keyword in ("additionalProperties", "unevaluatedProperties"):
+        if keyword in schema:
+            subschema = schema[keyword]
+            keys.update(key for key, value in instance.items() if _valid(validator.descend(value, subschema)))
+    keys |= _pattern_keys(validator, instance, schema)
+    for key, subschema in (schema.get("dependentSchemas") or {}).items():
+        if key in instance:
+            keys |= _evaluated_keys(validator, instance, subschema)
+    for keyword in ("allOf", "oneOf", "anyOf"):
+        for subschema in schema.get(keyword) or ():
+            if _valid(validator.descend(instance, subschema)):
+                keys |= _evaluated_keys(validator, instance, subschema)
+    if "if" in schema:
+        if validator.evolve(schema=schema["if"]).is_valid(instance):
+            keys |= _evaluated_keys(validator, instance, schema["if"])
+            keys |= _evaluated_keys(validator, instance, schema.get("then"))
+        else:
+            keys |= _evaluated_keys(validator, instance, schema.get("else"))
+    return keys
+
+
+def _unevaluated_properties(
+    validator: Validator, unevaluated: Any, instance: Any, schema: Schema
+) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    try:
+        evaluated = _evaluated_keys(validator, instance, schema)
+    except patterns.PatternError as exc:
+        yield ValidationError(f"a patternProperties pattern cannot be used: {exc}")
+        return
+    failing = [
+        key
+        for key in instance
+        if key not in evaluated
+        and not _valid(validator.descend(instance[key], unevaluated, path=key, schema_path=key))
+    ]
+    if failing:
+        listed = ", ".join(repr(key) for key in sorted(failing, key=str))
+        verb = "was" if len(failing) == 1 else "were"
+        if unevaluated is False:
+            yield ValidationError(f"Unevaluated properties are not allowed ({listed} {verb} unexpected)")
+        else:
+            yield ValidationError(
+                f"Unevaluated properties are not valid under the given schema ({listed} {verb} unevaluated and invalid)"
+            )
+
+
+_KEYWORDS = {
+    "pattern": _pattern,
+    "patternProperties": _pattern_properties,
+    "additionalProperties": _additional_properties,
+    "unevaluatedProperties": _unevaluated_properties,
+}
+
+
+@lru_cache(maxsize=None)  # one entry per dialect the library knows: bounded
+def _linear(base: type[Validator]) -> type[Validator]:
+    keywords = {k: v for k, v in _KEYWORDS.items() if k in base.VALIDATORS}  # type: ignore[attr-defined]
+    return jsonschema.validators.extend(base, keywords)
+
+
+def _ecma_regex(instance: object) -> bool:
+    if isinstance(instance, str):
+        patterns.compiled(instance, patterns.Dialect.ECMA)
+    return True
+
+
+@lru_cache(maxsize=None)  # one entry per dialect: bounded
+def _format_checker(base: type[Validator]) -> FormatChecker:
+    """The dialect's format checker, with ``regex`` meaning "RE2 runs it as ECMA-262"."""
+    checker = FormatChecker(base.FORMAT_CHECKER.checkers)
+    checker.checks("regex", raises=patterns.PatternError)(_ecma_regex)
+    return checker
+
+
+def check(schema: Schema) -> type[Validator]:
+    """The validator class for ``schema`` (its ``$schema`` dialect, 2020-12 when none), or
+    SchemaProblem when the schema is not valid or holds a pattern that cannot run."""
+    base = jsonschema.validators.validator_for(schema)
+    try:
+        base.check_schema(schema, format_checker=_format_checker(base))
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        if exc.validator == "format" and exc.cause is not None:
+            raise SchemaProblem(f"the pattern {exc.instance!r} cannot be used: {exc.cause}", where) from None
+        raise SchemaProblem(exc.message, where) from None
+    return _linear(base)
+
+
+def errors(validator_class: type[Validator], schema: Schema, instance: Any) -> list[str]:
+    """``<json path>: <message>`` for each way ``instance`` fails ``schema``, in path order."""
+    found = sorted(validator_class(schema).iter_errors(instance), key=lambda e: list(e.absolute_path))
+    return [f"{e.json_path}: {e.message}" for e in found]

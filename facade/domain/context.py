@@ -17,7 +17,7 @@ from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import context_files, session_records
+from cleveragents.acp.facade.domain import context_files, globs, session_records
 from cleveragents.acp.facade.domain.context_files import FileText, NotAnItemError, PathEscapeError
 from cleveragents.acp.facade.domain.globs import matches_any
 from cleveragents.acp.facade.domain.registries import Registries
@@ -237,6 +237,11 @@ class Context:
                     f"{where}.resource",
                     f"resource {source.resource!r} is of type {resource.spec.type!r}, not a directory",
                 )
+            try:
+                globs.check(source.globs)
+            except globs.GlobError as exc:
+                at = f"{where}.globs" if exc.index is None else f"{where}.globs[{exc.index}]"
+                raise _invalid(at, f"a glob {exc}" if exc.index is not None else str(exc)) from None
             for j, glob in enumerate(source.globs):
                 if not glob.strip():
                     raise _invalid(f"{where}.globs[{j}]", "a glob must not be empty")

@@ -64,7 +64,8 @@ def _segment(segment: str) -> str:
             negate = body.startswith("!")
             body = body[1:] if negate else body
             # Each character is literal except a range's '-' between two of them.
-            items = "".join("-" if c == "-" and 0 < k < len(body) - 1 else _literal(c) for k, c in enumerate(body))
+            last = len(body) - 1
+            items = "".join("-" if c == "-" and 0 < k < last else _literal(c) for k, c in enumerate(body))
             out.append(f"[{'^/' if negate else ''}{items}]")
             i = end
         else:

@@ -11,7 +11,7 @@ refused when the schema is checked, through the metaschema's ``format: regex``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import jsonschema
@@ -23,7 +23,7 @@ from cleveragents.acp.facade.domain import patterns
 Schema = Mapping[str, Any]
 
 
-class SchemaProblem(ValueError):
+class SchemaError(ValueError):
     """The schema cannot be used: ``message`` for the caller, ``where`` its JSON pointer path."""
 
     def __init__(self, message: str, where: str) -> None:
@@ -42,7 +42,7 @@ def _unusable(pattern: str, exc: patterns.PatternError) -> ValidationError:
     return ValidationError(f"the pattern {pattern!r} cannot be used: {exc}")
 
 
-def _pattern(validator: Validator, pattern: str, instance: Any, schema: Schema) -> Iterator[ValidationError]:
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Schema) -> Iterator[ValidationError]:
     if not validator.is_type(instance, "string"):
         return
     try:
@@ -55,7 +55,7 @@ def _pattern(validator: Validator, pattern: str, instance: Any, schema: Schema) 
 
 
 def _pattern_properties(
-    validator: Validator, pattern_properties: Schema, instance: Any, schema: Schema
+    validator: Any, pattern_properties: Schema, instance: Any, schema: Schema
 ) -> Iterator[ValidationError]:
     if not validator.is_type(instance, "object"):
         return
@@ -69,7 +69,7 @@ def _pattern_properties(
             yield from validator.descend(instance[key], subschema, path=key, schema_path=pattern)
 
 
-def _pattern_keys(validator: Validator, instance: Mapping[str, Any], schema: Schema) -> set[str]:
+def _pattern_keys(validator: Any, instance: Mapping[str, Any], schema: Schema) -> set[str]:
     """The keys of ``instance`` that a ``patternProperties`` pattern of ``schema`` matches."""
     found: set[str] = set()
     for pattern in schema.get("patternProperties") or {}:
@@ -78,7 +78,7 @@ def _pattern_keys(validator: Validator, instance: Mapping[str, Any], schema: Sch
 
 
 def _additional_properties(
-    validator: Validator, additional: Any, instance: Any, schema: Schema
+    validator: Any, additional: Any, instance: Any, schema: Schema
 ) -> Iterator[ValidationError]:
     if not validator.is_type(instance, "object"):
         return
@@ -107,7 +107,7 @@ def _valid(errors: Iterator[ValidationError]) -> bool:
     return next(errors, None) is None
 
 
-def _evaluated_keys(validator: Validator, instance: Mapping[str, Any], schema: Any) -> set[str]:
+def _evaluated_keys(validator: Any, instance: Mapping[str, Any], schema: Any) -> set[str]:
     """The keys of ``instance`` that ``schema``'s keywords evaluate (JSON Schema 2019-09 and
     2020-12 ``unevaluatedProperties``), following the library's own reading of it."""
     if not isinstance(schema, Mapping):
@@ -117,8 +117,8 @@ def _evaluated_keys(validator: Validator, instance: Mapping[str, Any], schema: A
         reference = schema.get(keyword)
         if isinstance(reference, str):
             # The library offers no public resolver; its keyword functions use this one too.
-            resolved = validator._resolver.lookup("#" if keyword == "$recursiveRef" else reference)  # type: ignore[attr-defined]
-            scoped = validator.evolve(schema=resolved.contents, _resolver=resolved.resolver)  # type: ignore[call-arg]
+            resolved = validator._resolver.lookup("#" if keyword == "$recursiveRef" else reference)
+            scoped = validator.evolve(schema=resolved.contents, _resolver=resolved.resolver)
             keys |= _evaluated_keys(scoped, instance, resolved.contents)
     properties = schema.get("properties")
     if isinstance(properties, Mapping):
@@ -145,7 +145,7 @@ def _evaluated_keys(validator: Validator, instance: Mapping[str, Any], schema: A
 
 
 def _unevaluated_properties(
-    validator: Validator, unevaluated: Any, instance: Any, schema: Schema
+    validator: Any, unevaluated: Any, instance: Any, schema: Schema
 ) -> Iterator[ValidationError]:
     if not validator.is_type(instance, "object"):
         return
@@ -167,7 +167,8 @@ def _unevaluated_properties(
             yield ValidationError(f"Unevaluated properties are not allowed ({listed} {verb} unexpected)")
         else:
             yield ValidationError(
-                f"Unevaluated properties are not valid under the given schema ({listed} {verb} unevaluated and invalid)"
+                "Unevaluated properties are not valid under the given schema "
+                f"({listed} {verb} unevaluated and invalid)"
             )
 
 
@@ -179,10 +180,11 @@ _KEYWORDS = {
 }
 
 
-@lru_cache(maxsize=None)  # one entry per dialect the library knows: bounded
+@cache  # one entry per dialect the library knows: bounded
 def _linear(base: type[Validator]) -> type[Validator]:
-    keywords = {k: v for k, v in _KEYWORDS.items() if k in base.VALIDATORS}  # type: ignore[attr-defined]
-    return jsonschema.validators.extend(base, keywords)
+    keywords = {k: v for k, v in _KEYWORDS.items() if k in base.VALIDATORS}
+    extended: type[Validator] = jsonschema.validators.extend(base, keywords)  # type: ignore[no-untyped-call]
+    return extended
 
 
 def _ecma_regex(instance: object) -> bool:
@@ -191,7 +193,7 @@ def _ecma_regex(instance: object) -> bool:
     return True
 
 
-@lru_cache(maxsize=None)  # one entry per dialect: bounded
+@cache  # one entry per dialect: bounded
 def _format_checker(base: type[Validator]) -> FormatChecker:
     """The dialect's format checker, with ``regex`` meaning "RE2 runs it as ECMA-262"."""
     checker = FormatChecker(base.FORMAT_CHECKER.checkers)
@@ -201,15 +203,16 @@ def _format_checker(base: type[Validator]) -> FormatChecker:
 
 def check(schema: Schema) -> type[Validator]:
     """The validator class for ``schema`` (its ``$schema`` dialect, 2020-12 when none), or
-    SchemaProblem when the schema is not valid or holds a pattern that cannot run."""
+    SchemaError when the schema is not valid or holds a pattern that cannot run."""
     base = jsonschema.validators.validator_for(schema)
     try:
-        base.check_schema(schema, format_checker=_format_checker(base))
+        # The protocol omits check_schema's format_checker; every validator class takes it.
+        base.check_schema(dict(schema), format_checker=_format_checker(base))  # type: ignore[call-arg]
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path)
         if exc.validator == "format" and exc.cause is not None:
-            raise SchemaProblem(f"the pattern {exc.instance!r} cannot be used: {exc.cause}", where) from None
-        raise SchemaProblem(exc.message, where) from None
+            raise SchemaError(f"the pattern {exc.instance!r} cannot be used: {exc.cause}", where) from None
+        raise SchemaError(exc.message, where) from None
     return _linear(base)
 
 

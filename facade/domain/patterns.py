@@ -66,7 +66,7 @@ class PatternError(ValueError):
 
 
 def _ranges(ranges: tuple[tuple[int, int], ...]) -> str:
-    return "".join(rf"\x{{{low:x}}}" if low == high else rf"\x{{{low:x}}}-\x{{{high:x}}}" for low, high in ranges)
+    return "".join(rf"\x{{{lo:x}}}" if lo == hi else rf"\x{{{lo:x}}}-\x{{{hi:x}}}" for lo, hi in ranges)
 
 
 def _complement(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
@@ -268,7 +268,7 @@ def _reason(exc: re2.error) -> str:
 
 
 @lru_cache(maxsize=CACHE_SIZE)
-def _compile(pattern: str, dialect: Dialect, multiline: bool) -> re2._Regexp:
+def _compile(pattern: str, dialect: Dialect, multiline: bool) -> re2._Regexp[str]:
     if len(pattern) > MAX_PATTERN_LENGTH:
         raise PatternError(f"it is {len(pattern)} characters long; at most {MAX_PATTERN_LENGTH} are allowed")
     source = translate_ecma(pattern) if dialect is Dialect.ECMA else pattern
@@ -285,7 +285,7 @@ def _compile(pattern: str, dialect: Dialect, multiline: bool) -> re2._Regexp:
     return compiled
 
 
-def compiled(pattern: str, dialect: Dialect, *, multiline: bool = False) -> re2._Regexp:
+def compiled(pattern: str, dialect: Dialect, *, multiline: bool = False) -> re2._Regexp[str]:
     """The compiled pattern (cached), or PatternError saying why it cannot be used."""
     return _compile(pattern, dialect, multiline)
 

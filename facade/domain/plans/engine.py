@@ -19,13 +19,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import jsonschema
 from google.protobuf import json_format, timestamp_pb2
 from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import paging
+from cleveragents.acp.facade.domain import json_schemas, paging
 from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.plans import (
     actor,
@@ -44,6 +43,7 @@ from cleveragents.acp.facade.domain.plans.apply import Write
 from cleveragents.acp.facade.domain.plans.records import PlanRecords
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
 from cleveragents.acp.facade.domain.registries import Registries
+from cleveragents.acp.facade.domain.registries.specs import DEFAULT_MAX_STEPS
 from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2, registry_pb2
 
 log = logging.getLogger(__name__)
@@ -77,17 +77,15 @@ def _inputs(schema: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     if not schema:
         return inputs
     try:
-        validator_class = jsonschema.validators.validator_for(schema)
-        validator_class.check_schema(schema)
-    except jsonschema.SchemaError as exc:
+        validator_class = json_schemas.check(schema)
+    except json_schemas.SchemaError as exc:
         raise ACPError(
             ErrorCode.INVALID_PARAMS,
             f"the action's inputs_schema is not valid: {exc.message}",
             {"field": "action"},
         ) from None
-    errors = sorted(validator_class(schema).iter_errors(inputs), key=lambda e: list(e.absolute_path))
-    if errors:
-        problems = [f"{e.json_path}: {e.message}" for e in errors]
+    problems = json_schemas.errors(validator_class, schema, inputs)
+    if problems:
         raise ACPError(
             ErrorCode.INVALID_PARAMS,
             f"inputs do not match the action's schema: {'; '.join(problems)}",
@@ -252,7 +250,8 @@ class PlanEngine:
                     {"session_id": session_id},
                     refinement="SESSION_NOT_FOUND",
                 )
-        values = _inputs(actor.as_dict(action_entry.spec.inputs_schema), inputs)
+        # RE2 matches without the GIL: a pattern slow on a long input holds no other call.
+        values = await asyncio.to_thread(_inputs, actor.as_dict(action_entry.spec.inputs_schema), inputs)
         steps = actor.declared_steps(action_entry.spec, values)
         for step in steps:
             setup.tool_spec(self.registries, namespace, step.tool)
@@ -388,7 +387,7 @@ class PlanEngine:
     async def _steps(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup, cancel: asyncio.Event) -> None:
         steps = self.records.steps(plan.meta.id)
         staging = self._staging(plan, plan_setup)
-        limit = plan_setup.profile.max_steps
+        limit = plan_setup.profile.max_steps or DEFAULT_MAX_STEPS
         position = 0
         for step in steps:
             if model.superseded(step):
@@ -397,11 +396,12 @@ class PlanEngine:
             if step.state == model.SUCCEEDED:
                 continue
             self._check_cancel(plan.meta.id, cancel)
-            if limit and position > limit:
+            if position > limit:
+                set_by = "the automation profile allows" if plan_setup.profile.max_steps else "the default is"
                 raise _HaltError(
                     model.FAILED,
                     ErrorCode.Name(ErrorCode.BUDGET_EXCEEDED),
-                    f"step {step.id!r} would be step {position}; the automation profile allows {limit}",
+                    f"step {step.id!r} would be step {position}; {set_by} {limit}",
                 )
             await self._step(plan, plan_setup, staging, steps, step, cancel)
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
-from cleveragents.acp.facade.domain import globs
+from cleveragents.acp.facade.domain import globs, patterns
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact
 from cleveragents.acp.v1 import specs_pb2
 
@@ -26,9 +25,9 @@ def violations(name: str, spec: specs_pb2.InvariantSpec, artifacts: Sequence[Sta
             found = [f"{name}: {len(artifacts)} files changed, at most {limit} allowed"]
     elif rule == "forbid_regex":
         try:
-            pattern = re.compile(spec.forbid_regex.pattern)
-        except re.error as exc:
-            return [f"{name}: pattern {spec.forbid_regex.pattern!r} does not compile ({exc})"]
+            pattern = patterns.compiled(spec.forbid_regex.pattern, patterns.Dialect.RE2)
+        except patterns.PatternError as exc:
+            return [f"{name}: pattern {spec.forbid_regex.pattern!r} cannot be used: {exc}"]
         scope = list(spec.forbid_regex.paths)
         for artifact in artifacts:
             if artifact.content is None or not globs.matches_any(artifact.path, scope):
@@ -37,5 +36,6 @@ def violations(name: str, spec: specs_pb2.InvariantSpec, artifacts: Sequence[Sta
             match = pattern.search(text)
             if match is not None:
                 line = text.count("\n", 0, match.start()) + 1
-                found.append(f"{name}: {artifact.path}:{line} matches forbidden pattern {pattern.pattern!r}")
+                forbidden = spec.forbid_regex.pattern
+                found.append(f"{name}: {artifact.path}:{line} matches forbidden pattern {forbidden!r}")
     return found

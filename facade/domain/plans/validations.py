@@ -9,14 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
-import re
 import tempfile
 from collections.abc import Sequence
 
-import jsonschema
 from google.protobuf import json_format
 
-from cleveragents.acp.facade.domain import globs
+from cleveragents.acp.facade.domain import globs, json_schemas, patterns
 from cleveragents.acp.facade.domain.plans import process
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
 from cleveragents.acp.v1 import events_pb2, specs_pb2
@@ -27,9 +25,9 @@ _TAIL_LINES = 20
 
 def _regex(check: specs_pb2.RegexCheck, artifacts: Sequence[StagedArtifact]) -> list[str]:
     try:
-        pattern = re.compile(check.pattern, re.MULTILINE)
-    except re.error as exc:
-        return [f"pattern {check.pattern!r} does not compile: {exc}"]
+        pattern = patterns.compiled(check.pattern, patterns.Dialect.RE2, multiline=True)
+    except patterns.PatternError as exc:
+        return [f"pattern {check.pattern!r} cannot be used: {exc}"]
     messages: list[str] = []
     for artifact in artifacts:
         assert artifact.content is not None
@@ -46,11 +44,9 @@ def _regex(check: specs_pb2.RegexCheck, artifacts: Sequence[StagedArtifact]) -> 
 def _json_schema(check: specs_pb2.JsonSchemaCheck, artifacts: Sequence[StagedArtifact]) -> list[str]:
     schema = json_format.MessageToDict(check.schema)
     try:
-        validator_class = jsonschema.validators.validator_for(schema)
-        validator_class.check_schema(schema)
-    except jsonschema.SchemaError as exc:
+        validator_class = json_schemas.check(schema)
+    except json_schemas.SchemaError as exc:
         return [f"the schema is not valid: {exc.message}"]
-    validator = validator_class(schema)
     messages: list[str] = []
     for artifact in artifacts:
         assert artifact.content is not None
@@ -59,8 +55,8 @@ def _json_schema(check: specs_pb2.JsonSchemaCheck, artifacts: Sequence[StagedArt
         except ValueError as exc:
             messages.append(f"{artifact.path}: not JSON ({exc})")
             continue
-        for error in sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path)):
-            messages.append(f"{artifact.path}: {error.json_path}: {error.message}")
+        problems = json_schemas.errors(validator_class, schema, document)
+        messages.extend(f"{artifact.path}: {problem}" for problem in problems)
     return messages
 
 
@@ -102,10 +98,11 @@ async def run(
 ) -> events_pb2.ValidationCompleted:
     checked = [a for a in artifacts if a.content is not None and globs.matches_any(a.path, list(spec.paths))]
     check = spec.WhichOneof("check")
+    # Off the event loop: RE2 is linear in the artifacts' size but they may be large.
     if check == "regex":
-        messages = _regex(spec.regex, checked)
+        messages = await asyncio.to_thread(_regex, spec.regex, checked)
     elif check == "json_schema":
-        messages = _json_schema(spec.json_schema, checked)
+        messages = await asyncio.to_thread(_json_schema, spec.json_schema, checked)
     elif check == "command":
         messages = await _command(spec.command, staging, cancel)
     else:

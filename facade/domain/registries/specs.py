@@ -11,15 +11,15 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
-import jsonschema
 from google.protobuf import json_format, message, struct_pb2
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain import globs, json_schemas, patterns
 from cleveragents.acp.v1 import specs_pb2
 
 # (kind, name) -> the entry in the namespace being written, or None.
@@ -30,6 +30,10 @@ DRIVERS = frozenset({"directory"})
 DEFAULT_TIMEOUT_SECONDS = 30
 MAX_TIMEOUT_SECONDS = 3600
 DEFAULT_OUTPUT_LIMIT_BYTES = 65536
+# Steps a plan may run when its automation profile sets no max_steps (or it has no profile),
+# and the most a profile may allow: no plan runs unbounded.
+DEFAULT_MAX_STEPS = 1000
+MAX_MAX_STEPS = 100_000
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -58,19 +62,21 @@ def _argv(field: str, argv: Any) -> None:
         raise invalid(f"{field}[0]", "the program must not be empty")
 
 
-def _regex(field: str, pattern: str) -> None:
+def _regex(field: str, pattern: str, *, multiline: bool = False) -> None:
+    """An RE2 pattern, compiled here as it will run (see ``patterns``)."""
     if not pattern:
         raise invalid(field, "must not be empty")
     try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise invalid(field, f"is not a valid regular expression: {exc}") from None
+        patterns.compiled(pattern, patterns.Dialect.RE2, multiline=multiline)
+    except patterns.PatternError as exc:
+        raise invalid(field, f"cannot be used: {exc}") from None
 
 
-def _globs(field: str, globs: Any) -> None:
-    for i, glob in enumerate(globs):
-        if not glob:
-            raise invalid(f"{field}[{i}]", "must not be empty")
+def _globs(field: str, given: Sequence[str]) -> None:
+    try:
+        globs.check(given)
+    except globs.GlobError as exc:
+        raise invalid(field if exc.index is None else f"{field}[{exc.index}]", str(exc)) from None
 
 
 def schema_of(struct: struct_pb2.Struct) -> dict[str, Any]:
@@ -79,12 +85,11 @@ def schema_of(struct: struct_pb2.Struct) -> dict[str, Any]:
 
 
 def check_json_schema(field: str, struct: struct_pb2.Struct) -> None:
-    schema = schema_of(struct)
+    """A valid JSON Schema whose every pattern RE2 can run (see ``json_schemas``)."""
     try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path)
-        raise invalid(field, f"is not a valid JSON Schema: {exc.message}", schema_path=where) from None
+        json_schemas.check(schema_of(struct))
+    except json_schemas.SchemaError as exc:
+        raise invalid(field, f"is not a valid JSON Schema: {exc.message}", schema_path=exc.where) from None
 
 
 def _actor(spec: specs_pb2.ActorSpec, lookup: Lookup) -> None:
@@ -124,7 +129,7 @@ def _validation(spec: specs_pb2.ValidationSpec, lookup: Lookup) -> None:
     if check is None:
         raise invalid("spec.check", "set exactly one of regex, json_schema, command")
     if check == "regex":
-        _regex("spec.regex.pattern", spec.regex.pattern)
+        _regex("spec.regex.pattern", spec.regex.pattern, multiline=True)
     elif check == "json_schema":
         check_json_schema("spec.json_schema.schema", spec.json_schema.schema)
     else:
@@ -169,8 +174,11 @@ def _action(spec: specs_pb2.ActionSpec, lookup: Lookup) -> None:
 
 
 def _automation_profile(spec: specs_pb2.AutomationProfileSpec, lookup: Lookup) -> None:
-    if spec.max_steps < 0:
-        raise invalid("spec.max_steps", "must be >= 0 (0: no limit)")
+    if not 0 <= spec.max_steps <= MAX_MAX_STEPS:
+        raise invalid(
+            "spec.max_steps", f"must be between 1 and {MAX_MAX_STEPS} (0: the default, {DEFAULT_MAX_STEPS})"
+        )
+    spec.max_steps = spec.max_steps or DEFAULT_MAX_STEPS
     _non_negative("spec.cost_budget", spec.cost_budget)
 
 

@@ -401,7 +401,7 @@ class AutomationProfileSpec(_message.Message):
     auto_execute: _builtins.bool
     auto_apply: _builtins.bool
     max_steps: _builtins.int
-    """0 means no limit."""
+    """Steps a plan may run: 1 to 100,000; 0 means the server default, 1,000."""
     cost_budget: _builtins.float
     """Cost units a plan may spend; 0 means no limit."""
     @_builtins.property

@@ -168,6 +168,22 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
     ("action", {"actor": "scripted", "skills": ["nosuch"]}, "spec.skills[0]"),
     ("action", {"actor": "scripted", "automation_profile": "nosuch"}, "spec.automation_profile"),
     ("automation_profile", {"max_steps": -1}, "spec.max_steps"),
+    ("automation_profile", {"max_steps": 100_001}, "spec.max_steps"),
+    # Regexes RE2 cannot run in linear time are refused, never run by a backtracking engine.
+    ("validation", {"regex": {"pattern": "(a)\\1"}}, "spec.regex.pattern"),
+    ("validation", {"regex": {"pattern": "a" * 1001}}, "spec.regex.pattern"),
+    (
+        "validation",
+        {"json_schema": {"schema": {"patternProperties": {"(?<=x)": {}}}}},
+        "spec.json_schema.schema",
+    ),
+    ("validation", {"paths": ["*"] * 101, "regex": {"pattern": "x"}}, "spec.paths"),
+    ("validation", {"paths": ["a" * 1025], "regex": {"pattern": "x"}}, "spec.paths[0]"),
+    (
+        "action",
+        {"actor": "scripted", "inputs_schema": {"properties": {"x": {"pattern": "(?=a)"}}}},
+        "spec.inputs_schema",
+    ),
     ("automation_profile", {"cost_budget": -0.5}, "spec.cost_budget"),
     ("automation_profile", {"allowed_tools": ["nosuch"]}, "spec.allowed_tools[0]"),
     ("automation_profile", {"allowed_tools": ["fs.read", "fs.read"]}, "spec.allowed_tools[1]"),
@@ -176,7 +192,24 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
     ("invariant", {"paths_within": {"globs": ["src/**", ""]}}, "spec.paths_within.globs[1]"),
     ("invariant", {"max_files_changed": {"limit": 0}}, "spec.max_files_changed.limit"),
     ("invariant", {"forbid_regex": {"pattern": "["}}, "spec.forbid_regex.pattern"),
+    ("invariant", {"forbid_regex": {"pattern": "x(?!y)"}}, "spec.forbid_regex.pattern"),
 ]
+
+
+async def test_a_schema_pattern_that_cannot_run_in_linear_time_names_its_place(client: ACPClient) -> None:
+    schema = {"type": "object", "properties": {"word": {"pattern": "^(\\w)\\1$"}}}
+    error = await fails(
+        client, "action.add", "INVALID_PARAMS", name="a", spec={"actor": "scripted", "inputs_schema": schema}
+    )
+    assert error.details == {"field": "spec.inputs_schema", "schema_path": "properties/word/pattern"}
+    assert "backreferences (\\1) are not supported" in error.message
+
+
+async def test_a_profile_without_max_steps_stores_the_default(client: ACPClient) -> None:
+    added = await call(client, "automation_profile.add", name="p", spec={"auto_execute": True})
+    assert added["automation_profile"]["spec"]["max_steps"] == 1000
+    kept = await call(client, "automation_profile.add", name="q", spec={"max_steps": 100_000})
+    assert kept["automation_profile"]["spec"]["max_steps"] == 100_000
 
 
 @pytest.mark.parametrize(("kind", "spec", "field"), BAD_SPECS, ids=[f"{k}-{f}" for k, _, f in BAD_SPECS])

@@ -11,6 +11,7 @@ import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.facade.domain.plans import engine
 from cleveragents.acp.v1 import plan_pb2
 from tests.facade.plans.helpers import (
     PY,
@@ -169,6 +170,18 @@ async def test_max_steps_and_actor_usage_count_against_the_budget(
     assert (plan.phase, plan.state) == (plan_pb2.PLAN_PHASE_STRATEGIZE, plan_pb2.PLAN_STATE_FAILED)
     assert plan.last_error.code == "BUDGET_EXCEEDED"
     assert plan.cost.spent > 5
+
+
+async def test_a_plan_without_max_steps_stops_at_the_default(
+    client: ACPClient, project: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default (1,000) is lowered so the test runs three steps, not a thousand and one.
+    monkeypatch.setattr(engine, "DEFAULT_MAX_STEPS", 2)
+    await add_action(client)
+    plan = await run(client, (await use(client)).meta.id)
+    assert plan.last_error.code == "BUDGET_EXCEEDED"
+    assert "would be step 3; the default is 2" in plan.last_error.message
+    assert (plan.progress.done, plan.progress.total) == (2, 3)
 
 
 async def test_cancel_interrupts_a_slow_command(

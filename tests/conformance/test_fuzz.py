@@ -9,8 +9,10 @@ examples per route and per property (``make fuzz`` raises it).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import time
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any
@@ -43,7 +45,9 @@ FUZZ_SETTINGS = settings(
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Tokens]]:
     directory = tmp_path_factory.mktemp("fuzz")
     tokens = Tokens.create(directory)
-    (directory / "repo").mkdir()
+    # A deep folder, so a glob that backtracks per segment would show it.
+    (directory / "repo").joinpath(*["d"] * 24).mkdir(parents=True)
+    (directory / "repo").joinpath(*["d"] * 24, "xyz.txt").write_text("x\n")
     server = start_server(directory, "--max-body-bytes", "65536", tokens=tokens.path)
     yield server, tokens
     assert server.stop() == 0, server.stderr()
@@ -148,3 +152,102 @@ def test_the_fuzzed_document_is_the_served_one(envelope_client: httpx.Client) ->
     served["info"]["description"] = schema.raw_schema["info"]["description"]
     assert served == schema.raw_schema
     assert len(list(schema.get_all_operations())) == len(catalog.OPERATIONS) + 2
+
+
+# Caller-written regexes and globs (issue 19): built from pieces that make backtracking
+# engines explode, that RE2 cannot run (backreferences, lookaround), and ECMA-262 oddities.
+# Every one is registered and used; each call answers promptly, with success or INVALID_PARAMS.
+PROMPT_SECONDS = 10.0
+REGEX_PIECES = st.sampled_from(
+    [
+        "a",
+        "a+",
+        "(a+)+",
+        "(a|aa)*",
+        "(.*a){12}",
+        "\\1",
+        "(?=a)",
+        "(?<!a)",
+        "(?<n>a)",
+        "\\k<n>",
+        ".*",
+        "[^]",
+        "[]",
+        "[",
+        "]",
+        "\\u0041",
+        "\\uD800",
+        "$",
+        "^",
+        "{2}",
+        "{1001}",
+        "|",
+        "\\s",
+        "\\p{L}",
+        "\\",
+        "\\z",
+    ]
+)
+PATTERNS = st.lists(REGEX_PIECES, max_size=8).map("".join) | st.text(max_size=20)
+GLOB_PIECES = st.sampled_from(["**", "**/", "*", "?", "[a-z]", "[!a]", "[z-a]", "d", "/", "x*y*z*w", "."])
+GLOBS = st.lists(GLOB_PIECES, min_size=1, max_size=14).map("".join)
+_NAMES = itertools.count()
+
+
+def call_promptly(
+    client: httpx.Client,
+    operation: str,
+    params: dict[str, Any],
+    refusals: tuple[str, ...] = ("INVALID_PARAMS",),
+) -> dict[str, Any]:
+    """One operation through the envelope: ok or one of ``refusals``, within PROMPT_SECONDS."""
+    content = json.dumps({"operation": operation, "params": params}).encode()
+    began = time.monotonic()
+    response = client.post("/api/v1/acp", content=content, headers={"Content-Type": "application/json"})
+    elapsed = time.monotonic() - began
+    conforms("POST", "/api/v1/acp", content, response)
+    body: dict[str, Any] = orjson.loads(response.content)
+    assert elapsed < PROMPT_SECONDS, (operation, params, elapsed)
+    assert body["status"] == "ok" or body["error"]["code"] in refusals, body
+    return body
+
+
+@pytest.fixture(scope="module")
+def fuzz_project(fuzzed: tuple[ServerProcess, Tokens], envelope_client: httpx.Client) -> str:
+    server, _ = fuzzed
+    folder = server.stderr_path.parent / "repo"
+    resource = {"name": "fz-repo", "spec": {"type": "directory", "path": str(folder)}}
+    call_promptly(envelope_client, "resource.add", resource)
+    call_promptly(envelope_client, "project.add", {"name": "fz-proj", "spec": {"resources": ["fz-repo"]}})
+    return "fz-proj"
+
+
+@given(pattern=PATTERNS, word=st.text(alphabet="a!", max_size=60))
+@settings(parent=FUZZ_SETTINGS, max_examples=EXAMPLES * 10)
+def test_caller_patterns_answer_promptly(
+    envelope_client: httpx.Client, fuzz_project: str, pattern: str, word: str
+) -> None:
+    name = f"fz-{next(_NAMES)}"
+    schema = {"properties": {"w": {"type": "string", "pattern": pattern}}, "patternProperties": {pattern: {}}}
+    action = {"name": name, "spec": {"actor": "scripted", "inputs_schema": schema}}
+    if call_promptly(envelope_client, "action.add", action)["status"] == "ok":
+        use = {"action": name, "project": fuzz_project, "inputs": {"w": word, word: 1}}
+        call_promptly(envelope_client, "plan.use", use)
+    call_promptly(envelope_client, "validation.add", {"name": name, "spec": {"regex": {"pattern": pattern}}})
+    invariant = {"name": name, "spec": {"forbid_regex": {"pattern": pattern}}}
+    call_promptly(envelope_client, "invariant.add", invariant)
+
+
+@given(glob=GLOBS, path=st.text(alphabet="d/xyz.", max_size=60))
+@settings(parent=FUZZ_SETTINGS, max_examples=EXAMPLES * 10)
+def test_caller_globs_answer_promptly(
+    envelope_client: httpx.Client, fuzz_project: str, glob: str, path: str
+) -> None:
+    config = {"sources": [{"resource": "fz-repo", "globs": [glob]}]}
+    if (
+        call_promptly(envelope_client, "context.set", {"project": fuzz_project, "config": config})["status"]
+        == "ok"
+    ):
+        call_promptly(envelope_client, "context.simulate", {"project": fuzz_project, "prompt": "p"})
+        inspect = {"project": fuzz_project, "item_id": f"file:fz-repo/{path}"}
+        call_promptly(envelope_client, "context.inspect", inspect, refusals=("INVALID_PARAMS", "NOT_FOUND"))

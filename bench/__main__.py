@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-from bench import local, memory, report, streams, unary
+from bench import local, memory, neighbours, report, streams, unary
 from bench.modes import FULL, QUICK, SMOKE
 from bench.run import Run
 
@@ -20,6 +20,7 @@ FAMILIES: dict[str, Callable[[Run], None]] = {
     "unary": unary.run_all,
     "streams": streams.run_all,
     "memory": memory.run_all,
+    "neighbours": neighbours.run_all,
 }
 
 DEFAULT_OUT = pathlib.Path(__file__).parent / "results.json"

@@ -15,6 +15,7 @@ from functools import cache
 from typing import Any
 
 import jsonschema
+import referencing.exceptions
 from jsonschema import FormatChecker, ValidationError
 from jsonschema.protocols import Validator
 
@@ -217,6 +218,10 @@ def check(schema: Schema) -> type[Validator]:
 
 
 def errors(validator_class: type[Validator], schema: Schema, instance: Any) -> list[str]:
-    """``<json path>: <message>`` for each way ``instance`` fails ``schema``, in path order."""
-    found = sorted(validator_class(schema).iter_errors(instance), key=lambda e: list(e.absolute_path))
+    """``<json path>: <message>`` for each way ``instance`` fails ``schema``, in path order;
+    a ``$ref`` that leads nowhere (nothing is fetched) is one such way, not a fault."""
+    try:
+        found = sorted(validator_class(schema).iter_errors(instance), key=lambda e: list(e.absolute_path))
+    except referencing.exceptions.Unresolvable as exc:
+        return [f"$: the schema's $ref {exc.ref!r} cannot be resolved"]
     return [f"{e.json_path}: {e.message}" for e in found]

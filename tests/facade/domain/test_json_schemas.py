@@ -126,5 +126,6 @@ def test_a_draft_4_pattern_property_the_metaschema_does_not_check_fails_validati
 def test_a_ref_that_leads_nowhere_is_a_problem_of_the_instance_not_a_fault(ref: str) -> None:
     schema = {"properties": {"x": {"$ref": ref}}}
     [problem] = json_schemas.errors(json_schemas.check(schema), schema, {"x": 1})
-    assert problem.startswith("$: the schema's $ref '") and problem.endswith("' cannot be resolved")
+    assert problem.startswith("$: the schema's $ref '")
+    assert problem.endswith("' cannot be resolved")
     assert ref.lstrip("#") in problem

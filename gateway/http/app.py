@@ -1,14 +1,15 @@
-"""The JSON/HTTP gateway: the envelope endpoint, REST routes from the catalog, SSE,
-health and the OpenAPI document, over any client ``Transport``.
+"""The JSON/HTTP gateway's hot paths: the envelope endpoint, REST routes from the catalog,
+SSE and health, over any client ``Transport``, as one raw ASGI endpoint.
 
 In one process the transport is ``LocalTransport(facade)``; in gateway-only mode it is a
 ``GrpcTransport`` to the upstream server. Either way the gateway only translates: it
 reads the token, version and request id, binds JSON to the request message, and the
 facade below the transport does every check.
 
-No web framework's routing or validation is used: the proto descriptors are the schema,
-so one ASGI endpoint dispatches through a route table built from the catalog, and every
-answer (unknown paths, wrong methods, unexpected errors) is an envelope.
+No web framework's routing or validation runs on these paths: the proto descriptors are
+the schema, so the endpoint dispatches through a route table built from the catalog, and
+every answer (wrong methods, unexpected errors) is an envelope. ``application.GatewayApp``
+is the FastAPI application around it.
 """
 
 from __future__ import annotations
@@ -19,13 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-from starlette.datastructures import State
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from cleveragents.acp.contract import catalog, codec, envelope, sse
 from cleveragents.acp.contract.catalog import Operation
@@ -33,9 +31,10 @@ from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.facade.service_facade import internal_error
 from cleveragents.acp.gateway import common
-from cleveragents.acp.gateway.http import binding, openapi
+from cleveragents.acp.gateway.http import binding
+from cleveragents.acp.gateway.http.application import GatewayApp
 from cleveragents.acp.gateway.http.responses import EnvelopeResponse, Exchange
-from cleveragents.acp.gateway.http.routing import Route, RouteTable
+from cleveragents.acp.gateway.http.routing import Route, RouteTable, route_path
 from cleveragents.acp.gateway.http.sse import SSEResponse
 
 log = logging.getLogger(__name__)
@@ -63,11 +62,6 @@ def _resume_from(request: Request) -> int | None:
     return int(value)
 
 
-def _raw_path(request: Request) -> str:
-    raw = request.scope.get("raw_path")
-    return raw.decode("latin-1") if isinstance(raw, bytes) and raw else request.scope["path"]
-
-
 class Gateway:
     """The one ASGI endpoint behind every path."""
 
@@ -82,22 +76,30 @@ class Gateway:
         self.settings = settings or GatewaySettings()
         self.closing = closing or asyncio.Event()
         self.routes = RouteTable()
-        self._openapi: bytes | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serves any path of the route table (NOT_FOUND envelopes for the others)."""
+        await self.serve(None, scope, receive, send)
+
+    async def serve(
+        self, found: tuple[Route, dict[str, str]] | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Answers one request; ``found`` is its route when the caller already matched it."""
         request = Request(scope, receive)
         try:
-            response = await self.handle(request)
+            response = await self.handle(request, found)
         except binding.PeerGoneError:
             return
         await response(scope, receive, send)
 
-    async def handle(self, request: Request) -> Response | SSEResponse:
+    async def handle(
+        self, request: Request, found: tuple[Route, dict[str, str]] | None = None
+    ) -> Response | SSEResponse:
         exchange = Exchange()
         try:
             exchange.acp_version = binding.header(request, _VERSION_HEADER) or None
             exchange.request_id = common.request_id(binding.header(request, _REQUEST_ID_HEADER))
-            route, variables = self.routes.match(request.method, _raw_path(request))
+            route, variables = found or self.routes.match(request.method, route_path(request.scope))
             return await self._dispatch(route, variables, request, exchange)
         except ACPError as err:
             return exchange.error(err)
@@ -117,9 +119,7 @@ class Gateway:
             return await self._call(route.op, data, token, exchange)
         if route.endpoint == "envelope":
             return await self._envelope(request, exchange)
-        if route.endpoint == "health":
-            return await self._health(exchange)
-        return self._openapi_response()
+        return await self._health(exchange)
 
     async def _envelope(self, request: Request, exchange: Exchange) -> Response:
         body = binding.parse_json(await binding.read_body(request, self.settings.max_body_bytes))
@@ -178,64 +178,8 @@ class Gateway:
         await self.transport.call(op, op.request_type(), options)
         return exchange.ok({"status": "SERVING"})
 
-    def _openapi_response(self) -> Response:
-        if self._openapi is None:
-            self._openapi = orjson.dumps(openapi.document(self.settings.server_build))
-        return Response(self._openapi, 200, media_type="application/json")
-
-    async def framework_error(self, request: Request, exc: Exception) -> Response:
-        """Errors raised around the endpoint still answer an envelope."""
-        exchange = Exchange()
-        if isinstance(exc, StarletteHTTPException):
-            code = ErrorCode.NOT_FOUND if exc.status_code in (404, 405) else ErrorCode.INVALID_PARAMS
-            return exchange.error(ACPError(code, str(exc.detail), {"path": request.url.path}))
-        return exchange.error(internal_error(exc, f"{request.method} {request.url.path}"))
-
-
-class GatewayApp:
-    """The ASGI application served: the gateway (behind CORS when configured) and a last
-    guard that answers an error envelope when anything raises before a response started.
-
-    Not FastAPI: every path goes to the one endpoint, which answers envelopes itself, so
-    FastAPI's router and middleware stack (about ten frames per request, and a tenth of
-    the gateway's time per call) added nothing but cost. WebSocket requests are refused
-    and lifespan events acknowledged, as an application with no such routes does."""
-
-    def __init__(self, gateway: Gateway, inner: ASGIApp) -> None:
-        self.gateway = gateway
-        self.inner = inner
-        self.state = State({"gateway": gateway})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "http":
-            await self._http(scope, receive, send)
-        elif kind == "websocket":
-            await send({"type": "websocket.close", "code": 1000, "reason": ""})
-        elif kind == "lifespan":
-            while True:
-                event = (await receive())["type"]
-                if event == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif event == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
-
-        async def sending(message: Message) -> None:
-            nonlocal started
-            started = True
-            await send(message)
-
-        try:
-            await self.inner(scope, receive, sending)
-        except Exception as exc:
-            if started:
-                raise
-            response = await self.gateway.framework_error(Request(scope), exc)
-            await response(scope, receive, send)
+    def refuse(self, err: ACPError) -> Response:
+        return Exchange().error(err)
 
 
 def build_app(
@@ -244,19 +188,20 @@ def build_app(
     *,
     closing: asyncio.Event | None = None,
 ) -> GatewayApp:
+    """The gateway as a FastAPI application: mount it, add routes, middleware and
+    dependencies as to any other (docs/server.md, "Extending the gateway")."""
     settings = settings or GatewaySettings()
-    gateway = Gateway(transport, settings, closing=closing)
-    inner: ASGIApp = gateway
+    app = GatewayApp(Gateway(transport, settings, closing=closing))
     if settings.cors_origins:
-        inner = CORSMiddleware(
-            inner,
+        app.add_middleware(
+            CORSMiddleware,
             allow_origins=list(settings.cors_origins),
             allow_methods=ALL_METHODS,
             allow_headers=["Authorization", "Content-Type", "ACP-Version", "X-Request-ID", "Last-Event-ID"],
             expose_headers=["X-Request-ID", "ACP-Version", "WWW-Authenticate"],
             max_age=600,
         )
-    return GatewayApp(gateway, inner)
+    return app
 
 
 __all__ = ["EnvelopeResponse", "Gateway", "GatewayApp", "GatewaySettings", "build_app"]

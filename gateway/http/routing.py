@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from starlette.types import Scope
+
 from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
@@ -20,6 +22,7 @@ from cleveragents.acp.contract.errors import ACPError, ErrorCode
 ENVELOPE_PATH = "/api/v1/acp"
 HEALTH_PATH = "/healthz"
 OPENAPI_PATH = "/api/v1/openapi.json"
+DOCS_PATH = "/api/v1/docs"
 
 VARIABLE = re.compile(r"\{([a-z_][a-z0-9_.]*)(?:=[^}]*)?\}")
 
@@ -66,7 +69,6 @@ class RouteTable:
         self.routes: list[Route] = [
             _route("POST", ENVELOPE_PATH, endpoint="envelope"),
             _route("GET", HEALTH_PATH, endpoint="health"),
-            _route("GET", OPENAPI_PATH, endpoint="openapi"),
             *(_route(op.http.method, op.http.path, op=op) for op in ops),
         ]
         # Candidates per prefix, in table order; a template with a variable in its prefix
@@ -79,8 +81,9 @@ class RouteTable:
                 self._by_prefix[key] = [r for r in self.routes if _prefix(r.template) == key or r in anywhere]
         self._anywhere = anywhere
 
-    def match(self, method: str, raw_path: str) -> tuple[Route, dict[str, str]]:
-        """The route and its decoded path variables; NOT_FOUND for an unknown path or verb.
+    def find(self, method: str, raw_path: str) -> tuple[Route, dict[str, str]] | None:
+        """The route and its decoded path variables; None when no route has this path,
+        NOT_FOUND naming the allowed methods when routes have it but not this verb.
 
         HEAD is served as GET (the server sends no body)."""
         verb = "GET" if method == "HEAD" else method
@@ -94,11 +97,33 @@ class RouteTable:
                 continue
             values = {route.variables[group]: unquote(value) for group, value in found.groupdict().items()}
             return route, values
-        path = unquote(raw_path)
         if allowed:
+            path = unquote(raw_path)
             raise ACPError(
                 ErrorCode.NOT_FOUND,
                 f"{method} is not served on {path}; use {', '.join(sorted(allowed))}",
                 {"path": path, "method": method, "allowed_methods": sorted(allowed)},
             )
-        raise ACPError(ErrorCode.NOT_FOUND, f"no ACP endpoint at {path}", {"path": path})
+        return None
+
+    def match(self, method: str, raw_path: str) -> tuple[Route, dict[str, str]]:
+        """As ``find``, with NOT_FOUND for an unknown path too."""
+        found = self.find(method, raw_path)
+        if found is None:
+            raise not_found(unquote(raw_path))
+        return found
+
+
+def not_found(path: str) -> ACPError:
+    return ACPError(ErrorCode.NOT_FOUND, f"no ACP endpoint at {path}", {"path": path})
+
+
+def route_path(scope: Scope) -> str:
+    """The raw (still percent-encoded) path below the application's mount point: the
+    ``root_path`` a mounting application or proxy set is cut off."""
+    raw = scope.get("raw_path")
+    path: str = raw.decode("latin-1") if isinstance(raw, bytes) and raw else scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("/", ""):
+        return path[len(root) :] or "/"
+    return path

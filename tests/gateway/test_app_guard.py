@@ -1,4 +1,4 @@
-"""The ASGI application around the gateway: an envelope for anything raised before a
+"""The ASGI layers around the gateway endpoint: an envelope for anything raised before a
 response started, WebSockets refused, lifespan acknowledged (in process, real facade)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from starlette.types import Message, Receive, Scope, Send
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.gateway.http.app import GatewayApp, build_app
+from cleveragents.acp.gateway.http.application import EnvelopeGuard
 
 
 @pytest.fixture
@@ -59,8 +60,7 @@ async def test_an_error_before_the_response_is_an_internal_error_envelope(app: G
     async def broken(scope: Scope, receive: Receive, send: Send) -> None:
         raise RuntimeError("boom")
 
-    guarded = GatewayApp(app.gateway, broken)
-    sent = await call(guarded, http_scope("/api/v1/anything"))
+    sent = await call(EnvelopeGuard(app.gateway, broken), http_scope("/api/v1/anything"))
     assert sent[0]["status"] == 500
     body = orjson.loads(sent[1]["body"])
     assert body["status"] == "error"
@@ -69,13 +69,29 @@ async def test_an_error_before_the_response_is_an_internal_error_envelope(app: G
     assert "boom" not in sent[1]["body"].decode()
 
 
+async def test_a_failing_middleware_still_answers_an_envelope(app: GatewayApp) -> None:
+    class Broken:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                raise RuntimeError("middleware boom")
+            await self.inner(scope, receive, send)
+
+    app.add_middleware(Broken)
+    sent = await call(app, http_scope("/api/v1/acp"))
+    assert sent[0]["status"] == 500
+    assert orjson.loads(sent[1]["body"])["error"]["code"] == "INTERNAL_ERROR"
+
+
 async def test_an_error_after_the_response_started_is_left_to_the_server(app: GatewayApp) -> None:
     async def half(scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         raise RuntimeError("broken mid-response")
 
     with pytest.raises(RuntimeError, match="mid-response"):
-        await call(GatewayApp(app.gateway, half), http_scope())
+        await call(EnvelopeGuard(app.gateway, half), http_scope())
 
 
 async def test_websockets_are_refused(app: GatewayApp) -> None:

@@ -1,0 +1,150 @@
+"""``GatewayApp``: the gateway as a FastAPI application users can extend.
+
+Mount it in another application, add routes, middleware, dependencies and exception
+handlers as to any FastAPI app. What it serves itself:
+
+- the hot paths (the envelope, every REST route of the catalog, SSE, health) as one raw
+  ASGI endpoint that a request for a path of the gateway's route table reaches directly,
+  past FastAPI's router, exception and exit-stack layers (user middleware still wraps it);
+- ``/api/v1/openapi.json``: the document derived from the descriptors, plus the routes
+  users added; ``/api/v1/docs``: Swagger UI over it; ``/``: the web console.
+
+Any path neither serves reaches FastAPI's router as usual. Whatever is raised before a
+response started answers an error envelope; so do unknown paths.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cleveragents.acp.contract import versions
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.service_facade import internal_error
+from cleveragents.acp.gateway.http import openapi
+from cleveragents.acp.gateway.http.routing import OPENAPI_PATH, not_found, route_path
+from cleveragents.acp.gateway.web import pages
+
+if TYPE_CHECKING:
+    from cleveragents.acp.gateway.http.app import Gateway
+
+
+class GatewayApp(FastAPI):
+    def __init__(self, gateway: Gateway, **options: Any) -> None:
+        """``options`` go to FastAPI (``dependencies``, ``root_path``, ``lifespan``, ...)."""
+        super().__init__(
+            **{
+                "title": "CleverAgents ACP",
+                "version": versions.CURRENT,
+                "openapi_url": OPENAPI_PATH,
+                "docs_url": None,
+                "redoc_url": None,
+                "swagger_ui_oauth2_redirect_url": None,
+                **options,
+            }
+        )
+        self.gateway = gateway
+        self.state.gateway = gateway
+        self.add_exception_handler(StarletteHTTPException, self._http_error)
+        self.add_exception_handler(Exception, self._fault)
+        pages.install(self)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        """User middleware around the hot paths and FastAPI's own stack alike; the guard
+        outermost."""
+        added = self.user_middleware
+        self.user_middleware = []
+        try:
+            framework = super().build_middleware_stack()
+        finally:
+            self.user_middleware = added
+        app: ASGIApp = HotPaths(self.gateway, framework)
+        for cls, args, kwargs in reversed(added):
+            app = cls(app, *args, **kwargs)
+        return EnvelopeGuard(self.gateway, app)
+
+    def openapi(self) -> dict[str, Any]:
+        """The descriptors' document, with the routes users added (built once, as FastAPI does)."""
+        if self.openapi_schema is None:
+            document = openapi.document(self.gateway.settings.server_build)
+            added = [r for r in self.routes if isinstance(r, APIRoute) and r.include_in_schema]
+            if added:
+                extra = get_openapi(title=self.title, version=self.version, routes=added)
+                for path, item in extra.get("paths", {}).items():
+                    document["paths"].setdefault(path, {}).update(item)
+                schemas = extra.get("components", {}).get("schemas", {})
+                document["components"]["schemas"].update(schemas)
+            self.openapi_schema = document
+        return self.openapi_schema
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        """A user's route keeps FastAPI's answer; anything else (no route matched, a
+        static file missing) answers an envelope."""
+        assert isinstance(exc, StarletteHTTPException)
+        if isinstance(request.scope.get("route"), APIRoute):
+            return await http_exception_handler(request, exc)
+        if exc.status_code in (404, 405):
+            return self.gateway.refuse(not_found(request.url.path))
+        return self.gateway.refuse(ACPError(ErrorCode.INVALID_PARAMS, str(exc.detail)))
+
+    async def _fault(self, request: Request, exc: Exception) -> Response:
+        return self.gateway.refuse(internal_error(exc, f"{request.method} {request.url.path}"))
+
+
+class HotPaths:
+    """A request for a path of the gateway's route table goes straight to the gateway
+    endpoint; any other request (and any other scope type) to ``framework``."""
+
+    def __init__(self, gateway: Gateway, framework: ASGIApp) -> None:
+        self.gateway = gateway
+        self.routes = gateway.routes
+        self.framework = framework
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                found = self.routes.find(scope["method"], route_path(scope))
+            except ACPError:
+                # A gateway path, another method: the gateway names the allowed ones.
+                await self.gateway(scope, receive, send)
+                return
+            if found is not None:
+                await self.gateway.serve(found, scope, receive, send)
+                return
+        await self.framework(scope, receive, send)
+
+
+class EnvelopeGuard:
+    """Anything raised before a response started answers an INTERNAL_ERROR envelope
+    (logged with a correlation id); after that, it is the server's to handle."""
+
+    def __init__(self, gateway: Gateway, app: ASGIApp) -> None:
+        self.gateway = gateway
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as exc:
+            if started:
+                raise
+            response = self.gateway.refuse(internal_error(exc, f"{scope['method']} {scope['path']}"))
+            await response(scope, receive, send)

@@ -1,0 +1,22 @@
+"""FastAPI dependencies for routes users add to the gateway."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from cleveragents.acp.client.acp_client import ACPClient
+from cleveragents.acp.gateway import common
+from cleveragents.acp.gateway.http import binding
+
+
+def caller_client(request: Request) -> ACPClient:
+    """An ``ACPClient`` that calls ACP as the request's caller: its bearer token and
+    ``ACP-Version`` header, over the gateway's own transport. Authentication and every
+    other check happen below, as for any ACP call. Not to be closed: the transport is the
+    gateway's."""
+    gateway = request.app.state.gateway
+    return ACPClient(
+        gateway.transport,
+        acp_version=binding.header(request, b"acp-version") or None,
+        token=common.bearer_token(binding.header(request, b"authorization")),
+    )

@@ -11,6 +11,11 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
+from tests import browser
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return browser.header()
 
 
 @pytest.fixture

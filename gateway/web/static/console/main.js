@@ -73,7 +73,9 @@ signOut.addEventListener("click", () => {
   render();
 });
 window.addEventListener("acp:auth-required", () => {
-  if (!session.token()) return;
+  // A token that stopped working (revoked, expired) signs the tab out; on the sign-in
+  // form itself the form shows the refusal.
+  if (!session.token() || nav.hidden) return;
   session.signOut();
   render();
 });

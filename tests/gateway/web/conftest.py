@@ -1,0 +1,102 @@
+"""A real ``agents serve`` and Debian's Chromium for the console tests."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from tests import browser as chromium
+from tests.server_process import ServerProcess, Tokens, start_server
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    reason = chromium.missing()
+    if reason is not None:
+        if chromium.required():
+            pytest.fail(f"browser tests must run under CI=true: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=str(chromium.CHROMIUM), args=chromium.CHROMIUM_ARGS, headless=True
+        )
+        yield launched
+        launched.close()
+
+
+@dataclass
+class Console:
+    """One server and a browser page signed out, with what the scenarios need."""
+
+    server: ServerProcess
+    tokens: Tokens
+    directory: pathlib.Path
+    page: Any
+    shots: pathlib.Path
+    problems: list[str]
+
+    @property
+    def url(self) -> str:
+        return self.server.http + "/"
+
+    def token(self, name: str = "alice") -> str:
+        return self.tokens.tokens[name]
+
+    def call(self, operation: str, params: dict[str, Any] | None = None, token: str | None = None) -> Any:
+        answer = httpx.post(
+            self.server.http + "/api/v1/acp",
+            json={"operation": operation, "params": params or {}},
+            headers={"Authorization": f"Bearer {token or self.token()}"},
+            timeout=30,
+        ).json()
+        assert answer["status"] == "ok", answer
+        return answer["data"]
+
+    def sign_in(self, name: str = "alice") -> None:
+        self.page.goto(self.url)
+        self.page.fill("#token", self.token(name))
+        self.page.click("#sign-in button[type=submit]")
+        self.page.wait_for_selector("#nav:not([hidden])")
+
+    def shot(self, name: str) -> pathlib.Path:
+        path = self.shots / f"{name}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+
+def watch(page: Any, problems: list[str]) -> None:
+    """Collect what must never happen on a page: script errors, console errors (CSP
+    violations among them) and dialogs (an alert() would be an injected script)."""
+    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    page.on(
+        "console",
+        lambda message: problems.append(f"console {message.type}: {message.text}")
+        if message.type == "error"
+        else None,
+    )
+    page.on("dialog", lambda dialog: (problems.append(f"dialog: {dialog.message}"), dialog.dismiss()))
+
+
+@pytest.fixture
+def console(browser: Any, tmp_path: pathlib.Path) -> Iterator[Console]:
+    tokens = Tokens.create(tmp_path)
+    server = start_server(tmp_path, tokens=tokens.path)
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    problems: list[str] = []
+    watch(page, problems)
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    try:
+        yield Console(server, tokens, tmp_path, page, shots, problems)
+    finally:
+        context.close()
+        assert server.stop() == 0, server.stderr()

@@ -17,7 +17,7 @@ from google.protobuf import message
 from cleveragents.acp.contract import rich_status
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.contract.transport import CallOptions, StreamItems
+from cleveragents.acp.contract.transport import TICKET_METADATA, CallOptions, StreamItems
 
 # Clients trust the server's replies to be as big as they need (long lists, exports).
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [("grpc.max_receive_message_length", -1)]
@@ -79,6 +79,8 @@ class GrpcTransport:
         metadata = [("x-request-id", options.request_id)]
         if options.token:
             metadata.append(("authorization", f"Bearer {options.token}"))
+        if options.ticket:
+            metadata.append((TICKET_METADATA, options.ticket))
         if options.acp_version:
             metadata.append(("acp-version", options.acp_version))
         return tuple(metadata)

@@ -21,7 +21,10 @@ class LocalTransport:
     @staticmethod
     def _context(options: CallOptions) -> CallContext:
         return CallContext(
-            token=options.token, acp_version=options.acp_version, request_id=options.request_id
+            token=options.token,
+            acp_version=options.acp_version,
+            request_id=options.request_id,
+            ticket=options.ticket,
         )
 
     def call(

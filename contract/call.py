@@ -33,6 +33,8 @@ LOCAL_PRINCIPAL = Principal("local", None)
 class CallContext:
     token: str | None = None
     acp_version: str | None = None
+    # A stream ticket (events.ticket) presented instead of a token; secret, like it.
+    ticket: str | None = None
     request_id: str = ""
     # Filled by the facade once the token is verified (or local mode skips auth).
     principal: Principal | None = None

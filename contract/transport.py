@@ -18,6 +18,9 @@ from google.protobuf import message
 
 from cleveragents.acp.contract.catalog import Operation
 
+# gRPC metadata carrying a stream ticket (a gateway passes a browser's upstream).
+TICKET_METADATA = "acp-stream-ticket"
+
 
 @dataclass(slots=True)
 class CallOptions:
@@ -27,6 +30,8 @@ class CallOptions:
     acp_version: str | None
     token: str | None
     request_id: str
+    # A stream ticket (events.ticket) instead of a token: a browser's EventSource has one.
+    ticket: str | None = None
 
 
 class Transport(Protocol):

@@ -231,6 +231,17 @@ class TokenAuthenticator:
         self._refresh(force=True)
         return [entry.principal for entry in self._table[0]]
 
+    def principal_named(self, name: str) -> Principal | None:
+        """The principal of that name as the file says now (None: removed); what a stream
+        ticket's holder is checked against when the ticket is presented."""
+        self._refresh()
+        if self._broken is not None:
+            return None
+        for entry in self._table[0]:
+            if entry.name == name:
+                return entry.principal
+        return None
+
     def _digest(self, token: str) -> bytes:
         digest = self._seen.get(token)
         if digest is None:

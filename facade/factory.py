@@ -23,6 +23,7 @@ from cleveragents.acp.facade.handlers.registries import RegistryHandlers
 from cleveragents.acp.facade.handlers.sessions import SessionHandlers
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
+from cleveragents.acp.facade.tickets import PrincipalLookup, StreamTickets
 
 
 def default_db_path() -> pathlib.Path:
@@ -91,10 +92,11 @@ def open_facade(
     plans = PlanEngine(events, registries)
     plans.recover()
     sessions = Sessions(store, registries, events, context, plan_starter=plans)
+    tickets = StreamTickets(store, authenticator if isinstance(authenticator, PrincipalLookup) else None)
     handlers = table.build(
         [
             MetaHandlers(),
-            EventHandlers(events),
+            EventHandlers(events, tickets),
             RegistryHandlers(RegistryVerbs(registries)),
             SessionHandlers(sessions),
             ContextHandlers(context),
@@ -103,4 +105,4 @@ def open_facade(
     )
     # Closed in reverse: the event log ends its subscriptions before the store goes.
     resources: list[Closeable] = [_StoreResource(store), _EventLogResource(events), plans]
-    return ServiceFacade(handlers, authenticator=authenticator, resources=resources)
+    return ServiceFacade(handlers, authenticator=authenticator, tickets=tickets, resources=resources)

@@ -31,6 +31,12 @@ class Authenticator(Protocol):
     def authenticate(self, token: str | None) -> Principal: ...
 
 
+class TicketRedeemer(Protocol):
+    """Turns a stream ticket into the principal it opens ``request`` for, using it up."""
+
+    def redeem(self, ticket: str, operation: str, request: object) -> Principal: ...
+
+
 class Closeable(Protocol):
     async def close(self) -> None: ...
 
@@ -51,10 +57,12 @@ class ServiceFacade:
         handlers: Mapping[str, Handler],
         *,
         authenticator: Authenticator | None = None,
+        tickets: TicketRedeemer | None = None,
         resources: Iterable[Closeable] = (),
     ) -> None:
         """``handlers`` is a table from ``handlers.table.build``, checked against the catalog."""
         self.authenticator = authenticator
+        self.tickets = tickets
         self._resources = list(resources)
         self._handlers: dict[str, Handler] = dict(handlers)
 
@@ -63,7 +71,9 @@ class ServiceFacade:
         return frozenset(self._handlers)
 
     def _admit(self, op: Operation, request: message.Message, ctx: CallContext) -> Handler:
-        if op.anonymous:
+        if ctx.ticket is not None:
+            ctx.principal = self._redeem(op, request, ctx)
+        elif op.anonymous:
             ctx.principal = ctx.principal or LOCAL_PRINCIPAL
         elif self.authenticator is None:
             ctx.principal = LOCAL_PRINCIPAL
@@ -87,6 +97,19 @@ class ServiceFacade:
                 {"operation": op.name},
             )
         return handler
+
+    def _redeem(self, op: Operation, request: message.Message, ctx: CallContext) -> Principal:
+        if ctx.token is not None:
+            raise ACPError(
+                ErrorCode.INVALID_PARAMS,
+                "give a bearer token or a stream ticket, not both",
+                {"field": "ticket"},
+            )
+        if self.tickets is None:
+            raise ACPError(
+                ErrorCode.AUTH_REQUIRED, "this server issues no stream tickets", {"scheme": "Bearer"}
+            )
+        return self.tickets.redeem(ctx.ticket or "", op.name, request)
 
     async def invoke(self, op: Operation, request: message.Message, ctx: CallContext) -> message.Message:
         if op.server_streaming:

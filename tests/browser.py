@@ -13,7 +13,13 @@ import os
 import pathlib
 
 CHROMIUM = pathlib.Path(os.environ.get("ACP_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--no-first-run",
+]
 
 
 def missing() -> str | None:

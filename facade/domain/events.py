@@ -33,7 +33,7 @@ from cleveragents.acp.contract.recent import Recent
 from cleveragents.acp.facade.store.base import EventFilter, Store, StoredEvent
 from cleveragents.acp.v1 import events_pb2
 
-__all__ = ["EVENT_TYPES", "EventLog", "Subscription", "event_type"]
+__all__ = ["EVENT_TYPES", "EventLog", "Subscription", "check_event_types", "event_type"]
 
 # Payload field name -> event type (`plan_phase_changed` -> `plan.phase_changed`), read from
 # the descriptor so a new payload in the proto is a new event type with no edit here.
@@ -57,6 +57,18 @@ def event_type(event: events_pb2.Event) -> str:
     if field is None:
         raise ValueError("an event needs a payload")
     return _TYPE_OF_FIELD[field]
+
+
+def check_event_types(event_types: Sequence[str]) -> None:
+    """INVALID_PARAMS naming the unknown types, and the valid ones."""
+    unknown = sorted(set(event_types) - EVENT_TYPES)
+    if unknown:
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"unknown event type{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+            f"valid types: {', '.join(sorted(EVENT_TYPES))}",
+            {"field": "event_type", "unknown": unknown, "valid": sorted(EVENT_TYPES)},
+        )
 
 
 def _decode(stored: StoredEvent) -> events_pb2.Event:
@@ -211,14 +223,7 @@ class EventLog:
         """Attach now; the backlog after ``after_sequence`` is read as the caller iterates.
 
         ``namespaces`` None means every namespace (local mode)."""
-        unknown = sorted(set(event_types) - EVENT_TYPES)
-        if unknown:
-            raise ACPError(
-                ErrorCode.INVALID_PARAMS,
-                f"unknown event type{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-                f"valid types: {', '.join(sorted(EVENT_TYPES))}",
-                {"field": "event_type", "unknown": unknown, "valid": sorted(EVENT_TYPES)},
-            )
+        check_event_types(event_types)
         if after_sequence < 0:
             raise ACPError(
                 ErrorCode.INVALID_PARAMS,

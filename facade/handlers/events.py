@@ -11,15 +11,18 @@ from collections.abc import AsyncIterator
 from typing import NamedTuple
 
 from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.contract.recent import Recent
 from cleveragents.acp.facade.domain.events import EventLog, Subscription
 from cleveragents.acp.facade.handlers.table import handles
+from cleveragents.acp.facade.tickets import StreamTickets
 from cleveragents.acp.v1 import events_pb2
 
 
 class EventHandlers:
-    def __init__(self, log: EventLog) -> None:
+    def __init__(self, log: EventLog, tickets: StreamTickets | None = None) -> None:
         self._log = log
+        self._tickets = tickets
         self._wrapped: Recent[int, _Wrapped] = Recent(WRAPPED_CACHE_SIZE)
 
     @handles("events.subscribe")
@@ -29,6 +32,16 @@ class EventHandlers:
         """Not a generator: the subscription is opened (authorized, its filters checked,
         attached to the log) before this returns, so early errors precede any headers."""
         return self._responses(self._log.subscription(ctx, request))
+
+    @handles("events.ticket")
+    async def CreateStreamTicket(
+        self, request: events_pb2.CreateStreamTicketRequest, ctx: CallContext
+    ) -> events_pb2.CreateStreamTicketResponse:
+        if self._tickets is None:
+            raise ACPError(
+                ErrorCode.NOT_FOUND, "this server issues no stream tickets", {"operation": "events.ticket"}
+            )
+        return self._tickets.issue(ctx, request)
 
     def _response(self, event: events_pb2.Event) -> events_pb2.SubscribeEventsResponse:
         if not self._log.fanning_out:

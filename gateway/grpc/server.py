@@ -25,6 +25,7 @@ from cleveragents.acp.contract import catalog, rich_status
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, grpc_code
+from cleveragents.acp.contract.transport import TICKET_METADATA
 from cleveragents.acp.facade.service_facade import ServiceFacade, internal_error
 from cleveragents.acp.gateway import common
 from cleveragents.acp.gateway.streams import Tick, until_stopped
@@ -83,6 +84,7 @@ class GrpcHandlers:
         }
         return CallContext(
             token=common.bearer_token(metadata.get("authorization")),
+            ticket=metadata.get(TICKET_METADATA) or None,
             acp_version=metadata.get(common.VERSION_HEADER) or None,
             request_id=common.request_id(metadata.get(common.REQUEST_ID_HEADER)),
         )

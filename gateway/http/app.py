@@ -52,6 +52,22 @@ class GatewaySettings:
     server_build: str = ""
 
 
+# A browser's EventSource authenticates its stream with ``?ticket=`` (events.ticket).
+TICKET_PARAMETER = frozenset({"ticket"})
+
+
+def _ticket(request: Request, token: str | None) -> str | None:
+    """The stream ticket of the query, when there is one (never echoed: it is secret)."""
+    given = request.query_params.getlist("ticket")
+    if not given:
+        return None
+    if len(given) > 1:
+        raise binding.invalid("give one stream ticket", "ticket")
+    if token is not None:
+        raise binding.invalid("give a bearer token or a stream ticket, not both", "ticket")
+    return given[0]
+
+
 def _resume_from(request: Request) -> int | None:
     value = binding.header(request, b"last-event-id")
     if value is None or value.strip() == "":
@@ -112,10 +128,13 @@ class Gateway:
         self, route: Route, variables: dict[str, str], request: Request, exchange: Exchange
     ) -> Response | SSEResponse:
         if route.op is not None:
-            data = await binding.bind_rest(route.op, request, variables, self.settings.max_body_bytes)
             token = common.bearer_token(binding.header(request, b"authorization"))
             if route.op.server_streaming:
+                data = await binding.bind_rest(
+                    route.op, request, variables, self.settings.max_body_bytes, skip=TICKET_PARAMETER
+                )
                 return await self._stream(route.op, data, token, request, exchange)
+            data = await binding.bind_rest(route.op, request, variables, self.settings.max_body_bytes)
             return await self._call(route.op, data, token, exchange)
         if route.endpoint == "envelope":
             return await self._envelope(request, exchange)
@@ -159,11 +178,13 @@ class Gateway:
         request: Request,
         exchange: Exchange,
     ) -> SSEResponse:
+        options = self._options(token, exchange)
+        options.ticket = _ticket(request, token)
         resume = _resume_from(request)
         if resume is not None and sse.RESUME_FIELD in op.request_type.DESCRIPTOR.fields_by_name:
             params = {**params, sse.RESUME_FIELD: str(resume)}
         message = codec.from_dict(params, op.request_type)
-        items = await self.transport.open_stream(op, message, self._options(token, exchange))
+        items = await self.transport.open_stream(op, message, options)
         return SSEResponse(
             op,
             items,

@@ -160,10 +160,15 @@ async def bind_rest(
     request: Request,
     variables: Mapping[str, str],
     limit: int,
+    *,
+    skip: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """The JSON params of a REST call, per the operation's ``google.api.http`` rule."""
+    """The JSON params of a REST call, per the operation's ``google.api.http`` rule;
+    query parameters named in ``skip`` are the caller's to read."""
     rule = op.http
     pairs = request.query_params.multi_items()
+    if skip:
+        pairs = [(key, value) for key, value in pairs if key not in skip]
     body = await read_body(request, limit)
     if rule.body == "":
         if body.strip():

@@ -188,6 +188,16 @@ def _parameters(op: Operation, builder: SchemaBuilder) -> list[dict[str, Any]]:
                 "description": "Resume after this sequence (overrides after_sequence).",
             }
         )
+        params.append(
+            {
+                "name": "ticket",
+                "in": "query",
+                "schema": {"type": "string"},
+                "description": "A stream ticket from `events.ticket` (ACP 1.2), instead of the "
+                "Authorization header: what a browser's EventSource sends. Single-use, short-lived, "
+                "bound to the stream's filters.",
+            }
+        )
     return params
 
 
@@ -239,7 +249,12 @@ def _operation(op: Operation, builder: SchemaBuilder) -> dict[str, Any]:
             },
         }
     spec["responses"] = {"200": ok, **_errors(builder)}
-    spec["security"] = [] if op.anonymous else [{"bearer": []}]
+    if op.anonymous:
+        spec["security"] = []
+    elif op.server_streaming:
+        spec["security"] = [{"bearer": []}, {"streamTicket": []}]
+    else:
+        spec["security"] = [{"bearer": []}]
     return spec
 
 
@@ -316,7 +331,10 @@ def document(server_build: str = "") -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": builder.components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "streamTicket": {"type": "apiKey", "in": "query", "name": "ticket"},
+            },
         },
         "security": [{"bearer": []}],
     }

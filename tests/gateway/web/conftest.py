@@ -77,11 +77,16 @@ def watch(page: Any, problems: list[str]) -> None:
     page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
     page.on(
         "console",
-        lambda message: problems.append(f"console {message.type}: {message.text}")
-        if message.type == "error"
-        else None,
+        lambda message: (
+            problems.append(f"console {message.type}: {message.text}") if message.type == "error" else None
+        ),
     )
-    page.on("dialog", lambda dialog: (problems.append(f"dialog: {dialog.message}"), dialog.dismiss()))
+
+    def on_dialog(dialog: Any) -> None:
+        problems.append(f"dialog: {dialog.message}")
+        dialog.dismiss()
+
+    page.on("dialog", on_dialog)
 
 
 @pytest.fixture

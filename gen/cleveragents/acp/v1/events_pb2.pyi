@@ -438,3 +438,60 @@ class SubscribeEventsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubscribeEventsResponse: _TypeAlias = SubscribeEventsResponse  # noqa: Y015
+
+@_typing.final
+class CreateStreamTicketRequest(_message.Message):
+    """The filters of the stream the ticket opens; the stream must name exactly these (its
+    after_sequence, or Last-Event-ID, is free).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLAN_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    EVENT_TYPE_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    plan_id: _builtins.str
+    session_id: _builtins.str
+    namespace: _builtins.str
+    @_builtins.property
+    def event_type(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        plan_id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+        event_type: _abc.Iterable[_builtins.str] | None = ...,
+        namespace: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_type", b"event_type", "namespace", b"namespace", "plan_id", b"plan_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateStreamTicketRequest: _TypeAlias = CreateStreamTicketRequest  # noqa: Y015
+
+@_typing.final
+class CreateStreamTicketResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    ticket: _builtins.str
+    """Secret and single-use: send it only as the stream's `ticket` query parameter."""
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        ticket: _builtins.str = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "ticket", b"ticket"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateStreamTicketResponse: _TypeAlias = CreateStreamTicketResponse  # noqa: Y015

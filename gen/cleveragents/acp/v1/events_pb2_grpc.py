@@ -40,6 +40,11 @@ class EventServiceStub:
                 request_serializer=cleveragents_dot_acp_dot_v1_dot_events__pb2.SubscribeEventsRequest.SerializeToString,
                 response_deserializer=cleveragents_dot_acp_dot_v1_dot_events__pb2.SubscribeEventsResponse.FromString,
                 _registered_method=True)
+        self.CreateStreamTicket = channel.unary_unary(
+                '/cleveragents.acp.v1.EventService/CreateStreamTicket',
+                request_serializer=cleveragents_dot_acp_dot_v1_dot_events__pb2.CreateStreamTicketRequest.SerializeToString,
+                response_deserializer=cleveragents_dot_acp_dot_v1_dot_events__pb2.CreateStreamTicketResponse.FromString,
+                _registered_method=True)
 
 
 class EventServiceServicer:
@@ -52,6 +57,17 @@ class EventServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateStreamTicket(self, request, context):
+        """A browser's EventSource cannot send an Authorization header: it opens the stream with
+        `GET /api/v1/events/stream?ticket=...` instead. The ticket is bound to the caller and to
+        exactly these filters, lives at most 60 seconds and opens one stream.
+        NO_SIDE_EFFECTS: it changes nothing a client can see and grants only a read, so every
+        role that may follow the event log may ask for one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EventServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +75,11 @@ def add_EventServiceServicer_to_server(servicer, server):
                     servicer.SubscribeEvents,
                     request_deserializer=cleveragents_dot_acp_dot_v1_dot_events__pb2.SubscribeEventsRequest.FromString,
                     response_serializer=cleveragents_dot_acp_dot_v1_dot_events__pb2.SubscribeEventsResponse.SerializeToString,
+            ),
+            'CreateStreamTicket': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateStreamTicket,
+                    request_deserializer=cleveragents_dot_acp_dot_v1_dot_events__pb2.CreateStreamTicketRequest.FromString,
+                    response_serializer=cleveragents_dot_acp_dot_v1_dot_events__pb2.CreateStreamTicketResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,6 +110,33 @@ class EventService:
             '/cleveragents.acp.v1.EventService/SubscribeEvents',
             cleveragents_dot_acp_dot_v1_dot_events__pb2.SubscribeEventsRequest.SerializeToString,
             cleveragents_dot_acp_dot_v1_dot_events__pb2.SubscribeEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateStreamTicket(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cleveragents.acp.v1.EventService/CreateStreamTicket',
+            cleveragents_dot_acp_dot_v1_dot_events__pb2.CreateStreamTicketRequest.SerializeToString,
+            cleveragents_dot_acp_dot_v1_dot_events__pb2.CreateStreamTicketResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,6 +34,13 @@ class EventServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> EventServiceAsyncStub: ...
     SubscribeEvents: _grpc.UnaryStreamMultiCallable[_events_pb2.SubscribeEventsRequest, _events_pb2.SubscribeEventsResponse]
+    CreateStreamTicket: _grpc.UnaryUnaryMultiCallable[_events_pb2.CreateStreamTicketRequest, _events_pb2.CreateStreamTicketResponse]
+    """A browser's EventSource cannot send an Authorization header: it opens the stream with
+    `GET /api/v1/events/stream?ticket=...` instead. The ticket is bound to the caller and to
+    exactly these filters, lives at most 60 seconds and opens one stream.
+    NO_SIDE_EFFECTS: it changes nothing a client can see and grants only a read, so every
+    role that may follow the event log may ask for one.
+    """
 
 @_typing.type_check_only
 class EventServiceAsyncStub(EventServiceStub):
@@ -41,6 +48,13 @@ class EventServiceAsyncStub(EventServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     SubscribeEvents: _aio.UnaryStreamMultiCallable[_events_pb2.SubscribeEventsRequest, _events_pb2.SubscribeEventsResponse]  # type: ignore[assignment]
+    CreateStreamTicket: _aio.UnaryUnaryMultiCallable[_events_pb2.CreateStreamTicketRequest, _events_pb2.CreateStreamTicketResponse]  # type: ignore[assignment]
+    """A browser's EventSource cannot send an Authorization header: it opens the stream with
+    `GET /api/v1/events/stream?ticket=...` instead. The ticket is bound to the caller and to
+    exactly these filters, lives at most 60 seconds and opens one stream.
+    NO_SIDE_EFFECTS: it changes nothing a client can see and grants only a read, so every
+    role that may follow the event log may ask for one.
+    """
 
 class EventServiceServicer(metaclass=_abc_1.ABCMeta):
     """EventService streams the event log (EventEmitter in ADR-026)."""
@@ -51,5 +65,18 @@ class EventServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _events_pb2.SubscribeEventsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_events_pb2.SubscribeEventsResponse], _abc.AsyncIterator[_events_pb2.SubscribeEventsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateStreamTicket(
+        self,
+        request: _events_pb2.CreateStreamTicketRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_events_pb2.CreateStreamTicketResponse, _abc.Awaitable[_events_pb2.CreateStreamTicketResponse]]:
+        """A browser's EventSource cannot send an Authorization header: it opens the stream with
+        `GET /api/v1/events/stream?ticket=...` instead. The ticket is bound to the caller and to
+        exactly these filters, lives at most 60 seconds and opens one stream.
+        NO_SIDE_EFFECTS: it changes nothing a client can see and grants only a read, so every
+        role that may follow the event log may ask for one.
+        """
 
 def add_EventServiceServicer_to_server(servicer: EventServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

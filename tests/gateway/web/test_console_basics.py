@@ -13,7 +13,9 @@ def test_sign_in_keeps_the_token_in_the_tab_and_signs_out(console: Console) -> N
     page.click("#sign-in button[type=submit]")
     page.wait_for_selector("#sign-in .error:has-text('AUTH_REQUIRED')")
     assert page.evaluate("sessionStorage.getItem('acp.token')") is None
-    assert console.problems == ["console error: Failed to load resource: the server responded with a status of 401 (Unauthorized)"]
+    assert console.problems == [
+        "console error: Failed to load resource: the server responded with a status of 401 (Unauthorized)"
+    ]
     console.problems.clear()
 
     console.sign_in()

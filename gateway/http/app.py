@@ -31,7 +31,7 @@ from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.facade.service_facade import internal_error
 from cleveragents.acp.gateway import common
-from cleveragents.acp.gateway.http import binding
+from cleveragents.acp.gateway.http import binding, redaction
 from cleveragents.acp.gateway.http.application import GatewayApp
 from cleveragents.acp.gateway.http.responses import EnvelopeResponse, Exchange
 from cleveragents.acp.gateway.http.routing import Route, RouteTable, route_path
@@ -212,6 +212,7 @@ def build_app(
     """The gateway as a FastAPI application: mount it, add routes, middleware and
     dependencies as to any other (docs/server.md, "Extending the gateway")."""
     settings = settings or GatewaySettings()
+    redaction.install()
     app = GatewayApp(Gateway(transport, settings, closing=closing))
     if settings.cors_origins:
         app.add_middleware(

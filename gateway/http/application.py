@@ -54,6 +54,7 @@ class GatewayApp(FastAPI):
         self.gateway = gateway
         self.state.gateway = gateway
         self.add_exception_handler(StarletteHTTPException, self._http_error)
+        self.add_exception_handler(ACPError, self._acp_error)
         self.add_exception_handler(Exception, self._fault)
         pages.install(self)
 
@@ -94,6 +95,11 @@ class GatewayApp(FastAPI):
         if exc.status_code in (404, 405):
             return self.gateway.refuse(not_found(request.url.path))
         return self.gateway.refuse(ACPError(ErrorCode.INVALID_PARAMS, str(exc.detail)))
+
+    async def _acp_error(self, request: Request, exc: Exception) -> Response:
+        """An ACP call a user's route made failed: its envelope, with its status."""
+        assert isinstance(exc, ACPError)
+        return self.gateway.refuse(exc)
 
     async def _fault(self, request: Request, exc: Exception) -> Response:
         return self.gateway.refuse(internal_error(exc, f"{request.method} {request.url.path}"))

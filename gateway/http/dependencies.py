@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from fastapi import Depends
 from starlette.requests import Request
 
 from cleveragents.acp.client.acp_client import ACPClient
@@ -20,3 +23,7 @@ def caller_client(request: Request) -> ACPClient:
         acp_version=binding.header(request, b"acp-version") or None,
         token=common.bearer_token(binding.header(request, b"authorization")),
     )
+
+
+# ``async def route(acp: CallerClient) -> ...``
+CallerClient = Annotated[ACPClient, Depends(caller_client)]

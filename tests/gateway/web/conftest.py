@@ -56,7 +56,7 @@ class Console:
             headers={"Authorization": f"Bearer {token or self.token()}"},
             timeout=30,
         ).json()
-        assert answer["status"] == "ok", answer
+        assert answer["status"] == "ok", answer["error"]
         return answer["data"]
 
     def sign_in(self, name: str = "alice") -> None:

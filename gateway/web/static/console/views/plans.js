@@ -188,7 +188,7 @@ function stepItem(step) {
 async function artifactsView(planId) {
   const { artifacts = [] } = await call("plan.artifacts", { plan_id: planId, include_content: true });
   if (!artifacts.length) return h("p", { class: "muted" }, "No artifacts.");
-  return h("div", { id: "artifacts" }, artifacts.map((a) => h("details", { class: "artifact", data: { path: a.path } },
+  return h("div", { id: "artifacts" }, artifacts.map((a) => h("details", { class: "artifact", open: artifacts.length <= 10, data: { path: a.path } },
     h("summary", {}, h("span", { class: `op ${shortEnum(a.op, "ARTIFACT_OP_")}` }, shortEnum(a.op, "ARTIFACT_OP_")), " ",
       h("span", { class: "mono" }, a.path), " ", h("span", { class: "muted" }, `${a.size || 0} bytes · step ${a.step_id} · ${String(a.sha256 || "").slice(0, 12)}`)),
     h("pre", { class: "text content" }, a.content || ""))));

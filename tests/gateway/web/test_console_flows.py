@@ -1,0 +1,169 @@
+"""The console's main flows in Chromium against a real server: a session's chat, the
+README's quick tour driven from the UI (registries, plan, diff, apply, rollback), the
+registry form's field errors, and what users or models wrote staying text."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+from tests.gateway.web.conftest import Console
+
+HOSTILE = "<img src=x onerror=\"alert('img')\"><script>alert('script')</script>"
+
+
+def confirm(page: Any, text: str = "") -> None:
+    page.wait_for_selector("dialog#confirm[open]")
+    if text:
+        page.fill("#confirm-input", text)
+    page.click("#confirm-ok")
+    page.wait_for_selector("dialog#confirm:not([open])", state="attached")
+
+
+def add_entry(page: Any, kind: str, name: str, spec: dict[str, Any]) -> None:
+    page.goto(page.url.split("#")[0] + f"#/registries/{kind}")
+    page.wait_for_selector(f"#kinds a.current:text-is('{kind}')")
+    page.fill("#entry-form input[name=name]", name)
+    page.fill("#entry-form textarea[name=spec]", json.dumps(spec))
+    page.click("#entry-form button[type=submit]")
+    page.wait_for_selector(f"#entries tr[data-name='{name}']")
+
+
+def test_a_session_chat_shows_the_reply(console: Console) -> None:
+    page = console.page
+    console.sign_in()
+    page.fill("#new-session input[name=title]", "First session")
+    page.click("#new-session button[type=submit]")
+    page.wait_for_selector("#tell")
+    page.fill("#message-input", "hello there")
+    page.click("#tell button[type=submit]")
+    page.wait_for_selector("#messages li.user:has-text('hello there')")
+    reply = page.wait_for_selector("#messages li:not(.user) .content")
+    assert reply.text_content()
+    console.shot("session-chat")
+    page.goto(console.url + "#/sessions")
+    page.wait_for_selector("#sessions a:text-is('First session')")
+    assert console.problems == []
+
+
+def test_the_quick_tour_from_the_console(console: Console, tmp_path: pathlib.Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    page = console.page
+    console.sign_in()
+    add_entry(page, "resource", "site", {"type": "directory", "path": str(site)})
+    add_entry(page, "project", "demo", {"resources": ["site"]})
+    steps = [
+        {"id": "greet", "tool": "fs.write", "args": {"path": "hello.txt", "content": "Hello, {{name}}!\n"}}
+    ]
+    add_entry(page, "action", "hello", {"actor": "scripted", "steps": steps})
+    console.shot("registries")
+
+    page.goto(console.url + "#/plans")
+    page.fill("#new-plan input[name=action]", "hello")
+    page.fill("#new-plan input[name=project]", "demo")
+    page.fill("#new-plan input[name=inputs]", '{"name": "World"}')
+    page.click("#new-plan button[type=submit]")
+    page.wait_for_selector("#plan-summary")
+    page.click("#plan-actions button[data-verb=execute]")
+    confirm(page)
+    page.wait_for_selector("#plan-phase:text-is('execute')")
+    page.wait_for_selector("#plan-state:text-is('succeeded')")
+    page.wait_for_selector("#tree details.node")
+    console.shot("plan-tree")
+    page.click("button[data-tab=explain]")
+    page.wait_for_selector("#explanation")
+    page.click("button[data-tab=diff]")
+    page.wait_for_selector(
+        "#diff .file-diff.create[data-path='hello.txt'] .line.add:has-text('+Hello, World!')"
+    )
+    console.shot("plan-diff")
+    assert not (site / "hello.txt").exists()
+
+    page.click("#plan-actions button[data-verb=apply]")
+    confirm(page)
+    page.wait_for_selector("#plan-phase:text-is('apply')")
+    page.wait_for_selector("#plan-state:text-is('succeeded')")
+    assert (site / "hello.txt").read_text() == "Hello, World!\n"
+
+    page.click("#plan-actions button[data-verb=rollback]")
+    confirm(page)
+    page.wait_for_selector("#plan-state:text-is('rolled_back')")
+    assert not (site / "hello.txt").exists()
+
+    page.goto(console.url + "#/plans")
+    page.wait_for_selector("#plans tr[data-plan] .state:text-is('rolled_back')")
+    console.shot("plans")
+    assert console.problems == []
+
+
+def test_registry_errors_show_at_their_field(console: Console) -> None:
+    page = console.page
+    console.sign_in()
+    page.goto(console.url + "#/registries/action")
+    page.fill("#entry-form input[name=name]", "broken")
+    page.fill("#entry-form textarea[name=spec]", json.dumps({"actor": "nobody", "steps": []}))
+    page.click("#entry-form button[type=submit]")
+    error = page.wait_for_selector(".field-error[data-field=spec]:not(:empty)")
+    assert (error.text_content() or "").startswith("spec")
+    page.fill("#entry-form textarea[name=spec]", "{not json")
+    page.click("#entry-form button[type=submit]")
+    page.wait_for_selector(".field-error[data-field=spec]:has-text('not valid JSON')")
+    page.fill("#entry-form input[name=name]", "bad name!")
+    page.fill("#entry-form textarea[name=spec]", json.dumps({"actor": "scripted", "steps": []}))
+    page.click("#entry-form button[type=submit]")
+    page.wait_for_selector(".field-error[data-field=name]:not(:empty)")
+    console.shot("registry-error")
+    # An update at a stale revision is refused with the server's message.
+    console.call("actor.add", {"name": "helper", "spec": {"provider": "scripted"}})
+    page.goto(console.url + "#/registries/actor/helper")
+    page.wait_for_selector("#entry-form h3:has-text('revision 1')")
+    changed = {"name": "helper", "revision": 1, "description": "elsewhere", "spec": {"provider": "scripted"}}
+    console.call("actor.update", changed)
+    page.fill("#entry-form input[name=description]", "mine")
+    page.click("#entry-form button[type=submit]")
+    page.wait_for_selector("#entry-form .error:has-text('INVALID_STATE')")
+    console.problems.clear()
+
+
+def test_what_users_and_models_wrote_stays_text(console: Console, tmp_path: pathlib.Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    console.call("resource.add", {"name": "site", "spec": {"type": "directory", "path": str(site)}})
+    console.call("project.add", {"name": "demo", "spec": {"resources": ["site"]}})
+    step = {"id": "w", "tool": "fs.write", "args": {"path": "x.html", "content": HOSTILE + "\n"}}
+    console.call(
+        "action.add",
+        {
+            "name": HOSTILE[:0] + "hostile",
+            "description": HOSTILE,
+            "spec": {"actor": "scripted", "steps": [step]},
+        },
+    )
+    plan = console.call("plan.use", {"action": "hostile", "project": "demo"})["plan"]["meta"]["id"]
+    console.call("plan.execute", {"plan_id": plan, "wait": True})
+    page = console.page
+    console.sign_in()
+    page.fill("#new-session input[name=title]", HOSTILE)
+    page.click("#new-session button[type=submit]")
+    page.wait_for_selector("#tell")
+    page.fill("#message-input", HOSTILE)
+    page.click("#tell button[type=submit]")
+    user = page.wait_for_selector("#messages li.user .content")
+    assert user.text_content() == HOSTILE
+    page.goto(console.url + f"#/plans/{plan}")
+    page.click("button[data-tab=artifacts]")
+    content = page.wait_for_selector("#artifacts pre.content")
+    assert content.text_content() == HOSTILE + "\n"
+    page.click("button[data-tab=diff]")
+    page.wait_for_selector("#diff .line.add")
+    assert HOSTILE in (page.text_content("#diff") or "")
+    page.goto(console.url + "#/registries/action")
+    page.wait_for_selector("#entries td:text-is('" + HOSTILE.replace("'", "\\'") + "')")
+    page.goto(console.url + "#/sessions")
+    page.wait_for_selector("#sessions a")
+    console.shot("hostile-text")
+    assert page.evaluate("document.querySelectorAll('main img, main script').length") == 0
+    assert page.evaluate("document.querySelectorAll('script').length") == 1
+    assert console.problems == []

@@ -100,8 +100,9 @@ def console(browser: Any, tmp_path: pathlib.Path) -> Iterator[Console]:
     watch(page, problems)
     shots = tmp_path / "screenshots"
     shots.mkdir()
+    made = Console(server, tokens, tmp_path, page, shots, problems)
     try:
-        yield Console(server, tokens, tmp_path, page, shots, problems)
+        yield made
     finally:
         context.close()
-        assert server.stop() == 0, server.stderr()
+        assert made.server.stop() == 0, made.server.stderr()

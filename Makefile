@@ -7,7 +7,7 @@ THIRD_PARTY := .build/third_party
 RELEASED_IMAGE := proto/released/acp-1.1.binpb
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup serve test fuzz lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick bench-tools release-image clean
+.PHONY: setup serve test browser fuzz lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick bench-tools release-image clean
 
 setup: $(STAMP)
 
@@ -20,8 +20,20 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/agents serve --state-dir .acp
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(MAKE) --no-print-directory lint typecheck buf-lint gen-check buf-breaking import-lint pytest
+
+# Debian's Chromium for the console tests (Playwright drives it; `playwright install` is
+# never used). Installed when missing and apt-get may run (as root); otherwise the browser
+# tests skip, which the test run's header says loudly, and under CI=true they fail.
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "test: installing chromium for the browser tests"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null \
+		|| echo "!!! test: could not install chromium: the browser tests will skip (fail under CI=true)"; \
+	else echo "!!! test: $(CHROMIUM) is missing and apt-get cannot run here: the browser tests will skip (fail under CI=true)"; fi
 
 lint: $(STAMP)
 	ruff check .

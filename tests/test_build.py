@@ -95,6 +95,11 @@ def test_a_built_wheel_carries_every_package_and_imports(tmp_path: pathlib.Path)
         "facade/factory.py",
         "gateway/server.py",
         "client/cli/main.py",
+        "gateway/web/static/console/index.html",
+        "gateway/web/static/console/views/plans.js",
+        "gateway/web/static/console/console.css",
+        "gateway/web/static/console/icon.svg",
+        "gateway/web/static/docs/init.js",
     ):
         assert f"cleveragents/acp/{module}" in names
     probe = (

@@ -261,6 +261,7 @@ async def _serve(
         lines = [
             "ACP server listening",
             f"  HTTP    {addresses.http_url}/api/v1   (envelope: POST {addresses.http_url}/api/v1/acp)",
+            f"  console {addresses.http_url}/   (API docs: {addresses.http_url}/api/v1/docs)",
             f"  gRPC    {addresses.grpc_target}   (reflection and health on)",
             f"  store   {db}",
             f"  tokens  {tokens}",
@@ -316,7 +317,9 @@ async def _gateway(config: Any, upstream: str, tls: bool, root: bytes | None) ->
     server.install_signal_handlers()
     try:
         print(
-            f"ACP gateway listening\n  HTTP    {addresses.http_url}/api/v1\n  upstream {upstream}", flush=True
+            f"ACP gateway listening\n  HTTP    {addresses.http_url}/api/v1\n"
+            f"  console {addresses.http_url}/\n  upstream {upstream}",
+            flush=True,
         )
         print(_ready_line(addresses.http_url, None), flush=True)
         await server.wait()

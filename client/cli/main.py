@@ -107,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if misplaced and not getattr(args, "connects", False):
         parser.error(f"{', '.join(misplaced)}: only for commands that call operations")
     logging.basicConfig(
-        level=getattr(args, "log_level", "warning").upper(),
+        # serve and gateway set theirs once their settings are read (flags, environment, file).
+        level=(getattr(args, "log_level", None) or "warning").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

@@ -11,31 +11,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import pathlib
 import shlex
 import sys
 from typing import Any
 
-from cleveragents.acp.client.cli.options import env, env_flag, env_list, port, positive_float, positive_int
-
 DEV_PRINCIPAL = "dev"
 DEV_NAMESPACE = "default"
 
 
 def _common_options(parser: argparse.ArgumentParser) -> None:
+    """Every option also comes from ``ACP_<NAME>`` and from the ``--config`` file; the
+    values are checked once, by ``gateway.settings`` (flags > environment > file)."""
     parser.add_argument(
-        "--host", default=env("ACP_HOST", "127.0.0.1"), help="address to listen on (ACP_HOST)"
+        "--config",
+        type=pathlib.Path,
+        default=None,
+        metavar="FILE",
+        help="TOML file of settings (same names as the options, with _; ACP_CONFIG)",
     )
+    parser.add_argument("--host", help="address to listen on (ACP_HOST; default 127.0.0.1)")
     parser.add_argument(
-        "--http-port", type=port, default=env("ACP_HTTP_PORT", "8080"), help="HTTP port (ACP_HTTP_PORT)"
+        "--http-port", metavar="PORT", help="HTTP port, 0 for any (ACP_HTTP_PORT; default 8080)"
     )
-    parser.add_argument("--tls-cert", type=pathlib.Path, default=env("ACP_TLS_CERT"), help="PEM certificate")
-    parser.add_argument("--tls-key", type=pathlib.Path, default=env("ACP_TLS_KEY"), help="PEM private key")
+    parser.add_argument("--tls-cert", help="PEM certificate (ACP_TLS_CERT)")
+    parser.add_argument("--tls-key", help="PEM private key (ACP_TLS_KEY)")
     parser.add_argument(
         "--insecure",
-        action="store_true",
-        default=env_flag("ACP_INSECURE"),
+        action="store_const",
+        const=True,
+        default=None,
         help="allow plain text on a non-loopback address (ACP_INSECURE)",
     )
     parser.add_argument(
@@ -48,28 +55,23 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-body-bytes",
-        type=positive_int,
-        default=env("ACP_MAX_BODY_BYTES", str(4 * 1024 * 1024)),
-        help="largest request body or gRPC message (ACP_MAX_BODY_BYTES)",
+        metavar="BYTES",
+        help="largest request body or gRPC message (ACP_MAX_BODY_BYTES; default 4 MiB)",
     )
     parser.add_argument(
         "--sse-keepalive",
-        type=positive_float,
-        default=env("ACP_SSE_KEEPALIVE", "15"),
         metavar="SECONDS",
-        help="keep-alive comment interval of idle SSE streams (ACP_SSE_KEEPALIVE)",
+        help="keep-alive comment interval of idle SSE streams (ACP_SSE_KEEPALIVE; default 15)",
     )
     parser.add_argument(
         "--grace-seconds",
-        type=positive_float,
-        default=env("ACP_GRACE_SECONDS", "10"),
-        help="how long in-flight calls may finish at shutdown (ACP_GRACE_SECONDS)",
+        metavar="SECONDS",
+        help="how long in-flight calls may finish at shutdown (ACP_GRACE_SECONDS; default 10)",
     )
     parser.add_argument(
         "--log-level",
         choices=["debug", "info", "warning", "error"],
-        default=env("ACP_LOG_LEVEL", "warning"),
-        help="(ACP_LOG_LEVEL)",
+        help="(ACP_LOG_LEVEL; default warning)",
     )
 
 
@@ -82,20 +84,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     _common_options(serve)
     serve.add_argument(
-        "--grpc-port", type=port, default=env("ACP_GRPC_PORT", "50051"), help="gRPC port (ACP_GRPC_PORT)"
+        "--grpc-port", metavar="PORT", help="gRPC port, 0 for any (ACP_GRPC_PORT; default 50051)"
     )
-    serve.add_argument("--db", type=pathlib.Path, default=env("ACP_DB"), help="SQLite file (ACP_DB)")
-    serve.add_argument(
-        "--tokens",
-        type=pathlib.Path,
-        default=env("ACP_TOKENS"),
-        metavar="FILE",
-        help="token file (ACP_TOKENS)",
-    )
+    serve.add_argument("--db", help="SQLite file (ACP_DB)")
+    serve.add_argument("--tokens", metavar="FILE", help="token file (ACP_TOKENS)")
     serve.add_argument(
         "--state-dir",
-        type=pathlib.Path,
-        default=env("ACP_STATE_DIR"),
         metavar="DIR",
         help="keep the database and token file in DIR; on first start create a token for "
         "namespace 'default' and print it once (ACP_STATE_DIR; what `make serve` uses)",
@@ -110,23 +104,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     _common_options(gateway)
     gateway.add_argument(
-        "--upstream",
-        default=env("ACP_UPSTREAM"),
-        required=env("ACP_UPSTREAM") is None,
-        metavar="HOST:PORT",
-        help="the ACP gRPC server (ACP_UPSTREAM)",
+        "--upstream", metavar="HOST:PORT", help="the ACP gRPC server (ACP_UPSTREAM; required)"
     )
     gateway.add_argument(
         "--upstream-ca",
-        type=pathlib.Path,
-        default=env("ACP_UPSTREAM_CA"),
         metavar="FILE",
         help="CA bundle of the upstream's certificate: use TLS upstream (ACP_UPSTREAM_CA)",
     )
     gateway.add_argument(
         "--upstream-tls",
-        action="store_true",
-        default=env_flag("ACP_UPSTREAM_TLS"),
+        action="store_const",
+        const=True,
+        default=None,
         help="use TLS upstream with the system's CAs (ACP_UPSTREAM_TLS)",
     )
     gateway.set_defaults(handler=gateway_command)
@@ -137,30 +126,38 @@ def _fail(command: str, message: str) -> int:
     return 2
 
 
-def _config(args: argparse.Namespace, grpc_port: int | None) -> Any:
+def _settings(args: argparse.Namespace, model: Any) -> Any:
+    """The command's settings: its flags over the environment over the config file."""
+    from cleveragents.acp.gateway.settings import load
+
+    flags = {name: getattr(args, name, None) for name in model.model_fields}
+    settings = load(model, flags, config=args.config)
+    logging.getLogger().setLevel(settings.log_level.upper())
+    return settings
+
+
+def _config(settings: Any, grpc_port: int | None) -> Any:
+    from cleveragents.acp.facade.handlers.meta import server_build
     from cleveragents.acp.gateway.http.app import GatewaySettings
     from cleveragents.acp.gateway.server import ServerConfig, TLSFiles
 
-    if (args.tls_cert is None) != (args.tls_key is None):
+    if (settings.tls_cert is None) != (settings.tls_key is None):
         raise ValueError("give both --tls-cert and --tls-key, or neither")
-    tls = TLSFiles(args.tls_cert, args.tls_key) if args.tls_cert is not None else None
-    origins = args.cors_origins if args.cors_origins is not None else env_list("ACP_CORS_ORIGIN")
-    from cleveragents.acp.facade.handlers.meta import server_build
-
+    tls = TLSFiles(settings.tls_cert, settings.tls_key) if settings.tls_cert is not None else None
     return ServerConfig(
-        host=args.host,
-        http_port=args.http_port,
+        host=settings.host,
+        http_port=settings.http_port,
         grpc_port=grpc_port,
         tls=tls,
-        insecure=args.insecure,
+        insecure=settings.insecure,
         http=GatewaySettings(
-            max_body_bytes=args.max_body_bytes,
-            keepalive_seconds=args.sse_keepalive,
-            cors_origins=tuple(origins),
+            max_body_bytes=settings.max_body_bytes,
+            keepalive_seconds=settings.sse_keepalive,
+            cors_origins=settings.cors_origins,
             server_build=server_build(),
         ),
-        grace_seconds=args.grace_seconds,
-        log_level=args.log_level,
+        grace_seconds=settings.grace_seconds,
+        log_level=settings.log_level,
     )
 
 
@@ -206,9 +203,15 @@ def _example_operation(served: frozenset[str]) -> str:
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    state_dir: pathlib.Path | None = args.state_dir
-    tokens: pathlib.Path | None = args.tokens
-    db: pathlib.Path | None = args.db
+    from cleveragents.acp.gateway.settings import ServeSettings, SettingsError
+
+    try:
+        settings = _settings(args, ServeSettings)
+    except SettingsError as exc:
+        return _fail("serve", str(exc))
+    state_dir: pathlib.Path | None = settings.state_dir
+    tokens: pathlib.Path | None = settings.tokens
+    db: pathlib.Path | None = settings.db
     if state_dir is not None:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         tokens = tokens or state_dir / "tokens.toml"
@@ -228,7 +231,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from cleveragents.acp.facade import auth
 
     try:
-        config = _config(args, args.grpc_port)
+        config = _config(settings, settings.grpc_port)
         if tokens.exists():
             auth.load(tokens)
     except (ValueError, auth.TokenFileError) as exc:
@@ -291,17 +294,19 @@ async def _serve(
 
 
 def gateway_command(args: argparse.Namespace) -> int:
-    try:
-        config = _config(args, None)
-        from cleveragents.acp.gateway.server import ServeError, check_exposure
+    from cleveragents.acp.gateway.server import ServeError, check_exposure
+    from cleveragents.acp.gateway.settings import GatewayCommandSettings
 
-        host = args.upstream.rsplit(":", 1)[0]
-        tls = args.upstream_tls or args.upstream_ca is not None
-        check_exposure(host, True if tls else None, args.insecure, "reach the upstream over")
-        root = args.upstream_ca.read_bytes() if args.upstream_ca is not None else None
+    try:
+        settings = _settings(args, GatewayCommandSettings)
+        config = _config(settings, None)
+        host = settings.upstream.rsplit(":", 1)[0]
+        tls = settings.upstream_tls or settings.upstream_ca is not None
+        check_exposure(host, True if tls else None, settings.insecure, "reach the upstream over")
+        root = settings.upstream_ca.read_bytes() if settings.upstream_ca is not None else None
     except (ValueError, ServeError, OSError) as exc:
         return _fail("gateway", str(exc))
-    return asyncio.run(_gateway(config, args.upstream, tls, root))
+    return asyncio.run(_gateway(config, settings.upstream, tls, root))
 
 
 async def _gateway(config: Any, upstream: str, tls: bool, root: bytes | None) -> int:

@@ -138,7 +138,8 @@ def test_refusals(tmp_path: pathlib.Path) -> None:
     assert "--tls-key" in half_tls.stderr
     bad_port = agents(*base, cwd=tmp_path, env={"ACP_HTTP_PORT": "eighty"})
     assert bad_port.returncode == 2
-    assert "not a port number" in bad_port.stderr
+    assert "http_port" in bad_port.stderr
+    assert "$ACP_HTTP_PORT" in bad_port.stderr
 
 
 @pytest.fixture

@@ -1,0 +1,137 @@
+"""The settings of ``agents serve`` and ``agents gateway``: one pydantic model, filled from
+the command line over ``ACP_*`` environment variables over a TOML file (``--config FILE`` or
+``$ACP_CONFIG``), each value checked once whatever its source, and a refusal naming both
+the setting and where its value came from.
+
+The file holds the same names as the flags, with underscores::
+
+    host = "127.0.0.1"
+    http_port = 8080
+    cors_origins = ["https://app.example"]
+    max_body_bytes = 4194304
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tomllib
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+Port = Annotated[int, Field(ge=0, le=65535, description="0 picks a free port")]
+
+
+S = TypeVar("S", bound="HTTPSettings")
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used; the message names the setting and its source."""
+
+
+class HTTPSettings(BaseModel):
+    """What both commands take."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field(default="127.0.0.1", min_length=1)
+    http_port: Port = 8080
+    tls_cert: pathlib.Path | None = None
+    tls_key: pathlib.Path | None = None
+    insecure: bool = False
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
+    sse_keepalive: float = Field(default=15.0, gt=0)
+    grace_seconds: float = Field(default=10.0, gt=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        """A comma-separated string (how the environment gives a list) or a list."""
+        if isinstance(value, str):
+            return tuple(item.strip() for item in value.split(",") if item.strip())
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+
+class ServeSettings(HTTPSettings):
+    grpc_port: Port = 50051
+    db: pathlib.Path | None = None
+    tokens: pathlib.Path | None = None
+    state_dir: pathlib.Path | None = None
+
+
+class GatewayCommandSettings(HTTPSettings):
+    upstream: str = Field(min_length=1)
+    upstream_ca: pathlib.Path | None = None
+    upstream_tls: bool = False
+
+
+# The environment variable of each setting (ACP_ and the name upper-cased), except these.
+_ENV_NAMES = {"cors_origins": "ACP_CORS_ORIGIN"}
+
+
+def env_name(field: str) -> str:
+    return _ENV_NAMES.get(field, "ACP_" + field.upper())
+
+
+def flag_name(field: str) -> str:
+    return "--" + ("cors-origin" if field == "cors_origins" else field.replace("_", "-"))
+
+
+def _file(path: pathlib.Path) -> dict[str, Any]:
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SettingsError(f"cannot read the config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"config file {path} is not valid TOML: {exc}") from None
+    return document
+
+
+def load(
+    model: type[S],
+    flags: Mapping[str, Any],
+    *,
+    environ: Mapping[str, str] | None = None,
+    config: pathlib.Path | None = None,
+) -> S:
+    """``model`` from ``flags`` (the options given; None: not given) over the environment over
+    the config file (``config``, else ``$ACP_CONFIG``)."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    path = config or (pathlib.Path(environ["ACP_CONFIG"]) if environ.get("ACP_CONFIG") else None)
+    if path is not None:
+        for key, value in _file(path).items():
+            values[key], sources[key] = value, f"config file {path}"
+    for field in model.model_fields:
+        raw = environ.get(env_name(field), "")
+        if raw != "":
+            values[field], sources[field] = raw, f"${env_name(field)}"
+    for field, value in flags.items():
+        if value is not None:
+            values[field], sources[field] = value, flag_name(field)
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else ""
+            where = sources.get(field, "the defaults")
+            if error["type"] == "extra_forbidden":
+                problems.append(f"unknown setting {field!r} (from {where})")
+            elif error["type"] == "missing":
+                problems.append(
+                    f"{flag_name(field)} is required (or ${env_name(field)}, or {field} in the config file)"
+                )
+            else:
+                problems.append(f"{field}: {error['msg']} (got {error.get('input')!r} from {where})")
+        raise SettingsError("; ".join(problems)) from None

@@ -58,6 +58,26 @@ class GatewayApp(FastAPI):
         self.add_exception_handler(Exception, self._fault)
         pages.install(self)
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A hot path skips FastAPI's per-request telemetry check (it reads the environment
+        several times per request, a seventh of a call's CPU, even with telemetry off):
+        FastAPI's OpenTelemetry instrumentation covers the other paths only."""
+        if scope["type"] == "http":
+            if self.root_path:
+                scope["root_path"] = self.root_path
+            try:
+                found: object = self.gateway.routes.find(scope["method"], route_path(scope))
+            except ACPError:
+                found = WRONG_METHOD
+            if found is not None:
+                scope[HOT_ROUTE] = found
+                scope["app"] = self
+                if self.middleware_stack is None:
+                    self.middleware_stack = self.build_middleware_stack()
+                await self.middleware_stack(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
     def build_middleware_stack(self) -> ASGIApp:
         """User middleware around the hot paths and FastAPI's own stack alike; the guard
         outermost."""
@@ -105,27 +125,28 @@ class GatewayApp(FastAPI):
         return self.gateway.refuse(internal_error(exc, f"{request.method} {request.url.path}"))
 
 
+# The scope key of a hot path's route, found once by ``GatewayApp``.
+HOT_ROUTE = "cleveragents.acp.route"
+WRONG_METHOD = object()
+
+
 class HotPaths:
-    """A request for a path of the gateway's route table goes straight to the gateway
-    endpoint; any other request (and any other scope type) to ``framework``."""
+    """A request for a path of the gateway's route table (``GatewayApp`` found its route)
+    goes straight to the gateway endpoint; any other request to ``framework``."""
 
     def __init__(self, gateway: Gateway, framework: ASGIApp) -> None:
         self.gateway = gateway
-        self.routes = gateway.routes
         self.framework = framework
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            try:
-                found = self.routes.find(scope["method"], route_path(scope))
-            except ACPError:
-                # A gateway path, another method: the gateway names the allowed ones.
-                await self.gateway(scope, receive, send)
-                return
-            if found is not None:
-                await self.gateway.serve(found, scope, receive, send)
-                return
-        await self.framework(scope, receive, send)
+        found = scope.get(HOT_ROUTE)
+        if found is None:
+            await self.framework(scope, receive, send)
+        elif found is WRONG_METHOD:
+            # A gateway path, another method: the gateway names the allowed ones.
+            await self.gateway(scope, receive, send)
+        else:
+            await self.gateway.serve(found, scope, receive, send)
 
 
 class EnvelopeGuard:

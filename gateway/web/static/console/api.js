@@ -57,7 +57,12 @@ export async function call(operation, params = {}) {
 let contract;
 export async function openapi() {
   if (!contract) {
-    contract = fetch(url("api/v1/openapi.json"), { cache: "no-store" }).then((r) => r.json());
+    contract = fetch(url("api/v1/openapi.json"), { cache: "no-store" })
+      .then((r) => r.json())
+      .catch((err) => {
+        contract = undefined;
+        throw err;
+      });
   }
   return contract;
 }

@@ -25,7 +25,12 @@ export class EventFeed {
   }
 
   async start() {
-    this.types = await eventTypes();
+    try {
+      this.types = await eventTypes();
+    } catch {
+      this.retry(() => this.start());
+      return;
+    }
     await this.connect();
   }
 
@@ -84,12 +89,12 @@ export class EventFeed {
     this.onEvent(JSON.parse(frame.data));
   }
 
-  retry() {
+  retry(next = () => this.connect()) {
     if (this.stopped) return;
     const delay = RETRY_MS[Math.min(this.failures, RETRY_MS.length - 1)];
     this.failures += 1;
     this.onState("reconnecting");
     clearTimeout(this.timer);
-    this.timer = setTimeout(() => this.connect(), delay);
+    this.timer = setTimeout(next, delay);
   }
 }

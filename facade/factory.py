@@ -14,6 +14,7 @@ from cleveragents.acp.facade.domain.plans.engine import PlanEngine
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs
 from cleveragents.acp.facade.domain.sessions import Sessions
+from cleveragents.acp.facade.domain.tickets import PrincipalLookup, StreamTickets
 from cleveragents.acp.facade.handlers import table
 from cleveragents.acp.facade.handlers.context import ContextHandlers
 from cleveragents.acp.facade.handlers.events import EventHandlers
@@ -23,7 +24,6 @@ from cleveragents.acp.facade.handlers.registries import RegistryHandlers
 from cleveragents.acp.facade.handlers.sessions import SessionHandlers
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
-from cleveragents.acp.facade.tickets import PrincipalLookup, StreamTickets
 
 
 def default_db_path() -> pathlib.Path:

@@ -57,7 +57,7 @@ async def events_client(log: EventLog) -> AsyncIterator[ACPClient]:
 
 
 def events_table(log: EventLog) -> Mapping[str, table.Handler]:
-    return table.build([EventHandlers(log)], serves=["events.subscribe"])
+    return table.build([EventHandlers(log)], serves=["events.subscribe", "events.ticket"])
 
 
 def message(namespace: str = "default", session_id: str = "s1", text: str = "hi") -> events_pb2.Event:

@@ -1,4 +1,4 @@
-"""Stream tickets: how a browser's ``EventSource``, which cannot send an Authorization
+"""Stream tickets (domain): how a browser's ``EventSource``, which cannot send an Authorization
 header, opens an event stream without a token in its URL.
 
 ``events.ticket``, called with the token, issues a random ticket bound to the caller's

@@ -92,7 +92,8 @@ def _event(index: int) -> events_pb2.Event:
 async def event_latency(run: Run) -> None:
     store = SQLiteStore(run.scratch("latency") / "acp.db")
     log = open_event_log(store)
-    handlers = table.build([MetaHandlers(), EventHandlers(log)], serves=["meta.version", "events.subscribe"])
+    served = ["meta.version", "events.subscribe", "events.ticket"]
+    handlers = table.build([MetaHandlers(), EventHandlers(log)], serves=served)
     transport = LocalTransport(ServiceFacade(handlers))
     wanted = run.mode.latency_events
     received: dict[int, float] = {}

@@ -2,7 +2,7 @@
 
 What necessarily differs between two runs is normalized, consistently across the whole
 run: each distinct ULID becomes ``<id1>``, ``<id2>``... in order of first appearance
-(dict keys walked in sorted order), each distinct page token ``<token1>``..., RFC 3339
+(dict keys walked in sorted order), each distinct page token or stream ticket ``<token1>``..., RFC 3339
 times ``<time>``, durations ``<duration>``, and each backend's scratch folder ``<root>``.
 Everything else, event sequences included, must match exactly.
 """
@@ -15,7 +15,8 @@ from typing import Any
 
 ULID = re.compile(r"\b[0-7][0-9A-HJKMNP-TV-Z]{25}\b")
 TIME = re.compile(r"\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2})")
-TOKEN_KEYS = frozenset({"next_page_token", "page_token"})
+# Page tokens, and stream tickets (random, secret: every run issues others).
+TOKEN_KEYS = frozenset({"next_page_token", "page_token", "ticket"})
 DURATION_KEYS = frozenset({"duration_ms"})
 
 

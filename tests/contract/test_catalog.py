@@ -44,11 +44,13 @@ EXPECTED = (
     + [f"{k}.{v}" for k in REGISTRY_KINDS for v in ("list", "show", "add", "update", "remove")]
     + [f"context.{v}" for v in ("show", "inspect", "simulate", "set")]
     + ["events.subscribe", "meta.version"]
+    # ACP 1.2
+    + ["events.ticket"]
 )
 
 
 def test_every_adr_operation_resolves_exactly_once() -> None:
-    assert len(EXPECTED) == 77
+    assert len(EXPECTED) == 78
     assert sorted(catalog.OPERATIONS) == sorted(EXPECTED)
     methods = [op.full_method for op in catalog.OPERATIONS.values()]
     assert len(methods) == len(set(methods))

@@ -10,6 +10,8 @@ import pathlib
 
 from cleveragents.acp.facade.domain.context import Context
 from cleveragents.acp.facade.domain.events import EventLog
+from cleveragents.acp.facade.domain.models.client import ChatModels
+from cleveragents.acp.facade.domain.models.settings import ModelSettings
 from cleveragents.acp.facade.domain.plans.engine import PlanEngine
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs
@@ -67,6 +69,14 @@ class _StoreResource:
         self.store.close()
 
 
+class _ModelsResource:
+    def __init__(self, models: ChatModels) -> None:
+        self.models = models
+
+    async def close(self) -> None:
+        await self.models.close()
+
+
 class _EventLogResource:
     def __init__(self, events: EventLog) -> None:
         self.events = events
@@ -88,10 +98,12 @@ def open_facade(
     events = open_event_log(store)
     registries = Registries(store)
     context = Context(store, registries)
+    # Model servers: retries, backoff and timeouts from $ACP_MODEL_* (docs/actors.md).
+    models = ChatModels(ModelSettings.from_env(os.environ))
+    plans = PlanEngine(events, registries, models)
     # Settles plans a stopped server left running or half-applied, before any call.
-    plans = PlanEngine(events, registries)
     plans.recover()
-    sessions = Sessions(store, registries, events, context, plan_starter=plans)
+    sessions = Sessions(store, registries, events, context, plan_starter=plans, models=models)
     tickets = StreamTickets(store, authenticator if isinstance(authenticator, PrincipalLookup) else None)
     handlers = table.build(
         [
@@ -104,5 +116,10 @@ def open_facade(
         ]
     )
     # Closed in reverse: the event log ends its subscriptions before the store goes.
-    resources: list[Closeable] = [_StoreResource(store), _EventLogResource(events), plans]
+    resources: list[Closeable] = [
+        _StoreResource(store),
+        _EventLogResource(events),
+        _ModelsResource(models),
+        plans,
+    ]
     return ServiceFacade(handlers, authenticator=authenticator, tickets=tickets, resources=resources)

@@ -196,10 +196,15 @@ class BuiltinOrchestrator:
             )
         except ACPError as exc:
             return Reply(f"Could not start a plan from action {action!r}: {exc.code}: {exc.message}")
-        phase = _enum_word(plan_pb2.PlanPhase.Name(plan.phase), "PLAN_PHASE_")
-        state = _enum_word(plan_pb2.PlanState.Name(plan.state), "PLAN_STATE_")
-        return Reply(
-            f"Started plan {plan.meta.id} from action {action!r} on project {session.project!r} "
-            f"(phase {phase}, state {state}). Follow it with plan.status or events for this plan.",
-            plan_id=plan.meta.id,
-        )
+        return started(plan)
+
+
+def started(plan: plan_pb2.Plan) -> Reply:
+    """The reply that reports a plan started from a session."""
+    phase = _enum_word(plan_pb2.PlanPhase.Name(plan.phase), "PLAN_PHASE_")
+    state = _enum_word(plan_pb2.PlanState.Name(plan.state), "PLAN_STATE_")
+    return Reply(
+        f"Started plan {plan.meta.id} from action {plan.action!r} on project {plan.project!r} "
+        f"(phase {phase}, state {state}). Follow it with plan.status or events for this plan.",
+        plan_id=plan.meta.id,
+    )

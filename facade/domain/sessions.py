@@ -17,7 +17,10 @@ from ulid import ULID
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import paging, session_export
-from cleveragents.acp.facade.domain.context import Context, session_key
+from cleveragents.acp.facade.domain.context import DEFAULT_TOKEN_BUDGET, Context, Scope, session_key
+from cleveragents.acp.facade.domain.model_orchestrator import ModelOrchestrator
+from cleveragents.acp.facade.domain.models.client import ChatModels
+from cleveragents.acp.facade.domain.models.deltas import Emit
 from cleveragents.acp.facade.domain.orchestrator import BuiltinOrchestrator, Orchestrator, PlanStarter
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.registry import LABEL_KEY, MAX_LABEL_VALUE
@@ -79,17 +82,42 @@ class Sessions:
         context: Context,
         *,
         plan_starter: PlanStarter | None = None,
+        models: ChatModels | None = None,
     ) -> None:
         self.store = store
         self.registries = registries
         self.events = events
         self.context = context
         self.pages = paging.Pager(store)
+        builtin = BuiltinOrchestrator(registries, plan_starter)
         # Actor provider -> the orchestrator that runs sessions of actors of that provider.
-        self.orchestrators: dict[str, Orchestrator] = {
-            BuiltinOrchestrator.provider: BuiltinOrchestrator(registries, plan_starter)
-        }
+        self.orchestrators: dict[str, Orchestrator] = {BuiltinOrchestrator.provider: builtin}
+        if models is not None:
+            self.orchestrators[ModelOrchestrator.provider] = ModelOrchestrator(
+                registries, models, builtin, self
+            )
         registries.add_referrer_source(self.referrers)
+
+    # what a model orchestrator reads and writes (model_orchestrator.SessionSide) ------
+
+    def history(self, session_id: str) -> list[session_pb2.Message]:
+        return messages(self.store, session_id)
+
+    def token_budget(self, session: session_pb2.Session) -> int:
+        config, _ = self.context.in_force(Scope(session.meta.namespace, session.project, session))
+        return config.token_budget or DEFAULT_TOKEN_BUDGET
+
+    def text(self, session: session_pb2.Session, actor: str, turn: int) -> Emit:
+        async def emit(index: int, text: str) -> None:
+            self.events.publish(
+                events_pb2.Event(
+                    namespace=session.meta.namespace,
+                    session_id=session.meta.id,
+                    session_text_delta=events_pb2.TextDelta(actor=actor, turn=turn, index=index, text=text),
+                )
+            )
+
+        return emit
 
     def referrers(self, kind: str, namespace: str, name: str) -> list[str]:
         """Sessions naming an actor (as orchestrator) or a project: they block its removal."""

@@ -76,12 +76,7 @@ def prompt(
         ) from None
     skills = [f"{name}: {text}" for name, text in setup.skills]
     context = _context(setup, inputs)
-    sections: list[str] = []
-    if setup.actor.spec.system_prompt:
-        sections.append(f"# System\n{setup.actor.spec.system_prompt}")
-    if skills:
-        sections.append("# Skills\n" + "\n\n".join(f"## {name}\n{text}" for name, text in setup.skills))
-    sections.append(f"# Context\n{context}")
+    sections = briefing(setup, context)
     if action_prompt:
         sections.append(f"# Task\n{action_prompt}")
     if corrections:
@@ -96,6 +91,17 @@ def prompt(
         corrections=list(corrections),
         full_text="\n\n".join(sections) + "\n",
     )
+
+
+def briefing(setup: PlanSetup, context: str) -> list[str]:
+    """The prompt's sections before the task: the actor's system prompt, skills, context."""
+    sections: list[str] = []
+    if setup.actor.spec.system_prompt:
+        sections.append(f"# System\n{setup.actor.spec.system_prompt}")
+    if setup.skills:
+        sections.append("# Skills\n" + "\n\n".join(f"## {name}\n{text}" for name, text in setup.skills))
+    sections.append(f"# Context\n{context}")
+    return sections
 
 
 def usage_cost(setup: PlanSetup, given: plan_pb2.GetPlanPromptResponse) -> float:
@@ -158,6 +164,8 @@ class Strategy:
     new_nodes: list[plan_pb2.DecisionNode] = field(default_factory=list)
     # Steps whose staged changes no longer count (superseded or to run again).
     discarded: set[str] = field(default_factory=set)
+    # A model actor's conversation as it is to be stored from now on (None: unchanged).
+    conversation: list[dict[str, Any]] | None = None
 
 
 def _node_id(nodes: Sequence[plan_pb2.DecisionNode]) -> str:

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from google.protobuf import json_format, timestamp_pb2
 from ulid import ULID
@@ -26,6 +26,7 @@ from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import json_schemas, paging
 from cleveragents.acp.facade.domain.events import EventLog
+from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.plans import (
     actor,
     apply,
@@ -33,6 +34,7 @@ from cleveragents.acp.facade.domain.plans import (
     invariants,
     listing,
     model,
+    model_actor,
     records,
     rollback,
     setup,
@@ -40,6 +42,8 @@ from cleveragents.acp.facade.domain.plans import (
     validations,
 )
 from cleveragents.acp.facade.domain.plans.apply import Write
+from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
+from cleveragents.acp.facade.domain.plans.model_run import EngineRun
 from cleveragents.acp.facade.domain.plans.records import PlanRecords
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
 from cleveragents.acp.facade.domain.registries import Registries
@@ -95,10 +99,12 @@ def _inputs(schema: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
 
 
 class PlanEngine:
-    def __init__(self, events: EventLog, registries: Registries) -> None:
+    def __init__(self, events: EventLog, registries: Registries, models: ChatModels | None = None) -> None:
         self.store = events.store
         self.events = events
         self.registries = registries
+        # Runs plans whose actor is a model (provider ``openai``); None: only scripted ones.
+        self.model_actor = ModelActor(registries, models) if models is not None else None
         self.records = PlanRecords(self.store)
         self.pages = paging.Pager(self.store)
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -125,6 +131,18 @@ class PlanEngine:
             plan.project,
             plan.automation_profile,
         )
+
+    def _model(self, plan_setup: setup.PlanSetup) -> ModelActor | None:
+        """The model actor when the plan's actor is a model; None for the scripted one."""
+        if not model_actor.is_model(plan_setup):
+            return None
+        if self.model_actor is None:
+            raise ACPError(
+                ErrorCode.INVALID_PARAMS,
+                f"actor {plan_setup.actor.name!r} is a model; this engine runs only scripted plans",
+                {"field": "action", "actor": plan_setup.actor.name},
+            )
+        return self.model_actor
 
     def _staging(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup | None = None) -> Staging:
         """The plan's staged view; read views need only the project's resources."""
@@ -206,6 +224,10 @@ class PlanEngine:
     def _budget_left(plan: plan_pb2.Plan) -> float | None:
         return plan.cost.budget - plan.cost.spent if plan.cost.budget else None
 
+    @staticmethod
+    def _fail(code: str, message: str) -> NoReturn:
+        raise _HaltError(model.FAILED, code, message)
+
     def _charge(self, plan: plan_pb2.Plan, amount: float, what: str) -> None:
         """Add spent cost; crossing the budget halts the plan."""
         plan.cost.spent += amount
@@ -255,6 +277,7 @@ class PlanEngine:
         steps = actor.declared_steps(action_entry.spec, values)
         for step in steps:
             setup.tool_spec(self.registries, namespace, step.tool)
+        self._model(plan_setup)
         actor.prompt(plan_setup, values, [])
         now = _now()
         plan = plan_pb2.Plan(
@@ -323,7 +346,11 @@ class PlanEngine:
                 self._strategize(plan, plan_setup)
                 self._transition(plan, model.STRATEGIZE, model.SUCCEEDED)
                 self._transition(plan, model.EXECUTE, model.RUNNING)
-            await self._steps(plan, plan_setup, cancel)
+            runner = self._model(plan_setup)
+            if runner is not None:
+                await runner.execute(EngineRun(self, plan, plan_setup, cancel))
+            else:
+                await self._steps(plan, plan_setup, cancel)
             await self._validate(plan, plan_setup, cancel)
             self._check_cancel(plan_id, cancel)
             self._transition(plan, model.EXECUTE, model.SUCCEEDED)
@@ -364,9 +391,14 @@ class PlanEngine:
 
     def _strategize(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> None:
         inputs = actor.as_dict(plan.inputs)
-        given = actor.prompt(
-            plan_setup, inputs, [c.text for c in self.records.corrections(plan.meta.id) if c.text]
-        )
+        corrections = [c.text for c in self.records.corrections(plan.meta.id) if c.text]
+        runner = self._model(plan_setup)
+        if runner is not None:
+            # A model is charged what each of its turns used, as it runs.
+            self.records.save_prompt(plan.meta.id, runner.prompt(plan_setup, inputs, corrections))
+            self._record_strategy(plan, runner.strategize(plan_setup, plan))
+            return
+        given = actor.prompt(plan_setup, inputs, corrections)
         strategy = actor.strategize(plan_setup, plan, inputs)
         self.records.save_prompt(plan.meta.id, given)
         self._record_strategy(plan, strategy)
@@ -413,7 +445,11 @@ class PlanEngine:
         steps: list[plan_pb2.PlanStep],
         step: plan_pb2.PlanStep,
         cancel: asyncio.Event,
-    ) -> None:
+        *,
+        halt: bool = True,
+    ) -> events_pb2.ToolCompleted:
+        """Run one step; a failed step halts the plan, or with ``halt`` False (a model's
+        call, whose failure goes back to the model) is recorded and returned."""
         namespace = plan.meta.namespace
         if not setup.tool_allowed(plan_setup.profile, step.tool):
             raise _HaltError(
@@ -465,6 +501,8 @@ class PlanEngine:
                 self._publish(plan, tool_completed=completed)
             if cancelled:
                 self._check_cancel(plan.meta.id, cancel)
+            if not halt:
+                return completed
             raise _HaltError(
                 model.FAILED, model.STEP_FAILED, f"step {step.id!r} ({step.tool}) failed: {failure.message}"
             )
@@ -479,6 +517,7 @@ class PlanEngine:
             self._progress(plan, steps)
             self.records.save(plan)
             self._publish(plan, tool_completed=completed)
+        return completed
 
     async def _validate(
         self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup, cancel: asyncio.Event
@@ -532,6 +571,9 @@ class PlanEngine:
             )
         plan_setup = self._setup(plan)
         corrections = self.records.corrections(plan.meta.id)
+        runner = self._model(plan_setup)
+        if runner is not None:
+            return await self._correct_model(plan, plan_setup, runner, nodes, corrections, request)
         strategy, node = actor.correct(
             nodes, self.records.steps(plan.meta.id), request, len(corrections) + 1, plan.action, plan.project
         )
@@ -560,6 +602,41 @@ class PlanEngine:
             return plan, self._node(plan.meta.id, node.id)
         self._transition(plan, model.STRATEGIZE, model.SUCCEEDED, reason="correction")
         self._transition(plan, model.EXECUTE, model.PENDING, reason="correction")
+        if plan_setup.profile.auto_execute:
+            self._start(plan)
+        return self.records.load(plan.meta.id), self._node(plan.meta.id, node.id)
+
+    async def _correct_model(
+        self,
+        plan: plan_pb2.Plan,
+        plan_setup: setup.PlanSetup,
+        runner: ModelActor,
+        nodes: list[plan_pb2.DecisionNode],
+        corrections: list[plan_pb2.CorrectPlanRequest],
+        request: plan_pb2.CorrectPlanRequest,
+    ) -> tuple[plan_pb2.Plan, plan_pb2.DecisionNode]:
+        """A model plan goes back to just before the corrected decision; the next execute asks
+        the model again with the correction in the conversation."""
+        strategy, node = runner.correct(
+            nodes,
+            self.records.steps(plan.meta.id),
+            self.records.conversation(plan.meta.id),
+            request,
+            len(corrections) + 1,
+        )
+        texts = [c.text for c in [*corrections, request] if c.text]
+        given = runner.prompt(plan_setup, actor.as_dict(plan.inputs), texts)
+        plan.ClearField("last_error")
+        with self.store.transaction():
+            self.records.add_correction(plan.meta.id, request)
+            kept = [c for c in self.records.changes(plan.meta.id) if c.step_id not in strategy.discarded]
+            self.records.save_changes(plan.meta.id, kept)
+            self.records.save_prompt(plan.meta.id, given)
+            self.records.save_conversation(plan.meta.id, strategy.conversation or [])
+            self._transition(plan, model.STRATEGIZE, model.RUNNING, reason="correction")
+            self._record_strategy(plan, strategy)
+            self._transition(plan, model.STRATEGIZE, model.SUCCEEDED, reason="correction")
+            self._transition(plan, model.EXECUTE, model.PENDING, reason="correction")
         if plan_setup.profile.auto_execute:
             self._start(plan)
         return self.records.load(plan.meta.id), self._node(plan.meta.id, node.id)

@@ -37,6 +37,8 @@ PROMPT = "plan.prompt"
 CORRECTIONS = "plan.corrections"
 CHECKPOINT = "plan.checkpoint"
 ACTION = "plan.action"
+# A model actor's conversation after its first messages: one JSON entry per message.
+CONVERSATION = "plan.conversation"
 
 # The ``journal`` attribute: where apply and rollback are in writing the project.
 JOURNAL_APPLYING = "applying"
@@ -269,3 +271,13 @@ class PlanRecords:
 
     def save_action(self, plan_id: str, action: registry_pb2.Action) -> None:
         self._rewrite(ACTION, plan_id, [action.SerializeToString()])
+
+    def conversation(self, plan_id: str) -> list[dict[str, Any]]:
+        return self._objects(CONVERSATION, plan_id, json.loads)
+
+    def add_conversation(self, plan_id: str, entries: Sequence[dict[str, Any]]) -> None:
+        if entries:
+            self.store.append_items(CONVERSATION, plan_id, [json.dumps(e).encode() for e in entries])
+
+    def save_conversation(self, plan_id: str, entries: Sequence[dict[str, Any]]) -> None:
+        self._rewrite(CONVERSATION, plan_id, [json.dumps(e).encode() for e in entries])

@@ -14,6 +14,8 @@ from cleveragents.acp.v1 import registry_pb2, specs_pb2
 
 DIRECTORY_DRIVER = "directory"
 SCRIPTED = "scripted"
+# Actors that can run a plan: the built-in scripted one and OpenAI-compatible models.
+PLAN_PROVIDERS = frozenset({SCRIPTED, "openai"})
 
 
 @dataclass(frozen=True)
@@ -65,11 +67,11 @@ def resolve(
 ) -> PlanSetup:
     project_entry = registries.fetch(registry_pb2.Project, namespace, project)
     actor = registries.fetch(registry_pb2.Actor, namespace, action.spec.actor or SCRIPTED)
-    if actor.spec.provider != SCRIPTED:
+    if actor.spec.provider not in PLAN_PROVIDERS:
         raise ACPError(
             ErrorCode.INVALID_PARAMS,
-            f"actor {actor.name!r} has provider {actor.spec.provider!r}; this server runs plans "
-            f"with the {SCRIPTED!r} provider",
+            f"actor {actor.name!r} has provider {actor.spec.provider!r}; plans run with the "
+            f"providers {', '.join(sorted(PLAN_PROVIDERS))}",
             {"field": "action", "actor": actor.name, "provider": actor.spec.provider},
         )
     skills: list[tuple[str, str]] = []

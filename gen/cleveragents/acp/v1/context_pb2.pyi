@@ -275,12 +275,17 @@ class SimulateContextRequest(_message.Message):
     PROJECT_FIELD_NUMBER: _builtins.int
     PROMPT_FIELD_NUMBER: _builtins.int
     TOKEN_BUDGET_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     session_id: _builtins.str
     project: _builtins.str
     prompt: _builtins.str
     token_budget: _builtins.int
     """Overrides the configured budget."""
+    actor: _builtins.str
+    """An actor of the namespace: its system prompt and skills are assembled first, as the
+    actor is given them, and the response prices the result at its `cost_per_1k_tokens`.
+    """
     def __init__(
         self,
         *,
@@ -289,10 +294,11 @@ class SimulateContextRequest(_message.Message):
         project: _builtins.str = ...,
         prompt: _builtins.str = ...,
         token_budget: _builtins.int = ...,
+        actor: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "project", b"project", "prompt", b"prompt", "session_id", b"session_id", "token_budget", b"token_budget"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "namespace", b"namespace", "project", b"project", "prompt", b"prompt", "session_id", b"session_id", "token_budget", b"token_budget"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -305,8 +311,16 @@ class SimulateContextResponse(_message.Message):
     ITEMS_FIELD_NUMBER: _builtins.int
     TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
     TOKEN_BUDGET_FIELD_NUMBER: _builtins.int
+    COST_PER_1K_TOKENS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_COST_FIELD_NUMBER: _builtins.int
     total_tokens: _builtins.int
+    """The token estimate of the assembled context (with `actor`: its system prompt and
+    skills included).
+    """
     token_budget: _builtins.int
+    cost_per_1k_tokens: _builtins.float
+    """With `actor`: the actor's price per 1,000 tokens, and what `total_tokens` costs at it."""
+    estimated_cost: _builtins.float
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___SimulatedItem]: ...
     def __init__(
@@ -315,10 +329,12 @@ class SimulateContextResponse(_message.Message):
         items: _abc.Iterable[Global___SimulatedItem] | None = ...,
         total_tokens: _builtins.int = ...,
         token_budget: _builtins.int = ...,
+        cost_per_1k_tokens: _builtins.float = ...,
+        estimated_cost: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "token_budget", b"token_budget", "total_tokens", b"total_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost_per_1k_tokens", b"cost_per_1k_tokens", "estimated_cost", b"estimated_cost", "items", b"items", "token_budget", b"token_budget", "total_tokens", b"total_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

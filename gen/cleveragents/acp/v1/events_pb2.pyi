@@ -298,6 +298,47 @@ class LogRecord(_message.Message):
 Global___LogRecord: _TypeAlias = LogRecord  # noqa: Y015
 
 @_typing.final
+class TextDelta(_message.Message):
+    """TextDelta is a piece of text a model wrote, sent as the model streams it (ACP 1.2). The
+    pieces of one turn, joined in sequence order, are the turn's text; the turn's outcome
+    follows as its own event (`plan.decision_made` for a plan's actor, `session.message` for a
+    session's orchestrator).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTOR_FIELD_NUMBER: _builtins.int
+    TURN_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    actor: _builtins.str
+    """The actor writing: a plan's actor, or a session's orchestrator actor."""
+    turn: _builtins.int
+    """The model turn this text belongs to, from 1: within the plan's run, or within one
+    `session.tell`.
+    """
+    index: _builtins.int
+    """Position of this piece within its turn, from 0; pieces may merge several chunks of
+    the model's stream.
+    """
+    text: _builtins.str
+    def __init__(
+        self,
+        *,
+        actor: _builtins.str = ...,
+        turn: _builtins.int = ...,
+        index: _builtins.int = ...,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "index", b"index", "text", b"text", "turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TextDelta: _TypeAlias = TextDelta  # noqa: Y015
+
+@_typing.final
 class Event(_message.Message):
     """Event is one entry of the event log. Its `type` is the payload field's name with the
     first underscore read as a dot (`plan_phase_changed` -> `plan.phase_changed`).
@@ -322,6 +363,8 @@ class Event(_message.Message):
     PLAN_ERROR_FIELD_NUMBER: _builtins.int
     SESSION_MESSAGE_FIELD_NUMBER: _builtins.int
     LOG_RECORD_FIELD_NUMBER: _builtins.int
+    PLAN_TEXT_DELTA_FIELD_NUMBER: _builtins.int
+    SESSION_TEXT_DELTA_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Global, gap-free and monotonic; resume after it with `after_sequence`."""
     type: _builtins.str
@@ -352,6 +395,14 @@ class Event(_message.Message):
     def session_message(self) -> Global___SessionMessage: ...
     @_builtins.property
     def log_record(self) -> Global___LogRecord: ...
+    @_builtins.property
+    def plan_text_delta(self) -> Global___TextDelta:
+        """Text a plan's model actor is writing (`plan.text_delta`)."""
+
+    @_builtins.property
+    def session_text_delta(self) -> Global___TextDelta:
+        """Text a session's model orchestrator is writing (`session.text_delta`)."""
+
     def __init__(
         self,
         *,
@@ -372,12 +423,14 @@ class Event(_message.Message):
         plan_error: Global___PlanError | None = ...,
         session_message: Global___SessionMessage | None = ...,
         log_record: Global___LogRecord | None = ...,
+        plan_text_delta: Global___TextDelta | None = ...,
+        session_text_delta: Global___TextDelta | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["log_record", b"log_record", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "session_message", b"session_message", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "validation_completed", b"validation_completed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["log_record", b"log_record", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "plan_text_delta", b"plan_text_delta", "session_message", b"session_message", "session_text_delta", b"session_text_delta", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "validation_completed", b"validation_completed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["log_record", b"log_record", "namespace", b"namespace", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_id", b"plan_id", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "sequence", b"sequence", "session_id", b"session_id", "session_message", b"session_message", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "type", b"type", "validation_completed", b"validation_completed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["log_record", b"log_record", "namespace", b"namespace", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_id", b"plan_id", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "plan_text_delta", b"plan_text_delta", "sequence", b"sequence", "session_id", b"session_id", "session_message", b"session_message", "session_text_delta", b"session_text_delta", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "type", b"type", "validation_completed", b"validation_completed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["plan_created", "plan_phase_changed", "plan_state_changed", "plan_decision_made", "tool_invoked", "tool_completed", "validation_completed", "plan_apply_completed", "plan_error", "session_message", "log_record"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["plan_created", "plan_phase_changed", "plan_state_changed", "plan_decision_made", "tool_invoked", "tool_completed", "validation_completed", "plan_apply_completed", "plan_error", "session_message", "log_record", "plan_text_delta", "session_text_delta"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 

@@ -120,18 +120,22 @@ class Cost(_message.Message):
 
     SPENT_FIELD_NUMBER: _builtins.int
     BUDGET_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
     spent: _builtins.float
     budget: _builtins.float
     """0 means no budget."""
+    tokens: _builtins.int
+    """Tokens the plan's actor used (a model's reported usage, else the estimate)."""
     def __init__(
         self,
         *,
         spent: _builtins.float = ...,
         budget: _builtins.float = ...,
+        tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "spent", b"spent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "spent", b"spent", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -922,6 +926,8 @@ class GetPlanPromptResponse(_message.Message):
     ACTION_PROMPT_FIELD_NUMBER: _builtins.int
     CORRECTIONS_FIELD_NUMBER: _builtins.int
     FULL_TEXT_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
     system: _builtins.str
     context: _builtins.str
     action_prompt: _builtins.str
@@ -931,6 +937,14 @@ class GetPlanPromptResponse(_message.Message):
     def skills(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def corrections(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___PromptMessage]:
+        """A model actor: the chat messages it was first sent (`system`, then `user`)."""
+
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """A model actor: the tools it was offered as functions (ACP tool names)."""
+
     def __init__(
         self,
         *,
@@ -940,14 +954,40 @@ class GetPlanPromptResponse(_message.Message):
         action_prompt: _builtins.str = ...,
         corrections: _abc.Iterable[_builtins.str] | None = ...,
         full_text: _builtins.str = ...,
+        messages: _abc.Iterable[Global___PromptMessage] | None = ...,
+        tools: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_prompt", b"action_prompt", "context", b"context", "corrections", b"corrections", "full_text", b"full_text", "skills", b"skills", "system", b"system"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_prompt", b"action_prompt", "context", b"context", "corrections", b"corrections", "full_text", b"full_text", "messages", b"messages", "skills", b"skills", "system", b"system", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetPlanPromptResponse: _TypeAlias = GetPlanPromptResponse  # noqa: Y015
+
+@_typing.final
+class PromptMessage(_message.Message):
+    """PromptMessage is one chat message sent to a model actor."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    role: _builtins.str
+    content: _builtins.str
+    def __init__(
+        self,
+        *,
+        role: _builtins.str = ...,
+        content: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PromptMessage: _TypeAlias = PromptMessage  # noqa: Y015
 
 @_typing.final
 class RollbackPlanRequest(_message.Message):

@@ -1,0 +1,94 @@
+"""``EngineRun``: the engine's side of a model actor's run (``model_actor.PlanRun``): the plan's
+records, its events and the engine's step runner, budget and cancel checks, for one run.
+
+Every state change goes through the engine's own methods, so a model plan's steps, decisions,
+costs and halts are recorded and published exactly as a scripted plan's are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from cleveragents.acp.facade.domain.models.deltas import Emit
+from cleveragents.acp.facade.domain.plans import actor
+from cleveragents.acp.facade.domain.plans.setup import PlanSetup
+from cleveragents.acp.facade.domain.registries.specs import DEFAULT_MAX_STEPS
+from cleveragents.acp.v1 import events_pb2, plan_pb2
+
+if TYPE_CHECKING:
+    from cleveragents.acp.facade.domain.plans.engine import PlanEngine
+
+
+class EngineRun:
+    def __init__(
+        self, engine: PlanEngine, plan: plan_pb2.Plan, plan_setup: PlanSetup, cancel: asyncio.Event
+    ) -> None:
+        self.engine = engine
+        self.plan = plan
+        self.setup = plan_setup
+        self.cancel = cancel
+        self._id = plan.meta.id
+        self._staging = engine._staging(plan, plan_setup)
+        self._nodes = engine.records.nodes(self._id)
+        self._steps = engine.records.steps(self._id)
+
+    def prompt(self) -> plan_pb2.GetPlanPromptResponse:
+        given = self.engine.records.prompt(self._id)
+        if given is None:
+            raise RuntimeError(f"plan {self._id} runs without a recorded prompt")
+        return given
+
+    def conversation(self) -> list[dict[str, Any]]:
+        return self.engine.records.conversation(self._id)
+
+    def nodes(self) -> list[plan_pb2.DecisionNode]:
+        return self._nodes
+
+    def steps(self) -> list[plan_pb2.PlanStep]:
+        return self._steps
+
+    def step_limit(self) -> tuple[int, str]:
+        given = self.setup.profile.max_steps
+        return (given, "the automation profile allows") if given else (DEFAULT_MAX_STEPS, "the default is")
+
+    def check_cancel(self) -> None:
+        self.engine._check_cancel(self._id, self.cancel)
+
+    def stop(self, code: str, message: str) -> NoReturn:
+        self.engine._fail(code, message)
+
+    def text(self, turn: int) -> Emit:
+        name = self.setup.actor.name
+
+        async def emit(index: int, text: str) -> None:
+            delta = events_pb2.TextDelta(actor=name, turn=turn, index=index, text=text)
+            self.engine._publish(self.plan, plan_text_delta=delta)
+
+        return emit
+
+    async def charge(self, cost: float, tokens: int, what: str) -> None:
+        self.plan.cost.tokens += tokens
+        try:
+            self.engine._charge(self.plan, cost, what)
+        finally:
+            self.engine.records.save(self.plan)
+
+    async def decide(
+        self,
+        nodes: Sequence[plan_pb2.DecisionNode],
+        steps: Sequence[plan_pb2.PlanStep],
+        entry: dict[str, Any],
+    ) -> None:
+        with self.engine.store.transaction():
+            self.engine._record_strategy(self.plan, actor.Strategy(self._nodes, self._steps, list(nodes)))
+            self.engine.records.add_conversation(self._id, [entry])
+
+    async def remember(self, entry: dict[str, Any]) -> None:
+        self.engine.records.add_conversation(self._id, [entry])
+
+    async def run_step(self, step: plan_pb2.PlanStep) -> events_pb2.ToolCompleted:
+        return await self.engine._step(
+            self.plan, self.setup, self._staging, self._steps, step, self.cancel, halt=False
+        )

@@ -14,7 +14,17 @@ from cleveragents.acp.facade.domain.models.client import NO_KEY, ChatModels
 from cleveragents.acp.facade.domain.models.failures import ModelCancelledError, ModelError
 from cleveragents.acp.facade.domain.models.settings import ModelSettings
 from cleveragents.acp.v1 import specs_pb2
-from tests.fake_openai import FakeOpenAI, Hang, Stream, chunk, error, tool_call_chunks, turn, usage
+from tests.fake_openai import (
+    FakeOpenAI,
+    Hang,
+    Stream,
+    chunk,
+    error,
+    eventually,
+    tool_call_chunks,
+    turn,
+    usage,
+)
 
 KEY = "sk-test-0123456789abcdef-secret"
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -282,17 +292,13 @@ async def test_cancel_stops_a_streaming_answer_within_a_second(fake: FakeOpenAI,
     pieces = Pieces()
     cancel = asyncio.Event()
     call = asyncio.ensure_future(models.stream("a", actor(fake), MESSAGES, [], pieces, cancel=cancel))
-    async with asyncio.timeout(10):
-        while not pieces.items:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: pieces.items)
     started = time.monotonic()
     cancel.set()
     with pytest.raises(ModelCancelledError):
         await call
     assert time.monotonic() - started < 1
-    async with asyncio.timeout(5):
-        while fake.dropped == 0:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: fake.dropped)
     assert len(pieces.items) < 50
 
 

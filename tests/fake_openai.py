@@ -159,6 +159,17 @@ _REASONS = {
 }
 
 
+async def eventually(check: Callable[[], object], seconds: float = 10.0) -> None:
+    """Wait (bounded) until ``check()`` is true."""
+    deadline = time.monotonic() + seconds
+    for _ in itertools.count():
+        if check():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"still not true after {seconds} s")
+        await asyncio.sleep(0.01)
+
+
 class FakeOpenAI:
     def __init__(self) -> None:
         self.script: deque[Answer] = deque()
@@ -283,7 +294,8 @@ class FakeOpenAI:
             self.busy_seconds += time.perf_counter() - started
             return True
         writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+            b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
         )
         busy = time.perf_counter() - started
         if answer.first_delay:

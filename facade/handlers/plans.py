@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.facade.domain.plans import model
 from cleveragents.acp.facade.domain.plans.engine import PlanEngine
 from cleveragents.acp.facade.handlers.table import handles
 from cleveragents.acp.v1 import plan_pb2
 
 
-def _explain(plan: plan_pb2.Plan, nodes: list[plan_pb2.DecisionNode]) -> str:
-    """The tree as indented text, children under parents, superseded branches marked."""
+def _explain(plan: plan_pb2.Plan, nodes: list[plan_pb2.DecisionNode], steps: list[plan_pb2.PlanStep]) -> str:
+    """The tree as indented text, children under parents, superseded branches marked, each
+    decision with the steps it produced."""
     lines = [f"Plan {plan.meta.id}: action {plan.action!r} on project {plan.project!r}"]
+    by_id = {step.id: step for step in steps}
     children: dict[str, list[plan_pb2.DecisionNode]] = {}
     for node in nodes:
         children.setdefault(node.parent_id, []).append(node)
@@ -26,6 +29,10 @@ def _explain(plan: plan_pb2.Plan, nodes: list[plan_pb2.DecisionNode]) -> str:
             lines.append(f"{pad}  because: {node.rationale}")
             if node.correction:
                 lines.append(f"{pad}  correction: {node.correction}")
+            made = [by_id[i] for i in node.step_ids if i in by_id]
+            if made:
+                shown = ", ".join(f"{s.id} ({s.tool}, {model.state_name(s.state)})" for s in made)
+                lines.append(f"{pad}  steps: {shown}")
             walk(node.id, depth + 1)
 
     walk("", 0)
@@ -83,7 +90,8 @@ class PlanHandlers:
     ) -> plan_pb2.ExplainPlanResponse:
         plan = self.engine.load(ctx, request.plan_id)
         nodes = self.engine.records.nodes(plan.meta.id)
-        return plan_pb2.ExplainPlanResponse(text=_explain(plan, nodes), decisions=nodes)
+        steps = self.engine.records.steps(plan.meta.id)
+        return plan_pb2.ExplainPlanResponse(text=_explain(plan, nodes, steps), decisions=nodes)
 
     @handles("plan.correct")
     async def CorrectPlan(

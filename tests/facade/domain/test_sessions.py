@@ -138,7 +138,7 @@ async def test_tell_needs_an_orchestrating_provider(client: ACPClient) -> None:
     err = await error_of(client, "session.tell", session_id=session.meta.id, content="/help")
     assert err.code == "INVALID_STATE"
     assert err.details["provider"] == "scripted"
-    assert err.details["orchestrating_providers"] == ["orchestrator"]
+    assert err.details["orchestrating_providers"] == ["openai", "orchestrator"]
     shown = await client.call("session.show", session_id=session.meta.id)
     assert isinstance(shown, session_pb2.GetSessionResponse)
     assert shown.session.message_count == 0

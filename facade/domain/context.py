@@ -367,9 +367,18 @@ class Context:
         config, _ = self.in_force(scope)
         budget = req.token_budget or config.token_budget or DEFAULT_TOKEN_BUDGET
         fill = _Fill(budget, self.counter)
+        rate = 0.0
+        given: set[str] = set()
+        if req.actor:
+            actor = self.registries.fetch(registry_pb2.Actor, scope.namespace, req.actor)
+            rate = actor.spec.cost_per_1k_tokens
+            self._actor_candidates(fill, scope.namespace, actor)
+            given.update(actor.spec.skills)
         if req.prompt:
             fill.add(_Candidate("prompt", "prompt", req.prompt, "the prompt is placed first"))
         for name in config.skills:
+            if name in given:
+                continue
             skill = self.registries.find("skill", scope.namespace, name)
             if isinstance(skill, registry_pb2.Skill):
                 fill.add(_Candidate(f"skill:{name}", "skill", skill.spec.instructions))
@@ -378,9 +387,35 @@ class Context:
         for source in config.sources:
             for candidate in await self._source_candidates(scope.namespace, source):
                 fill.add(candidate)
-        return context_pb2.SimulateContextResponse(
+        response = context_pb2.SimulateContextResponse(
             items=fill.items, total_tokens=fill.used, token_budget=budget
         )
+        if req.actor:
+            response.cost_per_1k_tokens = rate
+            response.estimated_cost = fill.used / 1000 * rate
+        return response
+
+    def _actor_candidates(self, fill: _Fill, namespace: str, actor: registry_pb2.Actor) -> None:
+        """What the actor itself is given before the context: its system prompt and skills."""
+        if actor.spec.system_prompt:
+            fill.add(
+                _Candidate(
+                    f"actor:{actor.name}",
+                    "system",
+                    actor.spec.system_prompt,
+                    "the actor's system prompt comes first",
+                )
+            )
+        for name in actor.spec.skills:
+            skill = self.registries.find("skill", namespace, name)
+            if isinstance(skill, registry_pb2.Skill):
+                fill.add(
+                    _Candidate(f"skill:{name}", "skill", skill.spec.instructions, "a skill of the actor")
+                )
+            else:
+                fill.add(
+                    _Candidate(f"skill:{name}", "skill", None, "the actor's skill is no longer registered")
+                )
 
     async def _source_candidates(self, namespace: str, source: context_pb2.ContextSource) -> list[_Candidate]:
         resource_id = f"resource:{source.resource}"

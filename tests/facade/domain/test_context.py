@@ -261,6 +261,50 @@ async def test_simulate_reports_every_item(client: ACPClient, folder: pathlib.Pa
     assert [i.kind for i in result.items][:3] == ["prompt", "skill", "file"]
 
 
+async def test_simulate_for_an_actor_counts_its_prompt_and_prices_the_result(
+    client: ACPClient, folder: pathlib.Path
+) -> None:
+    await add_project(client, "web", folder)
+    await client.call("skill.add", name="tone", spec={"instructions": "Be brief."})
+    await client.call("skill.add", name="style", spec={"instructions": "Use plain words, short sentences."})
+    system = "You review web projects."
+    await client.call(
+        "actor.add",
+        name="reviewer",
+        spec={
+            "provider": "openai",
+            "model": "m",
+            "base_url": "http://127.0.0.1:1/v1",
+            "system_prompt": system,
+            "skills": ["style", "tone"],
+            "cost_per_1k_tokens": 2.5,
+        },
+    )
+    await client.call(
+        "context.set", project="web", config={"sources": [{"resource": "web-src"}], "skills": ["tone"]}
+    )
+    prompt = "Explain the project."
+    result = await simulate(client, project="web", prompt=prompt, actor="reviewer")
+    ids = [i.id for i in result.items]
+    assert ids[:4] == ["actor:reviewer", "skill:style", "skill:tone", "prompt"]
+    assert ids.count("skill:tone") == 1
+    assert result.items[0].kind == "system"
+    assert result.items[0].tokens == tokens(system)
+    plain = await simulate(client, project="web", prompt=prompt)
+    extra = tokens(system) + tokens("Use plain words, short sentences.")
+    assert result.total_tokens == plain.total_tokens + extra
+    assert result.cost_per_1k_tokens == 2.5
+    assert result.estimated_cost == pytest.approx(result.total_tokens / 1000 * 2.5)
+    assert plain.estimated_cost == 0
+    err = await error_of(client, "context.simulate", project="web", actor="nobody")
+    assert err.code == "NOT_FOUND"
+    older = ACPClient(client.transport, acp_version="1.1")
+    old = await error_of(older, "context.simulate", project="web", actor="reviewer")
+    assert (old.code, old.details["field"]) == ("VERSION_MISMATCH", "actor")
+    answered = await older.call("context.simulate", project="web", prompt=prompt)
+    assert isinstance(answered, context_pb2.SimulateContextResponse)
+
+
 async def test_simulate_budgets(client: ACPClient, folder: pathlib.Path) -> None:
     await add_project(client, "web", folder)
     session = await create(client, project="web")

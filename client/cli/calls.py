@@ -25,13 +25,13 @@ from typing import Any, TextIO
 from google.protobuf import message
 
 from cleveragents.acp.client.acp_client import ACPClient
-from cleveragents.acp.client.cli import operations, render
+from cleveragents.acp.client.cli import live, operations, render
 from cleveragents.acp.client.cli.connect import ConfigError, Connection, add_options, option, resolve
 from cleveragents.acp.contract import catalog, codec, envelope, errors, versions
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.contract.transport import CallOptions
-from cleveragents.acp.v1 import events_pb2, plan_pb2
+from cleveragents.acp.v1 import events_pb2, plan_pb2, session_pb2
 
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 12
@@ -212,10 +212,14 @@ async def _progress(client: ACPClient, conn: Connection, plan_id: str, err: Text
     """A live display of a plan's run on stderr (a terminal), fed by the event stream."""
     op = catalog.OPERATIONS["events.subscribe"]
     request = events_pb2.SubscribeEventsRequest(plan_id=plan_id)
+    lines = live.TextLines(err, prefix="  model> ")
     async for item in await client.transport.open_stream(op, request, call_options(conn)):
         assert isinstance(item, events_pb2.SubscribeEventsResponse)
-        err.write(f"  {render.event_line(item.event)}\n")
-        err.flush()
+        delta = live.plan_text(item.event)
+        if delta is not None:
+            lines.delta("plan", delta.turn, delta.text)
+            continue
+        lines.line(f"  {render.event_line(item.event)}")
         if ends_run(item.event):
             return
 
@@ -370,9 +374,20 @@ async def watch(client: ACPClient, conn: Connection, args: argparse.Namespace) -
 
 
 async def chat(client: ACPClient, conn: Connection, args: argparse.Namespace) -> int:
-    """Read lines, tell each to the session, print the replies; /quit or end of input ends.
-    A refused message is reported and the conversation goes on."""
-    await client.call("session.show", session_id=args.session_id)
+    """Read lines, tell each to the session, print the replies (a model orchestrator's text
+    as it streams); /quit or end of input ends. A refused message is reported and the
+    conversation goes on."""
+    shown = await client.call("session.show", session_id=args.session_id)
+    first = shown.session.message_count  # type: ignore[attr-defined]
+    replies = live.LiveReplies(client, args.session_id, first, sys.stdout)
+    await replies.start()
+    try:
+        return await _converse(client, args, replies)
+    finally:
+        await replies.stop()
+
+
+async def _converse(client: ACPClient, args: argparse.Namespace, replies: live.LiveReplies) -> int:
     interactive = sys.stdin.isatty()
     if interactive:
         sys.stdout.write("Type a message; /help asks the orchestrator, /quit ends.\n")
@@ -394,7 +409,9 @@ async def chat(client: ACPClient, conn: Connection, args: argparse.Namespace) ->
                 raise
             sys.stderr.write(f"{exc.code}: {exc.message}\n")
             continue
-        render.human(response, sys.stdout, color=sys.stdout.isatty())
+        assert isinstance(response, session_pb2.TellSessionResponse)
+        rest = await replies.settle(response)
+        render.human(session_pb2.TellSessionResponse(replies=rest), sys.stdout, color=sys.stdout.isatty())
         sys.stdout.flush()
 
 

@@ -40,6 +40,8 @@ GOALS = {
     "event_latency_p99_ms": Goal(5, at_most=True),
     "rss_mib_10k_sessions": Goal(200, at_most=True),
     "noisy_neighbour_p99_ms": Goal(20, at_most=True),
+    "llm_turn_overhead_ms": Goal(2, at_most=True),
+    "delta_event_latency_p99_ms": Goal(5, at_most=True),
 }
 
 # Every figure a complete run reports, in the order of the table.
@@ -61,6 +63,8 @@ FIGURES = [
     "plan_flow_per_s",
     "rss_mib_10k_sessions",
     "noisy_neighbour_p99_ms",
+    "llm_turn_overhead_ms",
+    "delta_event_latency_p99_ms",
 ]
 
 _PACKAGES = ["cleveragents-acp", "grpcio", "protobuf", "fastapi", "starlette", "uvicorn", "orjson", "httpx"]

@@ -305,7 +305,12 @@ class FakeOpenAI:
             if index and answer.delay:
                 await asyncio.sleep(answer.delay)
             mark = time.perf_counter()
-            data = item if isinstance(item, str) else json.dumps(item)
+            # Raw chunks may carry {now}: the time they are written (benchmarks).
+            data = (
+                item.replace("{now}", str(time.perf_counter_ns()))
+                if isinstance(item, str)
+                else json.dumps(item)
+            )
             frame = f"data: {data}\n\n".encode()
             writer.write(b"%x\r\n%s\r\n" % (len(frame), frame))
             await writer.drain()

@@ -69,11 +69,10 @@ class EngineRun:
         return emit
 
     async def charge(self, cost: float, tokens: int, what: str) -> None:
+        """Add a turn's usage; the plan is saved with the turn's decisions (``decide``), or by
+        the halt when it crosses the budget."""
         self.plan.cost.tokens += tokens
-        try:
-            self.engine._charge(self.plan, cost, what)
-        finally:
-            self.engine.records.save(self.plan)
+        self.engine._charge(self.plan, cost, what)
 
     async def decide(
         self,

@@ -277,7 +277,8 @@ class PlanEngine:
         steps = actor.declared_steps(action_entry.spec, values)
         for step in steps:
             setup.tool_spec(self.registries, namespace, step.tool)
-        self._model(plan_setup)
+        # A model chooses its own steps: the declared ones are the scripted actor's.
+        planned = 0 if self._model(plan_setup) is not None else len(steps)
         actor.prompt(plan_setup, values, [])
         now = _now()
         plan = plan_pb2.Plan(
@@ -288,7 +289,7 @@ class PlanEngine:
             inputs=actor.struct(values),
             phase=model.STRATEGIZE,
             state=model.PENDING,
-            progress=plan_pb2.Progress(done=0, total=len(steps)),
+            progress=plan_pb2.Progress(done=0, total=planned),
             cost=plan_pb2.Cost(spent=0, budget=plan_setup.profile.cost_budget),
             automation_profile=profile_name,
         )

@@ -35,6 +35,7 @@ from cleveragents.acp.facade.domain.plans import (
     listing,
     model,
     model_actor,
+    model_run,
     records,
     rollback,
     setup,
@@ -43,7 +44,6 @@ from cleveragents.acp.facade.domain.plans import (
 )
 from cleveragents.acp.facade.domain.plans.apply import Write
 from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
-from cleveragents.acp.facade.domain.plans.model_run import EngineRun
 from cleveragents.acp.facade.domain.plans.records import PlanRecords
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
 from cleveragents.acp.facade.domain.registries import Registries
@@ -349,7 +349,7 @@ class PlanEngine:
                 self._transition(plan, model.EXECUTE, model.RUNNING)
             runner = self._model(plan_setup)
             if runner is not None:
-                await runner.execute(EngineRun(self, plan, plan_setup, cancel))
+                await runner.execute(model_run.EngineRun(self, plan, plan_setup, cancel))
             else:
                 await self._steps(plan, plan_setup, cancel)
             await self._validate(plan, plan_setup, cancel)
@@ -574,7 +574,7 @@ class PlanEngine:
         corrections = self.records.corrections(plan.meta.id)
         runner = self._model(plan_setup)
         if runner is not None:
-            return await self._correct_model(plan, plan_setup, runner, nodes, corrections, request)
+            return await model_run.correct(self, plan, plan_setup, runner, nodes, corrections, request)
         strategy, node = actor.correct(
             nodes, self.records.steps(plan.meta.id), request, len(corrections) + 1, plan.action, plan.project
         )
@@ -603,41 +603,6 @@ class PlanEngine:
             return plan, self._node(plan.meta.id, node.id)
         self._transition(plan, model.STRATEGIZE, model.SUCCEEDED, reason="correction")
         self._transition(plan, model.EXECUTE, model.PENDING, reason="correction")
-        if plan_setup.profile.auto_execute:
-            self._start(plan)
-        return self.records.load(plan.meta.id), self._node(plan.meta.id, node.id)
-
-    async def _correct_model(
-        self,
-        plan: plan_pb2.Plan,
-        plan_setup: setup.PlanSetup,
-        runner: ModelActor,
-        nodes: list[plan_pb2.DecisionNode],
-        corrections: list[plan_pb2.CorrectPlanRequest],
-        request: plan_pb2.CorrectPlanRequest,
-    ) -> tuple[plan_pb2.Plan, plan_pb2.DecisionNode]:
-        """A model plan goes back to just before the corrected decision; the next execute asks
-        the model again with the correction in the conversation."""
-        strategy, node = runner.correct(
-            nodes,
-            self.records.steps(plan.meta.id),
-            self.records.conversation(plan.meta.id),
-            request,
-            len(corrections) + 1,
-        )
-        texts = [c.text for c in [*corrections, request] if c.text]
-        given = runner.prompt(plan_setup, actor.as_dict(plan.inputs), texts)
-        plan.ClearField("last_error")
-        with self.store.transaction():
-            self.records.add_correction(plan.meta.id, request)
-            kept = [c for c in self.records.changes(plan.meta.id) if c.step_id not in strategy.discarded]
-            self.records.save_changes(plan.meta.id, kept)
-            self.records.save_prompt(plan.meta.id, given)
-            self.records.save_conversation(plan.meta.id, strategy.conversation or [])
-            self._transition(plan, model.STRATEGIZE, model.RUNNING, reason="correction")
-            self._record_strategy(plan, strategy)
-            self._transition(plan, model.STRATEGIZE, model.SUCCEEDED, reason="correction")
-            self._transition(plan, model.EXECUTE, model.PENDING, reason="correction")
         if plan_setup.profile.auto_execute:
             self._start(plan)
         return self.records.load(plan.meta.id), self._node(plan.meta.id, node.id)

@@ -1,5 +1,6 @@
-"""``EngineRun``: the engine's side of a model actor's run (``model_actor.PlanRun``): the plan's
-records, its events and the engine's step runner, budget and cancel checks, for one run.
+"""The engine's side of a model plan: ``EngineRun`` (``model_actor.PlanRun``: the plan's records,
+its events and the engine's step runner, budget and cancel checks, for one run) and
+``correct`` (``plan.correct`` of a model plan).
 
 Every state change goes through the engine's own methods, so a model plan's steps, decisions,
 costs and halts are recorded and published exactly as a scripted plan's are.
@@ -12,13 +13,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from cleveragents.acp.facade.domain.models.deltas import Emit
-from cleveragents.acp.facade.domain.plans import actor
+from cleveragents.acp.facade.domain.plans import actor, model
 from cleveragents.acp.facade.domain.plans.setup import PlanSetup
 from cleveragents.acp.facade.domain.registries.specs import DEFAULT_MAX_STEPS
 from cleveragents.acp.v1 import events_pb2, plan_pb2
 
 if TYPE_CHECKING:
     from cleveragents.acp.facade.domain.plans.engine import PlanEngine
+    from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
 
 
 class EngineRun:
@@ -91,3 +93,38 @@ class EngineRun:
         return await self.engine._step(
             self.plan, self.setup, self._staging, self._steps, step, self.cancel, halt=False
         )
+
+
+async def correct(
+    engine: PlanEngine,
+    plan: plan_pb2.Plan,
+    plan_setup: PlanSetup,
+    runner: ModelActor,
+    nodes: list[plan_pb2.DecisionNode],
+    corrections: list[plan_pb2.CorrectPlanRequest],
+    request: plan_pb2.CorrectPlanRequest,
+) -> tuple[plan_pb2.Plan, plan_pb2.DecisionNode]:
+    """``plan.correct`` of a model plan: it goes back to just before the corrected decision
+    (decisions, steps, staged changes and conversation), and the next execute asks the model
+    again with the correction in the conversation."""
+    records = engine.records
+    plan_id = plan.meta.id
+    strategy, node = runner.correct(
+        nodes, records.steps(plan_id), records.conversation(plan_id), request, len(corrections) + 1
+    )
+    texts = [c.text for c in [*corrections, request] if c.text]
+    given = runner.prompt(plan_setup, actor.as_dict(plan.inputs), texts)
+    plan.ClearField("last_error")
+    with engine.store.transaction():
+        records.add_correction(plan_id, request)
+        kept = [c for c in records.changes(plan_id) if c.step_id not in strategy.discarded]
+        records.save_changes(plan_id, kept)
+        records.save_prompt(plan_id, given)
+        records.save_conversation(plan_id, strategy.conversation or [])
+        engine._transition(plan, model.STRATEGIZE, model.RUNNING, reason="correction")
+        engine._record_strategy(plan, strategy)
+        engine._transition(plan, model.STRATEGIZE, model.SUCCEEDED, reason="correction")
+        engine._transition(plan, model.EXECUTE, model.PENDING, reason="correction")
+    if plan_setup.profile.auto_execute:
+        engine._start(plan)
+    return records.load(plan_id), engine._node(plan_id, node.id)

@@ -73,34 +73,45 @@ def prepare(artifacts: Sequence[StagedArtifact], resources: Mapping[str, Resourc
                 f"resource {root.name!r} is read-only",
                 {"field": "resource", "resource": root.name},
             )
-        base = paths.real_root(root.root)
-        target, canonical = paths.resolve(base, artifact.path)
-        if canonical != artifact.path:
+        try:
+            writes.append(_prepare_one(artifact, root))
+        except OSError as exc:
             raise ACPError(
                 ErrorCode.INVALID_PARAMS,
-                f"{artifact.path!r} now resolves to {canonical!r} (a symlink changed)",
-                {"field": "path", "path": artifact.path},
-            )
-        if target.exists() and not target.is_file():
-            raise ACPError(
-                ErrorCode.INVALID_PARAMS,
-                f"{artifact.path!r} is not a regular file in the project",
-                {"field": "path", "path": artifact.path},
-            )
-        existed = target.is_file()
-        entry = CheckpointEntry(
-            resource=root.name,
-            root=str(base),
-            path=canonical,
-            existed=existed,
-            mode=stat.S_IMODE(target.stat().st_mode) if existed else None,
-            pre=target.read_bytes() if existed else None,
-            post_exists=artifact.content is not None,
-            post_sha256=_digest(artifact.content),
-            created_dirs=_missing_dirs(base, target) if artifact.content is not None else [],
-        )
-        writes.append(Write(entry, target, artifact.content))
+                f"{artifact.path!r} cannot be written in resource {root.name!r}: {exc.strerror or exc}",
+                {"field": "path", "path": artifact.path, "resource": root.name},
+            ) from None
     return writes
+
+
+def _prepare_one(artifact: StagedArtifact, root: ResourceRoot) -> Write:
+    base = paths.real_root(root.root)
+    target, canonical = paths.resolve(base, artifact.path)
+    if canonical != artifact.path:
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"{artifact.path!r} now resolves to {canonical!r} (a symlink changed)",
+            {"field": "path", "path": artifact.path},
+        )
+    if target.exists() and not target.is_file():
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"{artifact.path!r} is not a regular file in the project",
+            {"field": "path", "path": artifact.path},
+        )
+    existed = target.is_file()
+    entry = CheckpointEntry(
+        resource=root.name,
+        root=str(base),
+        path=canonical,
+        existed=existed,
+        mode=stat.S_IMODE(target.stat().st_mode) if existed else None,
+        pre=target.read_bytes() if existed else None,
+        post_exists=artifact.content is not None,
+        post_sha256=_digest(artifact.content),
+        created_dirs=_missing_dirs(base, target) if artifact.content is not None else [],
+    )
+    return Write(entry, target, artifact.content)
 
 
 def _default_mode() -> int:
@@ -118,10 +129,16 @@ def _sync_dir(folder: pathlib.Path) -> None:
             os.close(fd)
 
 
+def _temp_prefix(name: str) -> str:
+    """Temp files are named by a digest of the target's name, so a 255-byte name still
+    leaves room for the mark (and recovery finds a target's temps by the same digest)."""
+    return f"{_TEMP_MARK}{hashlib.sha256(name.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}-"
+
+
 def write_atomic(target: pathlib.Path, content: bytes, mode: int | None) -> None:
     """Temp file beside the target, synced, then renamed over it: a reader (or a crash)
     sees the old file or the new one, never half of one."""
-    temp = target.parent / f".{target.name}{_TEMP_MARK}{secrets.token_hex(4)}"
+    temp = target.parent / f"{_temp_prefix(target.name)}{secrets.token_hex(4)}"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -169,7 +186,7 @@ def write_all(writes: Sequence[Write]) -> None:
 def _clean_temps(target: pathlib.Path) -> None:
     if not target.parent.is_dir():
         return
-    for stray in target.parent.glob(f".{target.name}{_TEMP_MARK}*"):
+    for stray in target.parent.glob(f"{_temp_prefix(target.name)}*"):
         with contextlib.suppress(OSError):
             stray.unlink()
 

@@ -14,6 +14,14 @@ from dataclasses import dataclass
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
+# A name longer than this is refused by every common file system (NAME_MAX).
+MAX_COMPONENT_BYTES = 255
+# A relative path longer than this is refused: with the resource folder in front it
+# stays well under PATH_MAX (4096), and no diff header or listing grows without bound.
+MAX_PATH_BYTES = 1024
+# C0 controls and DEL: a newline in a name would forge diff headers and listings.
+_CONTROL = frozenset(chr(code) for code in (*range(0x20), 0x7F))
+
 
 @dataclass(frozen=True)
 class ResourceRoot:
@@ -29,9 +37,16 @@ def _invalid(message: str, field: str, path: str) -> ACPError:
 
 
 def normalize(path: str, *, field: str = "path", allow_root: bool = False) -> str:
-    """The path without ``.`` segments, doubled or trailing slashes; ``""`` is the root."""
-    if "\x00" in path:
-        raise _invalid("path contains a NUL character", field, path)
+    """The path without ``.`` segments, doubled or trailing slashes; ``""`` is the root.
+
+    Refused (INVALID_PARAMS): control characters, backslashes (a Windows separator that
+    POSIX keeps in a name), a name over 255 bytes, a path over 1024 bytes."""
+    if not _CONTROL.isdisjoint(path):
+        raise _invalid("path contains a control character", field, path)
+    if "\\" in path:
+        raise _invalid("path contains a backslash; separate folders with '/'", field, path)
+    if len(path.encode("utf-8", errors="surrogatepass")) > MAX_PATH_BYTES:
+        raise _invalid(f"path is longer than {MAX_PATH_BYTES} bytes", field, path[:64])
     if path.startswith("/") or pathlib.PureWindowsPath(path).drive:
         raise _invalid(f"path {path!r} is absolute; give a path relative to the resource", field, path)
     parts = [part for part in path.split("/") if part not in ("", ".")]
@@ -39,6 +54,9 @@ def normalize(path: str, *, field: str = "path", allow_root: bool = False) -> st
         raise _invalid(f"path {path!r} climbs out with '..'", field, path)
     if not parts and not allow_root:
         raise _invalid("path names no file", field, path)
+    for part in parts:
+        if len(part.encode("utf-8", errors="surrogatepass")) > MAX_COMPONENT_BYTES:
+            raise _invalid(f"a name in the path is longer than {MAX_COMPONENT_BYTES} bytes", field, path)
     return "/".join(parts)
 
 

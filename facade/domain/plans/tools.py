@@ -202,5 +202,22 @@ async def run_command(
             f"tool {name!r} changed files of read-only resource {root.name!r}",
             result,
         )
+    for path in changed:
+        _check_produced(name, root, path, result)
     changes = [Change(step_id, root.name, path, content) for path, content in changed.items()]
     return ToolResult(result, changes)
+
+
+def _check_produced(name: str, root: paths.ResourceRoot, path: str, result: Mapping[str, Any]) -> None:
+    """A file a command made must have a name a built-in tool could have staged: no
+    control characters or backslashes, bounded, not through a symlink out of the folder."""
+    try:
+        _, canonical = paths.resolve(root.root, path)
+    except ACPError as exc:
+        raise StepError(
+            _INVALID, f"tool {name!r} made a file the project cannot hold: {exc.message}", result
+        ) from None
+    if canonical != path:
+        raise StepError(
+            _INVALID, f"tool {name!r} made {path!r}, which is {canonical!r} in the project", result
+        )

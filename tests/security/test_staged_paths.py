@@ -1,0 +1,125 @@
+"""Issue 17 findings 7 and 10: file names a plan may stage are bounded and plain, and
+apply answers a path the file system refuses with INVALID_PARAMS, never a 500."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from cleveragents.acp.client.acp_client import ACPClient
+from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.facade.domain.plans import apply
+from cleveragents.acp.facade.domain.plans.paths import ResourceRoot
+from cleveragents.acp.facade.domain.plans.staging import StagedArtifact
+from cleveragents.acp.v1 import plan_pb2
+from tests.facade.plans.helpers import PY, add_action, add_command_tool, add_profile, add_project, run, use
+
+
+@pytest.fixture
+async def project(client: ACPClient, tmp_path: pathlib.Path) -> pathlib.Path:
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    await add_project(client, folder)
+    return folder
+
+
+def _tree(folder: pathlib.Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("a\nb.txt", "control character"),
+        ("a\rb.txt", "control character"),
+        ("tab\there.txt", "control character"),
+        ("del\x7f.txt", "control character"),
+        ("..\\..\\evil.txt", "backslash"),
+        ("dir\\file.txt", "backslash"),
+        ("n" * 256 + ".txt", "longer than 255 bytes"),
+        ("é" * 128, "longer than 255 bytes"),
+        ("/".join(["d" * 200] * 6), "longer than 1024 bytes"),
+    ],
+)
+async def test_bad_names_are_refused_at_staging(
+    client: ACPClient, project: pathlib.Path, path: str, why: str
+) -> None:
+    await add_action(client, steps=[{"tool": "fs.write", "args": {"path": path, "content": "x"}}])
+    plan = await run(client, (await use(client, {})).meta.id)
+    assert plan.state == plan_pb2.PLAN_STATE_FAILED
+    tree = await client.call("plan.tree", plan_id=plan.meta.id)
+    assert isinstance(tree, plan_pb2.GetPlanTreeResponse)
+    assert tree.steps[0].error.code == "INVALID_PARAMS"
+    assert why in tree.steps[0].error.message
+    assert _tree(project) == []
+    assert not (project.parent / "evil.txt").exists()
+
+
+async def test_names_at_the_bounds_are_staged_and_applied(client: ACPClient, project: pathlib.Path) -> None:
+    longest = "n" * 255
+    deep = "/".join(["d" * 100] * 9) + "/f.txt"
+    await add_action(
+        client,
+        steps=[
+            {"tool": "fs.write", "args": {"path": longest, "content": "a"}},
+            {"tool": "fs.write", "args": {"path": deep, "content": "b"}},
+            {"tool": "fs.write", "args": {"path": "ünïcödé name.txt", "content": "c"}},
+        ],
+    )
+    plan = await run(client, (await use(client, {})).meta.id)
+    assert plan.state == plan_pb2.PLAN_STATE_SUCCEEDED
+    await client.call("plan.apply", plan_id=plan.meta.id)
+    assert (project / longest).read_text() == "a"
+    assert (project / deep).read_text() == "b"
+    assert (project / "ünïcödé name.txt").read_text() == "c"
+
+
+async def test_a_command_tool_cannot_stage_a_bad_name(client: ACPClient, project: pathlib.Path) -> None:
+    script = "open('a\\nb.txt', 'w').write('x')"
+    await add_command_tool(client, "mk", [PY, "-c", script])
+    await add_profile(client, "cmds", allowed_tools=["mk"])
+    await add_action(client, steps=[{"tool": "mk", "args": {}}], profile="cmds")
+    plan = await run(client, (await use(client, {})).meta.id)
+    assert plan.state == plan_pb2.PLAN_STATE_FAILED
+    tree = await client.call("plan.tree", plan_id=plan.meta.id)
+    assert isinstance(tree, plan_pb2.GetPlanTreeResponse)
+    assert tree.steps[0].error.code == "INVALID_PARAMS"
+    assert "control character" in tree.steps[0].error.message
+    assert _tree(project) == []
+
+
+def test_apply_refuses_a_stored_name_the_file_system_cannot_hold(tmp_path: pathlib.Path) -> None:
+    """A plan staged before the bounds existed: apply answers INVALID_PARAMS, not ENAMETOOLONG."""
+    root = ResourceRoot("repo", tmp_path)
+    artifact = StagedArtifact("repo", "n" * 300, plan_pb2.ARTIFACT_OP_CREATE, b"x", None, "s1")
+    with pytest.raises(ACPError) as info:
+        apply.prepare([artifact], {"repo": root})
+    assert info.value.code == "INVALID_PARAMS"
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_apply_under_a_deep_root_never_answers_500(client: ACPClient, tmp_path: pathlib.Path) -> None:
+    """Root and path together over PATH_MAX: the file is written or the apply is refused
+    with INVALID_PARAMS, and the plan can still be told what went wrong."""
+    folder = tmp_path
+    while len(str(folder)) < 3600:
+        folder = folder / ("r" * 200)
+    folder.mkdir(parents=True)
+    await add_project(client, folder)
+    deep = "/".join(["d" * 200] * 4) + "/f.txt"
+    await add_action(client, steps=[{"tool": "fs.write", "args": {"path": deep, "content": "x"}}])
+    plan = await run(client, (await use(client, {})).meta.id)
+    assert plan.state == plan_pb2.PLAN_STATE_SUCCEEDED
+    refused: ACPError | None = None
+    try:
+        await client.call("plan.apply", plan_id=plan.meta.id)
+    except ACPError as exc:
+        refused = exc
+    if refused is None:
+        assert (folder / deep).read_text() == "x"
+        return
+    assert refused.code == "INVALID_PARAMS", refused
+    status = await client.call("plan.status", plan_id=plan.meta.id)
+    assert isinstance(status, plan_pb2.GetPlanStatusResponse)
+    assert status.plan.last_error.code == "INVALID_PARAMS"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from google.api import annotations_pb2, http_pb2
-from google.protobuf import descriptor, message, message_factory
+from google.protobuf import descriptor, descriptor_pb2, message, message_factory
 
 import cleveragents.acp.v1 as acp_v1
 from cleveragents.acp.contract import surface, versions
@@ -46,6 +46,9 @@ class Operation:
     server_streaming: bool
     http: HttpRule
     anonymous: bool
+    # `option idempotency_level = NO_SIDE_EFFECTS` in the proto: the call changes nothing a
+    # client can see, so a reader role may make it (docs/security.md).
+    read_only: bool
     descriptor: descriptor.MethodDescriptor = field(repr=False, compare=False)
 
     @property
@@ -102,6 +105,7 @@ def _operation(method: descriptor.MethodDescriptor) -> Operation:
         server_streaming=method.server_streaming,
         http=_http_rule(method),
         anonymous=op.anonymous,
+        read_only=options.idempotency_level == descriptor_pb2.MethodOptions.NO_SIDE_EFFECTS,
         descriptor=method,
     )
 

@@ -162,3 +162,30 @@ def test_the_catalog_refuses_a_broken_contract(methods: str, message: str) -> No
     pool = _pool_with(_file(methods))
     with pytest.raises(catalog.CatalogError, match=re.escape(message)):
         catalog.build(iter([pool.FindFileByName("test/extra.proto")]))
+
+
+READ_VERBS = frozenset(
+    {"list", "show", "status", "tree", "explain", "diff", "artifacts", "prompt"}
+    | {"inspect", "simulate", "subscribe", "version", "export", "ticket"}
+)
+
+
+def test_read_only_comes_from_the_idempotency_level() -> None:
+    """`option idempotency_level = NO_SIDE_EFFECTS` marks exactly the operations that change
+    nothing: what the reader role may call (docs/security.md)."""
+    read_only = {name for name, op in catalog.OPERATIONS.items() if op.read_only}
+    assert read_only == {name for name in EXPECTED if name.split(".")[1] in READ_VERBS}
+    for op in catalog.OPERATIONS.values():
+        level = op.descriptor.GetOptions().idempotency_level
+        assert op.read_only == (level == descriptor_pb2.MethodOptions.NO_SIDE_EFFECTS), op.name
+
+
+def test_every_get_route_is_read_only() -> None:
+    """A GET must not change anything; the read-only POSTs take a body (a prompt, filters)."""
+    for op in catalog.OPERATIONS.values():
+        if op.http.method == "GET":
+            assert op.read_only, op.name
+    assert {op.name for op in catalog.OPERATIONS.values() if op.read_only and op.http.method != "GET"} == {
+        "context.simulate",
+        "events.ticket",
+    }

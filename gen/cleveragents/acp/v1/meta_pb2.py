@@ -26,7 +26,7 @@ from cleveragents.acp.v1 import options_pb2 as cleveragents_dot_acp_dot_v1_dot_o
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63leveragents/acp/v1/meta.proto\x12\x13\x63leveragents.acp.v1\x1a!cleveragents/acp/v1/options.proto\x1a\x1cgoogle/api/annotations.proto\"\x13\n\x11GetVersionRequest\"_\n\x12GetVersionResponse\x12\x1a\n\x12supported_versions\x18\x01 \x03(\t\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\t\x12\x14\n\x0cserver_build\x18\x03 \x01(\t2\xd4\x01\n\x0bMetaService\x12\xc4\x01\n\nGetVersion\x12&.cleveragents.acp.v1.GetVersionRequest\x1a\'.cleveragents.acp.v1.GetVersionResponse\"e\xca\xd7\x19J\n\x0cmeta.version\x12\x03\x31.1\x1a\x33The ACP versions this server speaks, and its build. \x01\x82\xd3\xe4\x93\x02\x11\x12\x0f/api/v1/versionb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63leveragents/acp/v1/meta.proto\x12\x13\x63leveragents.acp.v1\x1a!cleveragents/acp/v1/options.proto\x1a\x1cgoogle/api/annotations.proto\"\x13\n\x11GetVersionRequest\"_\n\x12GetVersionResponse\x12\x1a\n\x12supported_versions\x18\x01 \x03(\t\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\t\x12\x14\n\x0cserver_build\x18\x03 \x01(\t2\xd7\x01\n\x0bMetaService\x12\xc7\x01\n\nGetVersion\x12&.cleveragents.acp.v1.GetVersionRequest\x1a\'.cleveragents.acp.v1.GetVersionResponse\"h\x90\x02\x01\xca\xd7\x19J\n\x0cmeta.version\x12\x03\x31.1\x1a\x33The ACP versions this server speaks, and its build. \x01\x82\xd3\xe4\x93\x02\x11\x12\x0f/api/v1/versionb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,11 +34,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cleveragents.acp.v1.meta_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_METASERVICE'].methods_by_name['GetVersion']._loaded_options = None
-  _globals['_METASERVICE'].methods_by_name['GetVersion']._serialized_options = b'\312\327\031J\n\014meta.version\022\0031.1\0323The ACP versions this server speaks, and its build. \001\202\323\344\223\002\021\022\017/api/v1/version'
+  _globals['_METASERVICE'].methods_by_name['GetVersion']._serialized_options = b'\220\002\001\312\327\031J\n\014meta.version\022\0031.1\0323The ACP versions this server speaks, and its build. \001\202\323\344\223\002\021\022\017/api/v1/version'
   _globals['_GETVERSIONREQUEST']._serialized_start=120
   _globals['_GETVERSIONREQUEST']._serialized_end=139
   _globals['_GETVERSIONRESPONSE']._serialized_start=141
   _globals['_GETVERSIONRESPONSE']._serialized_end=236
   _globals['_METASERVICE']._serialized_start=239
-  _globals['_METASERVICE']._serialized_end=451
+  _globals['_METASERVICE']._serialized_end=454
 # @@protoc_insertion_point(module_scope)

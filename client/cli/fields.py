@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from google.protobuf import descriptor
 
+from cleveragents.acp.contract import strict_json
 from cleveragents.acp.contract.required import required_fields
 
 FD = descriptor.FieldDescriptor
@@ -171,7 +172,9 @@ def read_document(source: str, what: str) -> Any:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise InputError(f"{what}: cannot read {path}: {reason}") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=strict_json.unique_pairs)
+    except strict_json.DuplicateKeyError as exc:
+        raise InputError(f"{what}: {exc}") from None
     except ValueError:
         pass
     try:

@@ -73,8 +73,9 @@ def _resume_from(request: Request) -> int | None:
     if value is None or value.strip() == "":
         return None
     value = value.strip()
-    if not value.isdigit():
-        raise binding.invalid("Last-Event-ID must be a sequence number", "Last-Event-ID")
+    # ASCII digits only: str.isdigit() also takes "²" and other digits int() refuses.
+    if not (value.isascii() and value.isdigit()):
+        raise binding.invalid("Last-Event-ID must be a sequence number (ASCII digits)", "Last-Event-ID")
     return int(value)
 
 

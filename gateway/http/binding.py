@@ -14,6 +14,7 @@ import orjson
 from google.protobuf import descriptor
 from starlette.requests import Request
 
+from cleveragents.acp.contract import strict_json
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
@@ -46,7 +47,7 @@ def header(request: Request, name: bytes) -> str | None:
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused once it passes ``limit`` bytes (without reading the rest)."""
     declared = header(request, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise invalid(f"the request body is {declared} bytes; the limit is {limit}", "body", max_bytes=limit)
     chunks, size = [], 0
     # The ASGI messages themselves (Request.stream is an async generator around them).
@@ -69,7 +70,9 @@ def parse_json(body: bytes) -> Any:
     if not body.strip():
         raise invalid("the request body is empty; send a JSON object", "body")
     try:
-        return orjson.loads(body)
+        return strict_json.loads(body)
+    except strict_json.DuplicateKeyError as exc:
+        raise invalid(f"the request body is ambiguous: {exc}", "body", duplicate_key=exc.key) from None
     except orjson.JSONDecodeError as exc:
         raise invalid(f"the request body is not valid JSON: {exc}", "body") from None
 

@@ -22,7 +22,7 @@ import orjson
 import pytest
 import requests
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from schemathesis import checks
 
@@ -251,3 +251,42 @@ def test_caller_globs_answer_promptly(
         call_promptly(envelope_client, "context.simulate", {"project": fuzz_project, "prompt": "p"})
         inspect = {"project": fuzz_project, "item_id": f"file:fz-repo/{path}"}
         call_promptly(envelope_client, "context.inspect", inspect, refusals=("INVALID_PARAMS", "NOT_FOUND"))
+
+
+# Issue 17: a repeated key anywhere in an envelope is INVALID_PARAMS, never a silent choice.
+@given(body=ENVELOPES, depth=st.booleans())
+@settings(parent=FUZZ_SETTINGS, max_examples=EXAMPLES * 5)
+def test_the_envelope_endpoint_refuses_repeated_keys(
+    envelope_client: httpx.Client, body: Any, depth: bool
+) -> None:
+    params = json.dumps(body.get("params") or {"x": 1})
+    params = params[:-1] + (", " if params != "{}" else "") + '"dup": 1, "dup": 2}'
+    content = json.dumps({**body, "params": {}}).replace(
+        '"params": {}', f'"params": {params}' if depth else '"params": {}, "operation": "x"'
+    )
+    response = envelope_client.post(
+        "/api/v1/acp", content=content.encode(), headers={"Content-Type": "application/json"}
+    )
+    conforms("POST", "/api/v1/acp", content.encode(), response)
+    error = orjson.loads(response.content)["error"]
+    assert error["code"] == "INVALID_PARAMS", error
+    assert error["details"]["field"] == "body", error
+
+
+# Any bytes a client can put in Last-Event-ID (h11 sends visible ASCII, obs-text, inner blanks).
+HEADER_BYTES = st.sampled_from([*range(0x20, 0x7F), *range(0x80, 0x100)])
+LAST_EVENT_IDS = st.lists(HEADER_BYTES | st.sampled_from(b"0123456789"), max_size=8).map(
+    lambda b: bytes(b).strip()
+)
+
+
+@given(value=LAST_EVENT_IDS)
+@example(value=b"\xb2")
+@settings(parent=FUZZ_SETTINGS, max_examples=EXAMPLES * 10)
+def test_the_stream_takes_any_last_event_id(envelope_client: httpx.Client, value: bytes) -> None:
+    with envelope_client.stream("GET", STREAM_PATH, headers={b"Last-Event-ID": value}) as response:
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            assert response.status_code == 200
+            return
+        response.read()
+    conforms("GET", STREAM_PATH, b"", response)

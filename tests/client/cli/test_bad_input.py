@@ -52,6 +52,12 @@ SPEC_FILES = {
         ),
         (["action", "add", "a", "--spec", '{"typo": 1}'], None, "usage:", 'has no field named "typo"'),
         (
+            ["action", "add", "a", "--spec", '{"actor": "x", "actor": "y"}'],
+            None,
+            "usage:",
+            "--spec: the key 'actor' appears twice in one JSON object",
+        ),
+        (
             ["session", "import", "--document", "bad.json"],
             None,
             "usage:",

@@ -133,6 +133,11 @@ class Store(abc.ABC):
         """Append ordered child rows; returns their indices (from 0 per owner)."""
 
     @abc.abstractmethod
+    def put_items(self, collection: str, owner_id: str, items: Mapping[int, bytes]) -> None:
+        """Replace (or add) the child rows at these indices, touching no other row: what
+        lets a plan record one step's change in O(1), not rewrite every step."""
+
+    @abc.abstractmethod
     def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]: ...
 
     @abc.abstractmethod

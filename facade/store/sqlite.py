@@ -12,7 +12,7 @@ import logging
 import pathlib
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -347,6 +347,14 @@ class SQLiteStore(Store):
                 [(collection, owner_id, idx, body) for idx, body in zip(indices, bodies, strict=True)],
             )
             return indices
+
+    def put_items(self, collection: str, owner_id: str, items: Mapping[int, bytes]) -> None:
+        with self.transaction():
+            self._db.executemany(
+                "INSERT INTO items (collection, owner_id, idx, body) VALUES (?,?,?,?) "
+                "ON CONFLICT (collection, owner_id, idx) DO UPDATE SET body=excluded.body",
+                [(collection, owner_id, idx, body) for idx, body in items.items()],
+            )
 
     def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
         rows = self._all(

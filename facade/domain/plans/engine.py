@@ -98,6 +98,14 @@ def _inputs(schema: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     return inputs
 
 
+def _index_of(steps: Sequence[plan_pb2.PlanStep], step: plan_pb2.PlanStep) -> int:
+    """Where ``step`` (this very object) sits; a model's call is among the last added."""
+    for index in range(len(steps) - 1, -1, -1):
+        if steps[index] is step:
+            return index
+    raise ValueError(f"step {step.id!r} is not in the plan's steps")
+
+
 class PlanEngine:
     def __init__(self, events: EventLog, registries: Registries, models: ChatModels | None = None) -> None:
         self.store = events.store
@@ -422,12 +430,14 @@ class PlanEngine:
         staging = self._staging(plan, plan_setup)
         limit = plan_setup.profile.max_steps or DEFAULT_MAX_STEPS
         position = 0
-        for step in steps:
+        for index, step in enumerate(steps):
             if model.superseded(step):
                 continue
             position += 1
             if step.state == model.SUCCEEDED:
                 continue
+            # Between steps the loop serves everyone else's calls, however long the plan.
+            await asyncio.sleep(0)
             self._check_cancel(plan.meta.id, cancel)
             if position > limit:
                 set_by = "the automation profile allows" if plan_setup.profile.max_steps else "the default is"
@@ -436,7 +446,7 @@ class PlanEngine:
                     ErrorCode.Name(ErrorCode.BUDGET_EXCEEDED),
                     f"step {step.id!r} would be step {position}; {set_by} {limit}",
                 )
-            await self._step(plan, plan_setup, staging, steps, step, cancel)
+            await self._step(plan, plan_setup, staging, steps, step, cancel, index=index)
 
     async def _step(
         self,
@@ -448,10 +458,16 @@ class PlanEngine:
         cancel: asyncio.Event,
         *,
         halt: bool = True,
+        index: int | None = None,
     ) -> events_pb2.ToolCompleted:
         """Run one step; a failed step halts the plan, or with ``halt`` False (a model's
-        call, whose failure goes back to the model) is recorded and returned."""
+        call, whose failure goes back to the model) is recorded and returned.
+
+        ``index`` is the step's place in ``steps`` (found from the end when not given):
+        each save writes that one row, so a step costs the same in a plan of any length."""
         namespace = plan.meta.namespace
+        if index is None:
+            index = _index_of(steps, step)
         if not setup.tool_allowed(plan_setup.profile, step.tool):
             raise _HaltError(
                 model.FAILED,
@@ -472,7 +488,7 @@ class PlanEngine:
         args = actor.as_dict(step.args)
         step.state = model.RUNNING
         with self.store.transaction():
-            self.records.save_steps(plan.meta.id, steps)
+            self.records.save_step(plan.meta.id, index, step)
             self._publish(
                 plan, tool_invoked=events_pb2.ToolInvoked(step_id=step.id, tool=step.tool, args=step.args)
             )
@@ -497,7 +513,7 @@ class PlanEngine:
             completed.error.CopyFrom(step.error)
             completed.result.CopyFrom(actor.struct(failure.result))
             with self.store.transaction():
-                self.records.save_steps(plan.meta.id, steps)
+                self.records.save_step(plan.meta.id, index, step)
                 self.records.save(plan)
                 self._publish(plan, tool_completed=completed)
             if cancelled:
@@ -512,10 +528,11 @@ class PlanEngine:
         completed.result.CopyFrom(actor.struct(outcome.result))
         for change in outcome.changes:
             staging.record(change)
+        # The step was running, so it was not counted done: progress moves by one.
+        plan.progress.done += 1
         with self.store.transaction():
             self.records.add_changes(plan.meta.id, outcome.changes)
-            self.records.save_steps(plan.meta.id, steps)
-            self._progress(plan, steps)
+            self.records.save_step(plan.meta.id, index, step)
             self.records.save(plan)
             self._publish(plan, tool_completed=completed)
         return completed

@@ -2,8 +2,8 @@
 and ordered item collections for what it accumulates (tree, steps, staged changes,
 validations, prompt, corrections, checkpoint).
 
-Collections that change in place (steps, nodes) are rewritten whole inside a store
-transaction; they are small. Staged file contents live in ``changes``, one row per file a
+A new strategy rewrites its collections (steps, nodes) whole inside a store transaction;
+a running step then replaces only its own row. Staged file contents live in ``changes``, one row per file a
 step changed, so a correction can drop the rows of the steps it discards.
 """
 
@@ -227,6 +227,11 @@ class PlanRecords:
 
     def save_steps(self, plan_id: str, steps: Sequence[plan_pb2.PlanStep]) -> None:
         self._rewrite(STEPS, plan_id, [s.SerializeToString() for s in steps])
+
+    def save_step(self, plan_id: str, index: int, step: plan_pb2.PlanStep) -> None:
+        """One step's new state, at its place in the list: O(1) whatever the plan's length
+        (a 10,000-step plan used to rewrite every step row at each step)."""
+        self.store.put_items(STEPS, plan_id, {index: step.SerializeToString()})
 
     def changes(self, plan_id: str) -> list[Change]:
         return self._objects(CHANGES, plan_id, Change.decode)

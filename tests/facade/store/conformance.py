@@ -225,6 +225,18 @@ class StoreConformance:
         assert store.list_items("messages", "s1") == []
         assert store.list_items("messages", "s2") == [(0, b"x")]
 
+    def test_put_items_replaces_only_the_given_rows(self, store: Store) -> None:
+        store.append_items("steps", "p1", [b"a", b"b", b"c"])
+        store.append_items("steps", "p2", [b"x"])
+        store.put_items("steps", "p1", {1: b"B"})
+        assert store.list_items("steps", "p1") == [(0, b"a"), (1, b"B"), (2, b"c")]
+        store.put_items("steps", "p1", {0: b"A", 3: b"d"})
+        assert store.list_items("steps", "p1") == [(0, b"A"), (1, b"B"), (2, b"c"), (3, b"d")]
+        assert store.append_items("steps", "p1", [b"e"]) == [4]
+        assert store.list_items("steps", "p2") == [(0, b"x")]
+        fails_in_transaction(store, lambda: store.put_items("steps", "p2", {0: b"y"}))
+        assert store.list_items("steps", "p2") == [(0, b"x")]
+
     # events ---------------------------------------------------------------------------
 
     def test_event_sequences_are_global_and_gap_free(self, store: Store) -> None:

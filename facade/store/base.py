@@ -79,7 +79,7 @@ class EventFilter:
 
 @dataclass(frozen=True)
 class ListQuery:
-    """Newest first (ids are ULIDs, so id order is creation order)."""
+    """Newest first (ids are ULIDs, so id order is creation order), or by name."""
 
     kind: str
     # None: every namespace.
@@ -90,6 +90,9 @@ class ListQuery:
     # Continue after this id (exclusive), in newest-first order.
     before_id: str | None = None
     limit: int = 50
+    # Registry order instead: named records by (namespace, name), after this pair.
+    by_name: bool = False
+    after_name: tuple[str, str] | None = None
 
 
 class Store(abc.ABC):

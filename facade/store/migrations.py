@@ -41,4 +41,24 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX events_by_plan ON events (plan_id, sequence) WHERE plan_id != '';
     CREATE INDEX events_by_session ON events (session_id, sequence) WHERE session_id != '';
     """,
+    # 2: what lists filter on (state, attrs, labels) as indexed rows, so a first page is
+    # O(page) (facade/store/sqlite_lists.py).
+    """
+    CREATE TABLE record_tags (
+        kind TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        namespace TEXT NOT NULL,
+        id TEXT NOT NULL,
+        PRIMARY KEY (kind, key, value, namespace, id)
+    ) WITHOUT ROWID;
+    CREATE INDEX record_tags_by_value ON record_tags (kind, key, value, id);
+    INSERT INTO record_tags SELECT kind, 's', state, namespace, id FROM records WHERE state != '';
+    INSERT INTO record_tags
+        SELECT r.kind, 'a:' || j.key, j.value, r.namespace, r.id FROM records r, json_each(r.attrs) j
+        WHERE j.type = 'text' AND j.value != '';
+    INSERT INTO record_tags
+        SELECT r.kind, 'l:' || j.key, j.value, r.namespace, r.id FROM records r, json_each(r.labels) j
+        WHERE j.type = 'text';
+    """,
 )

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from cleveragents.acp.facade.store import sqlite_lists as lists
 from cleveragents.acp.facade.store.base import (
     EventFilter,
     ListQuery,
@@ -257,13 +258,15 @@ class SQLiteStore(Store):
                         record.body,
                     ),
                 )
+                lists.add_tags(self._db, record.kind, record.namespace, record.id, lists.record_tags(record))
         except sqlite3.IntegrityError as exc:
             raise StoreConflictError(str(exc)) from None
 
     def update(self, record: Record, expected_revision: int | None = None) -> None:
         with self.transaction():
             current = self._one(
-                "SELECT revision FROM records WHERE kind=? AND id=?", (record.kind, record.id)
+                "SELECT revision, namespace, state, attrs, labels FROM records WHERE kind=? AND id=?",
+                (record.kind, record.id),
             )
             if current is None:
                 raise KeyError(f"{record.kind} {record.id}")
@@ -285,43 +288,36 @@ class SQLiteStore(Store):
                     record.id,
                 ),
             )
+            _, namespace, state, attrs, labels = current
+            lists.retag(
+                self._db,
+                record.kind,
+                record.id,
+                (namespace, lists.tags(state, _loads(attrs), _loads(labels))),
+                (record.namespace, lists.record_tags(record)),
+            )
 
     def delete(self, kind: str, id: str, expected_revision: int | None = None) -> bool:
         with self.transaction():
-            current = self._one("SELECT revision FROM records WHERE kind=? AND id=?", (kind, id))
+            current = self._one(
+                "SELECT revision, namespace, state, attrs, labels FROM records WHERE kind=? AND id=?",
+                (kind, id),
+            )
             if current is None:
                 return False
             if expected_revision is not None and current[0] != expected_revision:
                 raise StaleRevisionError(current[0])
             self.execute("DELETE FROM records WHERE kind=? AND id=?", (kind, id))
+            _, namespace, state, attrs, labels = current
+            lists.drop_tags(self._db, kind, namespace, id, lists.tags(state, _loads(attrs), _loads(labels)))
             return True
 
     def query(self, query: ListQuery) -> list[Record]:
-        where = ["kind=?"]
-        params: list[Any] = [query.kind]
-        if query.namespaces is not None:
-            if not query.namespaces:
-                return []
-            where.append(f"namespace IN ({','.join('?' * len(query.namespaces))})")
-            params.extend(sorted(query.namespaces))
-        if query.state:
-            where.append("state=?")
-            params.append(query.state)
-        for key, value in sorted(query.attrs.items()):
-            where.append("json_extract(attrs, ?) = ?")
-            params.extend([f'$."{key}"', value])
-        for key, value in sorted(query.labels.items()):
-            where.append("json_extract(labels, ?) = ?")
-            params.extend([f'$."{key}"', value])
-        if query.before_id:
-            where.append("id < ?")
-            params.append(query.before_id)
-        params.append(query.limit)
-        rows = self._all(
-            f"SELECT {_COLUMNS} FROM records WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?",
-            params,
-        )
-        return [_record(row) for row in rows]
+        """One page, reading about the page whatever the store holds (sqlite_lists)."""
+        statement = lists.select(query, _COLUMNS.split(", "))
+        if statement is None:
+            return []
+        return [_record(row) for row in self._all(*statement)]
 
     def iter_kind(self, kind: str, namespace: str | None = None) -> Iterator[Record]:
         if namespace is None:
@@ -397,7 +393,10 @@ class SQLiteStore(Store):
                 params.extend(sorted(where.namespaces))
             for column, value in (("plan_id", where.plan_id), ("session_id", where.session_id)):
                 if value:
-                    clauses.append(f"{column} = ?")
+                    # The literal term is what lets SQLite use the partial index
+                    # events_by_plan/events_by_session: resuming one plan or session from
+                    # sequence 0 then reads its events, not the whole log.
+                    clauses.append(f"{column} = ? AND {column} != ''")
                     params.append(value)
             if where.types:
                 clauses.append(f"type IN ({','.join('?' * len(where.types))})")

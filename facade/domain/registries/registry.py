@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from functools import partial
 from typing import Any, Protocol, TypeVar, cast
 
 from google.protobuf import message
@@ -33,7 +34,13 @@ from cleveragents.acp.facade.domain.registries.references import (
     resolvable_without_registry,
 )
 from cleveragents.acp.facade.domain.registries.specs import check_spec, invalid
-from cleveragents.acp.facade.store.base import Record, StaleRevisionError, Store, StoreConflictError
+from cleveragents.acp.facade.store.base import (
+    ListQuery,
+    Record,
+    StaleRevisionError,
+    Store,
+    StoreConflictError,
+)
 from cleveragents.acp.v1 import common_pb2
 
 M = TypeVar("M", bound=message.Message)
@@ -129,33 +136,46 @@ class Registries:
         """One page of entries, ordered by (namespace, name), carrying all ``labels``.
 
         ``namespaces=None`` lists every namespace; built-ins then appear in ``default``
-        and in each namespace that holds an entry of this kind. Registries are small, so
-        the page is cut from the whole (filtered) kind rather than by a store cursor."""
+        and in each namespace that holds an entry of this kind. The store reads the page
+        from its name index (O(page) however many entries there are); the few built-ins
+        are merged in."""
         k = kind_of(kind)
         wanted = dict(labels)
         filters = {"namespaces": sorted(namespaces) if namespaces is not None else None, "labels": wanted}
 
         def fetch(position: str | None, limit: int) -> list[message.Message]:
             after = _position(position)
-            if namespaces is None:
-                records = list(self.store.iter_kind(k.record_kind))
-                shown = {DEFAULT_NAMESPACE} | {r.namespace for r in records}
-            else:
-                records = [r for ns in sorted(namespaces) for r in self.store.iter_kind(k.record_kind, ns)]
-                shown = set(namespaces)
-            found = [_entry(k, r) for r in records]
-            for ns in shown:
-                found.extend(
-                    e for n in builtin_names(k.name) if (e := builtin_entry(k.name, ns, n)) is not None
-                )
-            keyed = sorted(
-                (_key(e), e)
-                for e in found
-                if all(view(e).labels.get(key) == value for key, value in wanted.items())
+            if namespaces is None and wanted and _builtin_may_match(wanted):
+                return self._scan_page(k, wanted, after, limit)
+            query = ListQuery(
+                k.record_kind, namespaces, labels=wanted, by_name=True, after_name=after, limit=limit
             )
-            return [e for key, e in keyed if after is None or key > after][:limit]
+            found = [_entry(k, r) for r in self.store.query(query)]
+            if namespaces is None:
+                # Past the cursor, the namespaces holding entries are those this page reads
+                # (a full page ends before any other's built-ins would sort).
+                shown = {DEFAULT_NAMESPACE} | {view(e).meta.namespace for e in found}
+                if after is not None:
+                    shown.add(after[0])
+            else:
+                shown = set(namespaces)
+            found.extend(_builtins(k, shown, wanted))
+            keyed = sorted((_key(e), e) for e in found if after is None or _key(e) > after)
+            return [e for _, e in keyed][:limit]
 
         return self._pages.page(k.record_kind, filters, request, fetch, lambda e: json.dumps(list(_key(e))))
+
+    def _scan_page(
+        self, k: Kind, wanted: Mapping[str, str], after: tuple[str, str] | None, limit: int
+    ) -> list[message.Message]:
+        """Every namespace with a label filter built-ins carry: built-ins show in each
+        namespace holding an entry of the kind, matching or not, so the kind is read whole."""
+        records = list(self.store.iter_kind(k.record_kind))
+        shown = {DEFAULT_NAMESPACE} | {r.namespace for r in records}
+        found = [e for e in map(partial(_entry, k), records) if _labelled(e, wanted)]
+        found.extend(_builtins(k, shown, wanted))
+        keyed = sorted((_key(e), e) for e in found if after is None or _key(e) > after)
+        return [e for _, e in keyed][:limit]
 
     # writes ---------------------------------------------------------------------------
 
@@ -314,6 +334,24 @@ def _record(k: Kind, entry: Any) -> Record:
         update_time=entry.meta.update_time.ToNanoseconds() / 1e9,
         body=entry.SerializeToString(deterministic=True),
     )
+
+
+def _labelled(entry: message.Message, wanted: Mapping[str, str]) -> bool:
+    return all(view(entry).labels.get(key) == value for key, value in wanted.items())
+
+
+def _builtin_may_match(wanted: Mapping[str, str]) -> bool:
+    return all(key == BUILTIN_LABEL and value == "true" for key, value in wanted.items())
+
+
+def _builtins(k: Kind, namespaces: Iterable[str], wanted: Mapping[str, str]) -> list[message.Message]:
+    found = [
+        e
+        for ns in namespaces
+        for n in builtin_names(k.name)
+        if (e := builtin_entry(k.name, ns, n)) is not None
+    ]
+    return [e for e in found if _labelled(e, wanted)]
 
 
 def _key(entry: message.Message) -> tuple[str, str]:

@@ -89,6 +89,7 @@ def writes(count: int) -> list[dict[str, Any]]:
     return [{"tool": "fs.write", "args": {"path": f"out/{i}.txt", "content": f"{i}\n"}} for i in range(count)]
 
 
+@pytest.mark.timeout(600)
 async def test_a_10000_step_plan_completes_at_the_same_cost_per_step(
     counted: tuple[ACPClient, list[CountingStore]],
 ) -> None:

@@ -147,6 +147,66 @@ class StoreConformance:
         rest = store.query(ListQuery(kind="session", limit=4, before_id=first[-1].id))
         assert [r.id for r in first + rest] == ids
 
+    def test_filtered_lists_follow_updates_deletes_and_namespaces(self, store: Store) -> None:
+        for i in range(8):
+            store.insert(
+                record(
+                    id=f"02{i}",
+                    namespace="abc"[i % 3],
+                    state="closed" if i % 2 else "active",
+                    attrs={"project": "p" if i < 4 else "q", "empty": ""},
+                    labels={"team": "x" if i in (1, 6) else "y"},
+                )
+            )
+
+        def ids(**fields: Any) -> list[str]:
+            return [r.id for r in store.query(ListQuery(kind="session", **fields))]
+
+        two = frozenset({"a", "c"})
+        assert ids(namespaces=two) == ["026", "025", "023", "022", "020"]
+        assert ids(namespaces=two, state="active") == ["026", "022", "020"]
+        assert ids(namespaces=two, state="active", limit=2) == ["026", "022"]
+        assert ids(namespaces=two, state="active", before_id="022") == ["020"]
+        assert ids(namespaces=two, attrs={"project": "q"}, labels={"team": "x"}) == ["026"]
+        assert ids(attrs={"empty": ""}, limit=3) == ["027", "026", "025"]
+        assert ids(namespaces=frozenset({"b"}), labels={"team": "x"}) == ["021"]
+        assert ids(state="nothing") == []
+        moved = store.get("session", "021")
+        assert moved is not None
+        moved.namespace, moved.state, moved.labels = "c", "active", {"team": "z"}
+        store.update(moved)
+        assert ids(namespaces=frozenset({"b"}), labels={"team": "x"}) == []
+        assert ids(namespaces=two, state="active", labels={"team": "z"}) == ["021"]
+        assert ids(labels={"team": "x"}) == ["026"]
+        store.delete("session", "026")
+        assert ids(labels={"team": "x"}) == []
+        assert ids(namespaces=two, state="active") == ["022", "021", "020"]
+
+    def test_lists_by_name_page_from_a_cursor(self, store: Store) -> None:
+        for i, (namespace, name) in enumerate(
+            [("b", "n2"), ("a", "n3"), ("b", "n1"), ("c", "n0"), ("a", "n1")]
+        ):
+            store.insert(
+                record(kind="actor", id=f"03{i}", namespace=namespace, name=name, labels={"odd": str(i % 2)})
+            )
+        store.insert(record(kind="actor", id="039", namespace="a"))  # unnamed: not listed by name
+
+        def names(**fields: Any) -> list[tuple[str, str | None]]:
+            return [
+                (r.namespace, r.name) for r in store.query(ListQuery(kind="actor", by_name=True, **fields))
+            ]
+
+        assert names() == [("a", "n1"), ("a", "n3"), ("b", "n1"), ("b", "n2"), ("c", "n0")]
+        assert names(after_name=("a", "n3"), limit=2) == [("b", "n1"), ("b", "n2")]
+        assert names(namespaces=frozenset({"a", "c"}), after_name=("a", "n1")) == [("a", "n3"), ("c", "n0")]
+        assert names(namespaces=frozenset({"b"}), after_name=("b", "n1")) == [("b", "n2")]
+        assert names(namespaces=frozenset({"a"}), after_name=("b", "n0")) == []
+        assert names(labels={"odd": "1"}) == [("a", "n3"), ("c", "n0")]
+        assert names(namespaces=frozenset({"a", "b"}), labels={"odd": "0"}, after_name=("a", "n1")) == [
+            ("b", "n1"),
+            ("b", "n2"),
+        ]
+
     def test_iter_kind(self, store: Store) -> None:
         store.insert(record(id="01B", namespace="x"))
         store.insert(record(id="01A", namespace="y"))

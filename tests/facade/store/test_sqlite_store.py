@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from cleveragents.acp.facade.store import migrations, sqlite
-from cleveragents.acp.facade.store.base import SchemaTooNewError, Store
+from cleveragents.acp.facade.store.base import EventFilter, ListQuery, SchemaTooNewError, Store
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from tests.facade.store.conformance import StoreConformance, event, record, reopen_keeps_everything
 
@@ -47,7 +47,12 @@ def test_old_database_is_upgraded_on_open(db_path: pathlib.Path, monkeypatch: py
     monkeypatch.setattr(sqlite, "MIGRATIONS", migrations.MIGRATIONS[:1])
     old = SQLiteStore(db_path)
     assert old.schema_version == 1
-    old.insert(record(id="01A", name="alpha"))
+    # What that release wrote: its records table only (today's code also writes record_tags).
+    old.execute(
+        "INSERT INTO records (kind, id, namespace, name, revision, state, attrs, labels, create_time, "
+        "update_time, body) VALUES ('session', '01A', 'default', 'alpha', 1, 'active', "
+        """'{"project":"p"}', '{"team":"x"}', 0, 0, X'00')"""
+    )
     old.append_events([event(plan_id="p1")])
     old.close()
 
@@ -65,6 +70,13 @@ def test_old_database_is_upgraded_on_open(db_path: pathlib.Path, monkeypatch: py
         assert new.schema_version == len(migrations.MIGRATIONS) + 1
         assert new.get("session", "01A") is not None
         assert new.execute("SELECT probe FROM records WHERE id='01A'").fetchone()[0] == "upgraded"
+        # Migration 2 indexed what lists filter on for the records already there.
+        for query in (
+            ListQuery("session", state="active"),
+            ListQuery("session", attrs={"project": "p"}),
+            ListQuery("session", frozenset({"default"}), labels={"team": "x"}),
+        ):
+            assert [r.id for r in new.query(query)] == ["01A"], query
         assert [e.sequence for e in new.read_events(0, 10)] == [1]
         assert new.append_events([event()]) == [2]
     finally:
@@ -153,3 +165,89 @@ async def test_other_tasks_cannot_join_a_transaction_held_across_an_await(db_pat
     finally:
         release.set()
         store.close()
+
+
+def _steps_for_first_pages(store: SQLiteStore, count: int) -> dict[str, int]:
+    """SQLite VM instructions (in hundreds) each filtered first page takes over ``count``
+    sessions whose few matches are the oldest rows."""
+    with store.transaction():
+        for i in range(count):
+            few = i < 3
+            store.insert(
+                record(
+                    id=f"{i:08d}",
+                    namespace="default" if i % 10 else "other",
+                    state="closed" if few else "active",
+                    attrs={"project": "rare" if few else "common"},
+                    labels={"team": "rare" if few else "common"},
+                )
+            )
+    queries = {
+        "unfiltered": ListQuery("session"),
+        "namespace": ListQuery("session", frozenset({"default"})),
+        "namespaces": ListQuery("session", frozenset({"default", "other"})),
+        "state": ListQuery("session", frozenset({"default", "other"}), state="closed"),
+        "attr": ListQuery("session", frozenset({"default"}), attrs={"project": "rare"}),
+        "attr_none": ListQuery("session", None, attrs={"project": "none"}),
+        "labels": ListQuery("session", frozenset({"default"}), labels={"team": "rare"}),
+        "by_name": ListQuery("session", None, by_name=True, labels={"team": "none"}),
+    }
+    steps = {}
+    for name, query in queries.items():
+        ticks = [0]
+
+        def tick(ticks: list[int] = ticks) -> int:
+            ticks[0] += 1
+            return 0
+
+        store._db.set_progress_handler(tick, 100)
+        store.query(query)
+        store._db.set_progress_handler(None, 100)
+        steps[name] = ticks[0]
+    return steps
+
+
+def test_a_filtered_first_page_reads_about_the_page_not_the_store(tmp_path: pathlib.Path) -> None:
+    """Counted in SQLite VM instructions, not timed: ten times the rows, the same work."""
+    small, big = SQLiteStore(tmp_path / "small.db"), SQLiteStore(tmp_path / "big.db")
+    try:
+        at_small, at_big = _steps_for_first_pages(small, 500), _steps_for_first_pages(big, 5000)
+    finally:
+        small.close()
+        big.close()
+    for name, steps in at_big.items():
+        assert steps <= at_small[name] * 1.5 + 5, (name, at_small[name], steps)
+
+
+def _steps_to_resume(store: SQLiteStore, count: int) -> dict[str, int]:
+    """VM instructions (in hundreds) to read a session's and a plan's events from sequence 0
+    in a log of ``count`` events where nearly all belong to others (theirs are the newest)."""
+    store.append_events([event(plan_id=f"p{i % 50}", session_id=f"s{i % 50}") for i in range(count)])
+    store.append_events([event(plan_id="mine"), event(session_id="mine")])
+    steps = {}
+    for name, where in {
+        "plan": EventFilter(plan_id="mine"),
+        "session": EventFilter(session_id="mine"),
+    }.items():
+        ticks = [0]
+
+        def tick(ticks: list[int] = ticks) -> int:
+            ticks[0] += 1
+            return 0
+
+        store._db.set_progress_handler(tick, 100)
+        assert len(store.read_events(0, 256, where)) == 1
+        store._db.set_progress_handler(None, 100)
+        steps[name] = ticks[0]
+    return steps
+
+
+def test_resuming_one_session_or_plan_from_0_reads_its_events_not_the_log(tmp_path: pathlib.Path) -> None:
+    small, big = SQLiteStore(tmp_path / "small.db"), SQLiteStore(tmp_path / "big.db")
+    try:
+        at_small, at_big = _steps_to_resume(small, 200), _steps_to_resume(big, 20_000)
+    finally:
+        small.close()
+        big.close()
+    for name, steps in at_big.items():
+        assert steps <= at_small[name] * 1.5 + 5, (name, at_small[name], steps)

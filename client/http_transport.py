@@ -2,8 +2,9 @@
 
 It takes an ``httpx.AsyncClient`` whose ``base_url`` is the server (``https://host:8080``),
 so tests can hand it any real client. Error envelopes become the same ``ACPError`` the
-server raised; a failure to reach the server or an answer that is not an envelope is an
-INTERNAL_ERROR naming the cause, raised at this boundary with ``from``.
+server raised; a failure to reach the server (or a lost connection) is a ``TransportError``
+and an answer that is not an envelope an INTERNAL_ERROR, each naming the cause, raised at
+this boundary with ``from``.
 """
 
 from __future__ import annotations
@@ -19,16 +20,15 @@ from google.protobuf import descriptor, message
 
 from cleveragents.acp.contract import codec, envelope, sse
 from cleveragents.acp.contract.catalog import Operation
-from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode, TransportError
 from cleveragents.acp.contract.transport import CallOptions, StreamItems
 
 ENVELOPE_PATH = "/api/v1/acp"
 _FD = descriptor.FieldDescriptor
 
 
-def _unreachable(exc: Exception, url: httpx.URL | str) -> ACPError:
-    return ACPError(
-        ErrorCode.INTERNAL_ERROR,
+def _unreachable(exc: Exception, url: httpx.URL | str) -> TransportError:
+    return TransportError(
         f"cannot reach the ACP server at {url}: {exc}",
         {"transport": "http", "cause": type(exc).__name__},
     )

@@ -7,12 +7,14 @@ Domain code raises ``ACPError``; each transport adapter maps it with ``http_stat
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import grpc
+from ulid import ULID
 
 from cleveragents.acp.v1.errors_pb2 import ErrorCode
 
@@ -20,12 +22,16 @@ __all__ = [
     "ERROR_DOMAIN",
     "ACPError",
     "ErrorCode",
+    "TransportError",
     "WireMapping",
     "code_name",
     "exit_code",
     "grpc_code",
     "http_status",
+    "internal_error",
 ]
+
+log = logging.getLogger(__name__)
 
 ERROR_DOMAIN = "acp.cleveragents.dev"
 
@@ -96,6 +102,27 @@ class ACPError(Exception):
 
     def __hash__(self) -> int:
         return hash((self.code, self.message))
+
+
+class TransportError(ACPError):
+    """The server could not be reached, or the connection was lost: raised by the client
+    transports (HTTP and gRPC) so callers test the type, never the message. On the wire
+    and to callers that only know ``ACPError`` it is the INTERNAL_ERROR it always was."""
+
+    def __init__(self, message: str, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(ErrorCode.INTERNAL_ERROR, message, details)
+
+
+def internal_error(exc: BaseException, where: str) -> ACPError:
+    """An unexpected fault as INTERNAL_ERROR: logged here with its traceback, reported to
+    the caller with only a correlation id that finds the log line."""
+    correlation_id = str(ULID())
+    log.error("internal error in %s (correlation id %s)", where, correlation_id, exc_info=exc)
+    return ACPError(
+        ErrorCode.INTERNAL_ERROR,
+        f"internal error; correlation id {correlation_id}",
+        {"correlation_id": correlation_id},
+    )
 
 
 def http_status(code: str) -> int:

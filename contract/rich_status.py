@@ -8,7 +8,8 @@ The status carries the gRPC code of the error table, the message, and two detail
   clients rebuild the exact ``ACPError``. ``Struct`` numbers are doubles, so whole numbers
   come back as ``int`` (details hold counts and sequences, not whole-valued floats).
 
-The server side packs with ``to_status``; every gRPC client unpacks with ``from_status``.
+The server side packs with ``to_status``; every gRPC client unpacks with ``from_status``
+(UNAVAILABLE without ACP details, the runtime's "cannot connect", is a ``TransportError``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from google.protobuf import json_format, struct_pb2
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 
-from cleveragents.acp.contract.errors import ERROR_DOMAIN, TABLE, ACPError, ErrorCode, grpc_code
+from cleveragents.acp.contract.errors import (
+    ERROR_DOMAIN,
+    TABLE,
+    ACPError,
+    ErrorCode,
+    TransportError,
+    grpc_code,
+)
 from cleveragents.acp.v1 import errors_pb2
 
 DETAILS_KEY = "grpc-status-details-bin"
@@ -101,5 +109,8 @@ def from_status(code: grpc.StatusCode, message: str, details_bin: bytes | None) 
                     info = candidate
     if info is not None:
         return ACPError(info.reason, message, dict(info.metadata))
+    if code == grpc.StatusCode.UNAVAILABLE:
+        # The runtime's own status for a server it cannot reach or lost: no ACP server said it.
+        return TransportError(message or code.name, {"grpc_code": code.name})
     acp_code = _BY_GRPC_CODE.get(code, "INTERNAL_ERROR")
     return ACPError(acp_code, message or code.name, {"grpc_code": code.name})

@@ -13,12 +13,11 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Protocol, cast
 
 from google.protobuf import message
-from ulid import ULID
 
 from cleveragents.acp.contract import surface, versions
 from cleveragents.acp.contract.call import LOCAL_PRINCIPAL, CallContext, Principal
 from cleveragents.acp.contract.catalog import Operation
-from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
 from cleveragents.acp.contract.required import check_required
 from cleveragents.acp.facade.handlers.table import Handler, Streaming, Unary
 
@@ -39,16 +38,6 @@ class TicketRedeemer(Protocol):
 
 class Closeable(Protocol):
     async def close(self) -> None: ...
-
-
-def internal_error(exc: BaseException, where: str) -> ACPError:
-    correlation_id = str(ULID())
-    log.error("internal error in %s (correlation id %s)", where, correlation_id, exc_info=exc)
-    return ACPError(
-        ErrorCode.INTERNAL_ERROR,
-        f"internal error; correlation id {correlation_id}",
-        {"correlation_id": correlation_id},
-    )
 
 
 class ServiceFacade:

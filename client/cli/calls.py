@@ -29,7 +29,7 @@ from cleveragents.acp.client.cli import live, operations, render
 from cleveragents.acp.client.cli.connect import ConfigError, Connection, add_options, option, resolve
 from cleveragents.acp.contract import catalog, codec, envelope, errors, versions
 from cleveragents.acp.contract.catalog import Operation
-from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.contract.errors import ACPError, TransportError
 from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.v1 import events_pb2, plan_pb2, session_pb2
 
@@ -109,11 +109,8 @@ def call_options(conn: Connection) -> CallOptions:
 
 
 def is_unreachable(exc: ACPError) -> bool:
-    """The transports report a server they cannot reach (or lost) as INTERNAL_ERROR: HTTP
-    with a message "cannot reach ...", gRPC with the status UNAVAILABLE."""
-    return exc.code == "INTERNAL_ERROR" and (
-        exc.details.get("grpc_code") == "UNAVAILABLE" or exc.message.startswith("cannot reach")
-    )
+    """Both transports report a server they cannot reach (or lost) as a ``TransportError``."""
+    return isinstance(exc, TransportError)
 
 
 def fail(exc: BaseException, conn: Connection | None, err: TextIO) -> int:

@@ -24,9 +24,9 @@ from grpc_reflection.v1alpha import reflection
 from cleveragents.acp.contract import catalog, rich_status
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.catalog import Operation
-from cleveragents.acp.contract.errors import ACPError, ErrorCode, grpc_code
+from cleveragents.acp.contract.errors import ACPError, ErrorCode, grpc_code, internal_error
 from cleveragents.acp.contract.transport import TICKET_METADATA
-from cleveragents.acp.facade.service_facade import ServiceFacade, internal_error
+from cleveragents.acp.facade.service_facade import ServiceFacade
 from cleveragents.acp.gateway import common
 from cleveragents.acp.gateway.streams import Tick, until_stopped
 

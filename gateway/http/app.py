@@ -27,9 +27,8 @@ from starlette.types import Receive, Scope, Send
 
 from cleveragents.acp.contract import catalog, codec, envelope, sse
 from cleveragents.acp.contract.catalog import Operation
-from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
 from cleveragents.acp.contract.transport import CallOptions, Transport
-from cleveragents.acp.facade.service_facade import internal_error
 from cleveragents.acp.gateway import common
 from cleveragents.acp.gateway.http import binding, redaction
 from cleveragents.acp.gateway.http.application import GatewayApp

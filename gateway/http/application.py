@@ -27,8 +27,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cleveragents.acp.contract import versions
-from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.service_facade import internal_error
+from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
 from cleveragents.acp.gateway.http import openapi
 from cleveragents.acp.gateway.http.routing import OPENAPI_PATH, not_found, route_path
 from cleveragents.acp.gateway.web import pages

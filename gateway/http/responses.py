@@ -20,18 +20,18 @@ from cleveragents.acp.gateway import common
 
 
 class EnvelopeResponse(Response):
-    """A JSON envelope: Starlette's Response with its headers built directly (every
-    answer of the gateway is one, and the generic header handling costs more than the
-    JSON). The gateway's own headers never hold Content-Length or Content-Type."""
+    """A JSON envelope: Starlette's Response, its headers built by an ``init_headers`` of
+    our own (every answer of the gateway is one, and the generic header handling costs
+    more than the JSON). The gateway's own headers never hold Content-Length or Content-Type."""
 
     media_type = "application/json"
 
     def __init__(
         self, content: Any, status_code: int = 200, headers: Mapping[str, str] | None = None
     ) -> None:
-        self.status_code = status_code
-        self.background = None
-        self.body = self.render(content)
+        super().__init__(content, status_code, headers)
+
+    def init_headers(self, headers: Mapping[str, str] | None = None) -> None:
         raw = [
             (key.lower().encode("latin-1"), value.encode("latin-1")) for key, value in (headers or {}).items()
         ]

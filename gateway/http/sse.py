@@ -19,8 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from cleveragents.acp.contract import sse
 from cleveragents.acp.contract.catalog import Operation
-from cleveragents.acp.contract.errors import ACPError
-from cleveragents.acp.facade.service_facade import internal_error
+from cleveragents.acp.contract.errors import ACPError, internal_error
 from cleveragents.acp.gateway.http.responses import Exchange
 from cleveragents.acp.gateway.streams import Tick, batches
 

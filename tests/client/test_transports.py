@@ -7,6 +7,7 @@ LocalTransport runs over an in-process facade with the same token file as a real
 from __future__ import annotations
 
 import pathlib
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -18,7 +19,7 @@ from cleveragents.acp.client.grpc_transport import GrpcTransport
 from cleveragents.acp.client.http_transport import HTTPTransport
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract import catalog, codec
-from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.contract.errors import ACPError, TransportError
 from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.facade.auth import TokenAuthenticator
 from cleveragents.acp.facade.factory import open_facade
@@ -199,3 +200,40 @@ async def test_a_stream_closed_before_its_first_item_is_released(
     finally:
         await http.close()
         await grpc_transport.close()
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize("wire", ["http", "grpc"])
+async def test_a_server_that_cannot_be_reached_is_a_transport_error(wire: str) -> None:
+    """Both transports say "unreachable" by type, still the INTERNAL_ERROR callers knew."""
+    port = _closed_port()
+    transport: Transport = (
+        HTTPTransport.connect(f"http://127.0.0.1:{port}", timeout=5)
+        if wire == "http"
+        else GrpcTransport.connect(f"127.0.0.1:{port}", timeout=5)
+    )
+    op = catalog.OPERATIONS["meta.version"]
+    options = CallOptions(acp_version=None, token=None, request_id="r-1")
+    try:
+        with pytest.raises(TransportError) as raised:
+            await transport.call(op, op.request_type(), options)
+        assert raised.value.code == "INTERNAL_ERROR"
+        assert isinstance(raised.value, ACPError)
+    finally:
+        await transport.close()
+
+
+async def test_an_acp_error_is_not_a_transport_error(clients: dict[str, Factory]) -> None:
+    """A server's own answer (no token here) is never taken for an unreachable server."""
+    for make in clients.values():
+        with pytest.raises(ACPError) as raised:
+            await make().call("session.list")
+        assert raised.value.code == "AUTH_REQUIRED"
+        assert not isinstance(raised.value, TransportError)

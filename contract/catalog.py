@@ -2,22 +2,29 @@
 
 This is the only operation table in the project: the gateway's routes, the CLI's
 commands, the local transport and the docs all read it.
+
+It holds every major version found among the generated packages (``cleveragents.acp.v1``,
+a later ``v2``: ``discover``), each a ``Major`` with its own operations, routes prefix, gRPC
+package and version table; an operation name may exist in several majors. ``OPERATIONS``
+and ``get`` are those of the default major (``versions.DEFAULT_MAJOR``).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import itertools
 import pkgutil
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 
 from google.api import annotations_pb2, http_pb2
 from google.protobuf import descriptor, descriptor_pb2, message, message_factory
 
-import cleveragents.acp.v1 as acp_v1
 from cleveragents.acp.contract import surface, versions
+from cleveragents.acp.contract.versions import VersionTable
 from cleveragents.acp.v1 import options_pb2
 
 NAME_PATTERN = re.compile(r"^[a-z_]+\.[a-z_]+$")
@@ -50,6 +57,18 @@ class Operation:
     # client can see, so a reader role may make it (docs/security.md).
     read_only: bool
     descriptor: descriptor.MethodDescriptor = field(repr=False, compare=False)
+    # The major version whose package declares it; its table negotiates the version.
+    version_table: VersionTable = versions.V1
+
+    @property
+    def major(self) -> int:
+        return self.version_table.major
+
+    @property
+    def key(self) -> str:
+        """The operation's name in handler tables: the bare name in major 1 (``plan.status``),
+        else qualified by its major (``session.show@v2``)."""
+        return self.name if self.version_table.major == 1 else f"{self.name}@v{self.version_table.major}"
 
     @property
     def group(self) -> str:
@@ -69,7 +88,7 @@ class CatalogError(Exception):
     """The proto breaks a rule the catalog relies on (a missing option or route)."""
 
 
-def _http_rule(method: descriptor.MethodDescriptor) -> HttpRule:
+def _http_rule(method: descriptor.MethodDescriptor, table: VersionTable) -> HttpRule:
     options = method.GetOptions()
     if not options.HasExtension(annotations_pb2.http):
         raise CatalogError(f"{method.full_name} has no google.api.http rule")
@@ -78,12 +97,12 @@ def _http_rule(method: descriptor.MethodDescriptor) -> HttpRule:
     if verb is None or verb == "custom":
         raise CatalogError(f"{method.full_name} needs a get/put/post/delete/patch http rule")
     path: str = getattr(rule, verb)
-    if not path.startswith("/api/v1/"):
-        raise CatalogError(f"{method.full_name}: route {path!r} is not under /api/v1/")
+    if not path.startswith(f"{table.prefix}/"):
+        raise CatalogError(f"{method.full_name}: route {path!r} is not under {table.prefix}/")
     return HttpRule(verb.upper(), path, rule.body, tuple(_PATH_PARAM.findall(path)))
 
 
-def _operation(method: descriptor.MethodDescriptor) -> Operation:
+def _operation(method: descriptor.MethodDescriptor, table: VersionTable) -> Operation:
     options = method.GetOptions()
     if not options.HasExtension(options_pb2.operation):
         raise CatalogError(f"{method.full_name} has no (cleveragents.acp.v1.operation) option")
@@ -92,8 +111,10 @@ def _operation(method: descriptor.MethodDescriptor) -> Operation:
         raise CatalogError(f"{method.full_name}: operation name {op.name!r} is not <group>.<verb>")
     if method.client_streaming:
         raise CatalogError(f"{method.full_name}: client streaming is not part of ACP")
-    if op.since not in versions.RELEASED or versions.newer(op.since, versions.CURRENT):
-        raise CatalogError(f"{method.full_name}: since {op.since!r} is not a released ACP version")
+    if op.since not in table.released or versions.newer(op.since, table.current):
+        raise CatalogError(
+            f"{method.full_name}: since {op.since!r} is not a released version of ACP {table.major}"
+        )
     return Operation(
         name=op.name,
         since=op.since,
@@ -103,44 +124,126 @@ def _operation(method: descriptor.MethodDescriptor) -> Operation:
         request_type=message_factory.GetMessageClass(method.input_type),
         response_type=message_factory.GetMessageClass(method.output_type),
         server_streaming=method.server_streaming,
-        http=_http_rule(method),
+        http=_http_rule(method, table),
         anonymous=op.anonymous,
         read_only=options.idempotency_level == descriptor_pb2.MethodOptions.NO_SIDE_EFFECTS,
         descriptor=method,
+        version_table=table,
     )
 
 
-def _contract_files() -> Iterator[descriptor.FileDescriptor]:
-    for module_info in pkgutil.iter_modules(acp_v1.__path__):
+def _contract_files(package: ModuleType) -> Iterator[descriptor.FileDescriptor]:
+    for module_info in pkgutil.iter_modules(package.__path__):
         if module_info.name.endswith("_pb2"):
-            module = importlib.import_module(f"{acp_v1.__name__}.{module_info.name}")
+            module = importlib.import_module(f"{package.__name__}.{module_info.name}")
             yield module.DESCRIPTOR
 
 
-def build(files: Iterator[descriptor.FileDescriptor] | None = None) -> Mapping[str, Operation]:
-    """Every RPC of the given files (default: the ACP contract), by operation name."""
-    table: dict[str, Operation] = {}
+def build(
+    files: Iterable[descriptor.FileDescriptor] | None = None, table: VersionTable = versions.V1
+) -> Mapping[str, Operation]:
+    """Every RPC of the given files (default: the ACP 1 contract), by operation name;
+    ``table`` is the version table of the major they belong to."""
+    operations: dict[str, Operation] = {}
     routes: dict[tuple[str, str], str] = {}
-    contract_files = list(files if files is not None else _contract_files())
-    problems = surface.check_versions(contract_files)
+    if files is None:
+        files = _contract_files(importlib.import_module(versions.V1.package))
+    contract_files = list(files)
+    problems = surface.check_versions(contract_files, table)
     if problems:
         raise CatalogError("; ".join(problems))
     for file in contract_files:
         for service in file.services_by_name.values():
             for method in service.methods:
-                op = _operation(method)
-                if op.name in table:
+                op = _operation(method, table)
+                if op.name in operations:
                     raise CatalogError(f"operation {op.name} is declared twice")
                 route = (op.http.method, op.http.path)
                 if route in routes:
                     raise CatalogError(f"{op.name} and {routes[route]} share the route {route}")
-                table[op.name] = op
+                operations[op.name] = op
                 routes[route] = op.name
-    return MappingProxyType(dict(sorted(table.items())))
+    return MappingProxyType(dict(sorted(operations.items())))
 
 
-OPERATIONS: Mapping[str, Operation] = build()
-BY_FULL_METHOD: Mapping[str, Operation] = MappingProxyType({op.full_method: op for op in OPERATIONS.values()})
+@dataclass(frozen=True)
+class Major:
+    """One major version: its proto package's operations and its version table."""
+
+    version_table: VersionTable
+    operations: Mapping[str, Operation]
+
+    @property
+    def number(self) -> int:
+        return self.version_table.major
+
+    @property
+    def prefix(self) -> str:
+        return self.version_table.prefix
+
+    @property
+    def package(self) -> str:
+        return self.version_table.package
+
+
+class Catalog:
+    """The operations of every major served side by side."""
+
+    def __init__(self, majors: Iterable[Major]) -> None:
+        by_number = {major.number: major for major in majors}
+        if not by_number:
+            raise CatalogError("the catalog holds no major version")
+        self.majors: Mapping[int, Major] = MappingProxyType(dict(sorted(by_number.items())))
+        self.default: Major = by_number.get(versions.DEFAULT_MAJOR) or next(iter(self.majors.values()))
+        self.by_full_method: Mapping[str, Operation] = MappingProxyType(
+            {op.full_method: op for major in self.majors.values() for op in major.operations.values()}
+        )
+
+    def operations(self) -> Iterator[Operation]:
+        """Every operation of every major."""
+        for major in self.majors.values():
+            yield from major.operations.values()
+
+    def major_for(self, version: str | None) -> Major:
+        """The major a client speaking ``version`` calls; the default major when it names
+        none, or one this catalog lacks (negotiation then refuses it, listing the supported
+        versions)."""
+        major = versions.major_of(version, self.default.number)
+        return self.majors.get(major, self.default)
+
+    def get(self, name: str, version: str | None = None) -> Operation | None:
+        """The operation ``name`` of the major ``version`` names."""
+        return self.major_for(version).operations.get(name)
+
+
+def major(package: ModuleType, table: VersionTable) -> Major:
+    """The major of a generated package (``cleveragents.acp.v2``) and its version table."""
+    if package.__name__.rsplit(".", 1)[-1] != f"v{table.major}":
+        raise CatalogError(f"{package.__name__} is not the package of ACP major {table.major}")
+    return Major(table, build(_contract_files(package), table))
+
+
+def discover(
+    root: str = versions.PACKAGE_ROOT, tables: Mapping[int, VersionTable] = versions.TABLES
+) -> Catalog:
+    """Every generated major package under ``root``, each with its table from
+    ``contract/versions.py``: no list of majors is kept by hand. Majors are numbered from 1
+    without gaps, so ``v1``, ``v2``... are looked up until one is missing (an editable
+    install's namespace cannot be listed)."""
+    found: list[Major] = []
+    for number in itertools.count(1):
+        name = f"{root}.v{number}"
+        if importlib.util.find_spec(name) is None:
+            break
+        if number not in tables:
+            raise CatalogError(f"{name} has no version table in contract/versions.py")
+        found.append(major(importlib.import_module(name), tables[number]))
+    return Catalog(found)
+
+
+CATALOG: Catalog = discover()
+OPERATIONS: Mapping[str, Operation] = CATALOG.default.operations
+BY_FULL_METHOD: Mapping[str, Operation] = CATALOG.by_full_method
 
 
 def get(name: str) -> Operation | None:

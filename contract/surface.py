@@ -173,18 +173,20 @@ def event_types(
     return [] if len(known) == len(since_of) else known
 
 
-def check_versions(files: Iterable[descriptor.FileDescriptor]) -> list[str]:
-    """Problems with the ``(since)`` options of every message in ``files``: a version that was
-    never released or is newer than the current one."""
+def check_versions(
+    files: Iterable[descriptor.FileDescriptor], table: versions.VersionTable = versions.V1
+) -> list[str]:
+    """Problems with the ``(since)`` options of every message in ``files``: a version that
+    ``table``'s major never released or is newer than its current one."""
     problems: list[str] = []
 
     def visit(message_type: descriptor.Descriptor) -> None:
         for field in message_type.fields:
             since = field_since(field)
-            if since is not None and (
-                since not in versions.RELEASED or versions.newer(since, versions.CURRENT)
-            ):
-                problems.append(f"{field.full_name}: (since) {since!r} is not a released ACP version")
+            if since is not None and (since not in table.released or versions.newer(since, table.current)):
+                problems.append(
+                    f"{field.full_name}: (since) {since!r} is not a released version of ACP {table.major}"
+                )
         for nested in message_type.nested_types:
             visit(nested)
 

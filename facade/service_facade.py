@@ -14,7 +14,7 @@ from typing import Protocol, cast
 
 from google.protobuf import message
 
-from cleveragents.acp.contract import surface, versions
+from cleveragents.acp.contract import surface
 from cleveragents.acp.contract.call import LOCAL_PRINCIPAL, CallContext, Principal
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
@@ -68,17 +68,18 @@ class ServiceFacade:
             ctx.principal = LOCAL_PRINCIPAL
         else:
             ctx.principal = self.authenticator.authenticate(ctx.token)
-        ctx.served_version = versions.negotiate(ctx.acp_version)
-        versions.check_operation(ctx.served_version, op.name, op.since)
+        table = op.version_table
+        ctx.served_version = table.negotiate(ctx.acp_version)
+        table.check_operation(ctx.served_version, op.name, op.since)
         if not isinstance(request, op.request_type):
             raise ACPError(
                 ErrorCode.INVALID_PARAMS,
                 f"{op.name} takes {op.request_type.DESCRIPTOR.full_name}, not {type(request).__name__}",
             )
-        if ctx.served_version != versions.CURRENT:
+        if ctx.served_version != table.current:
             surface.check_request(request, ctx.served_version)
         check_required(request)
-        handler = self._handlers.get(op.name)
+        handler = self._handlers.get(op.key)
         if handler is None:
             raise ACPError(
                 ErrorCode.NOT_FOUND,
@@ -110,7 +111,7 @@ class ServiceFacade:
             raise
         except Exception as exc:
             raise internal_error(exc, op.name) from exc
-        if ctx.served_version != versions.CURRENT:
+        if ctx.served_version != op.version_table.current:
             return surface.strip(response, ctx.served_version)
         return response
 
@@ -128,14 +129,15 @@ class ServiceFacade:
             raise
         except Exception as exc:
             raise internal_error(exc, op.name) from exc
-        return self._guarded(items, op.name, ctx.served_version)
+        return self._guarded(items, op, ctx.served_version)
 
     @staticmethod
     async def _guarded(
-        items: AsyncIterator[message.Message], where: str, version: str
+        items: AsyncIterator[message.Message], op: Operation, version: str
     ) -> AsyncIterator[message.Message]:
         """Items as the client's version may see them; faults as INTERNAL_ERROR."""
-        older = version != versions.CURRENT
+        where = op.name
+        older = version != op.version_table.current
         try:
             async for item in items:
                 yield surface.strip(item, version) if older else item

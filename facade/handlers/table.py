@@ -7,6 +7,10 @@ mark names the operation and, by the method's name or ``rpc=``, its RPC, so a gr
 ``session.create`` or ``CreateSession`` lands on the method that serves it. The table is
 checked against the catalog when it is built: every operation it serves has exactly one
 handler, of the right kind (coroutine or stream), and nothing else has one.
+
+The table holds every major of the catalog: an operation of major 1 is keyed by its name
+(``session.show``), one of a later major by ``Operation.key`` (``session.show@v2``), and
+its handler is marked ``@handles("session.show", major=2)``.
 """
 
 from __future__ import annotations
@@ -33,24 +37,26 @@ class HandlerTableError(Exception):
     """The handlers do not match the catalog: a start-up error naming the operation."""
 
 
-def handles(operation: str, *, rpc: str | None = None) -> Callable[[F], F]:
-    """Mark a method as the handler of ``operation``; ``rpc`` is its RPC method name,
-    by default the method's own name. Marks stack: one method may serve several
-    operations (the registry verbs serve every kind), each named by its own mark."""
+def handles(operation: str, *, rpc: str | None = None, major: int = 1) -> Callable[[F], F]:
+    """Mark a method as the handler of ``operation`` of the major version ``major``;
+    ``rpc`` is its RPC method name, by default the method's own name. Marks stack: one
+    method may serve several operations (the registry verbs serve every kind), each named
+    by its own mark."""
+    key = operation if major == 1 else f"{operation}@v{major}"
 
     def mark(method: F) -> F:
         marks: list[tuple[str, str]] = method.__dict__.setdefault(_MARK, [])
-        marks.append((operation, rpc or method.__name__))
+        marks.append((key, rpc or method.__name__))
         return method
 
     return mark
 
 
 def _marked(group: object) -> Iterator[tuple[str, str, Handler]]:
-    """(operation, rpc, bound handler) for every mark on the group's methods."""
+    """(operation key, rpc, bound handler) for every mark on the group's methods."""
     for name, attribute in inspect.getmembers(type(group), inspect.isfunction):
-        for operation, rpc in getattr(attribute, _MARK, ()):
-            yield operation, rpc, getattr(group, name)
+        for key, rpc in getattr(attribute, _MARK, ()):
+            yield key, rpc, getattr(group, name)
 
 
 def _check(op: Operation, rpc: str, handler: Handler) -> None:
@@ -61,20 +67,27 @@ def _check(op: Operation, rpc: str, handler: Handler) -> None:
         raise HandlerTableError(f"the handler of {op.name} must {shape}")
 
 
-def build(groups: Iterable[object], *, serves: Iterable[str] | None = None) -> Mapping[str, Handler]:
-    """The table of the handlers marked on ``groups``, checked against the catalog.
+def build(
+    groups: Iterable[object],
+    *,
+    serves: Iterable[str] | None = None,
+    contract: catalog.Catalog | None = None,
+) -> Mapping[str, Handler]:
+    """The table of the handlers marked on ``groups``, checked against the catalog
+    (``contract``, default: the product's, every major).
 
-    ``serves`` names the operations the table must serve (default: every operation of
-    the catalog); a missing handler, a second one, or one for any other operation is a
-    ``HandlerTableError`` naming the operation."""
-    wanted = set(catalog.OPERATIONS) if serves is None else set(serves)
-    unknown = sorted(wanted - set(catalog.OPERATIONS))
+    ``serves`` names the operations the table must serve, by ``Operation.key`` (default:
+    every operation of the catalog); a missing handler, a second one, or one for any other
+    operation is a ``HandlerTableError`` naming the operation."""
+    known = {op.key: op for op in (contract or catalog.CATALOG).operations()}
+    wanted = set(known) if serves is None else set(serves)
+    unknown = sorted(wanted - set(known))
     if unknown:
         raise HandlerTableError(f"no operation {', '.join(unknown)} in the catalog")
     table: dict[str, Handler] = {}
     for group in groups:
         for name, rpc, handler in _marked(group):
-            op = catalog.OPERATIONS.get(name)
+            op = known.get(name)
             if op is None:
                 raise HandlerTableError(f"{handler.__qualname__} handles {name}, which the catalog lacks")
             if name not in wanted:

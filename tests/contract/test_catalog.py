@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool
@@ -189,3 +190,44 @@ def test_every_get_route_is_read_only() -> None:
         "context.simulate",
         "events.ticket",
     }
+
+
+def test_majors_are_discovered_from_the_generated_packages() -> None:
+    assert list(catalog.CATALOG.majors) == [1]
+    v1 = catalog.CATALOG.majors[1]
+    assert v1.prefix == "/api/v1"
+    assert v1.package == "cleveragents.acp.v1"
+    assert v1.version_table is versions.V1
+    assert catalog.OPERATIONS is v1.operations
+    assert all(op.major == 1 and op.key == op.name for op in catalog.CATALOG.operations())
+    assert all(op.service.startswith("cleveragents.acp.v1.") for op in catalog.CATALOG.operations())
+
+
+def test_a_major_package_without_a_version_table_is_refused() -> None:
+    with pytest.raises(catalog.CatalogError, match=r"cleveragents\.acp\.v1 has no version table"):
+        catalog.discover(tables={})
+
+
+def test_a_version_picks_its_major_and_an_unknown_one_the_default() -> None:
+    assert catalog.CATALOG.major_for("1.1").number == 1
+    assert catalog.CATALOG.major_for(None).number == 1
+    # No major 7 here: the default major answers, and its negotiation refuses 7.0.
+    assert catalog.CATALOG.major_for("7.0").number == 1
+    assert catalog.CATALOG.major_for("latest").number == 1
+    assert catalog.CATALOG.get("plan.status", "1.2") is catalog.OPERATIONS["plan.status"]
+
+
+@pytest.mark.parametrize(
+    ("table", "problem"),
+    [
+        (dict(major=2, current="1.2", supported=("1.2",), released=("1.2",)), "not a version of major 2"),
+        (
+            dict(major=1, current="1.2", supported=("1.1", "1.2"), released=("1.1", "1.2")),
+            "must start at the current one",
+        ),
+        (dict(major=1, current="1.2", supported=("1.2",), released=("1.1",)), "must start at the current"),
+    ],
+)
+def test_a_version_table_must_describe_one_major(table: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        versions.VersionTable(**table)

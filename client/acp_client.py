@@ -3,6 +3,9 @@
 ``client.call("plan.status", {"plan_id": ...})`` or with a request message;
 ``client.ops.plan.status(plan_id=...)`` reads the same from the catalog;
 ``client.subscribe({...})`` yields events.
+
+The operation called is the one of the major the client's ``acp_version`` names
+(``2.0``: ACP 2's ``session.show``); no version, the default major's.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 from google.protobuf import message
 
 from cleveragents.acp.contract import catalog, codec
-from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.catalog import Catalog, Major, Operation
 from cleveragents.acp.contract.envelope import new_request_id
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.contract.transport import CallOptions, Transport
@@ -22,11 +25,24 @@ from cleveragents.acp.v1 import events_pb2
 Params = Mapping[str, Any] | message.Message | None
 
 
-def resolve(name: str) -> Operation:
-    op = catalog.get(name)
+def resolve(name: str, major: Major | None = None) -> Operation:
+    """The operation ``name`` of ``major`` (default: the default major's), or NOT_FOUND."""
+    op = (major or catalog.CATALOG.default).operations.get(name)
     if op is None:
-        raise ACPError(ErrorCode.NOT_FOUND, f"unknown operation {name!r}", {"operation": name})
+        where = "" if major is None or major.number == 1 else f" in ACP {major.number}"
+        raise ACPError(ErrorCode.NOT_FOUND, f"unknown operation {name!r}{where}", {"operation": name})
     return op
+
+
+def in_major(op: Operation, request: message.Message, major: Major) -> tuple[Operation, message.Message]:
+    """``op`` and ``request`` as the major ``major`` has them: its operation of the same name,
+    the request carried over field by field when that major's request type differs."""
+    if op.major == major.number:
+        return op, request
+    target = resolve(op.name, major)
+    if target.request_type is type(request):
+        return target, request
+    return target, codec.from_dict(codec.to_dict(request), target.request_type)
 
 
 def request_for(op: Operation, params: Params, fields: Mapping[str, Any]) -> message.Message:
@@ -65,18 +81,36 @@ class _Operations:
 
 class ACPClient:
     def __init__(
-        self, transport: Transport, *, acp_version: str | None = None, token: str | None = None
+        self,
+        transport: Transport,
+        *,
+        acp_version: str | None = None,
+        token: str | None = None,
+        contract: Catalog | None = None,
     ) -> None:
+        """``contract`` is the catalog whose majors the client may speak (default: the product's)."""
         self.transport = transport
         self.acp_version = acp_version
         self.token = token
         self.ops = _Operations(self)
+        self._contract = contract or catalog.CATALOG
+        self._major_of: tuple[str | None, Major] = (None, self._contract.default)
+
+    @property
+    def major(self) -> Major:
+        """The major ``acp_version`` names (remembered for the version last seen)."""
+        version, major = self._major_of
+        if version != self.acp_version:
+            major = self._contract.major_for(self.acp_version)
+            self._major_of = (self.acp_version, major)
+        return major
 
     def _options(self) -> CallOptions:
         return CallOptions(acp_version=self.acp_version, token=self.token, request_id=new_request_id())
 
     async def call(self, operation: str, params: Params = None, **fields: Any) -> message.Message:
-        op = catalog.OPERATIONS.get(operation) or resolve(operation)
+        major = self.major
+        op = major.operations.get(operation) or resolve(operation, major)
         if op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{operation} is a stream; use subscribe()")
         return await self.transport.call(op, request_for(op, params, fields), self._options())

@@ -88,14 +88,14 @@ class GrpcTransport:
     async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
         if op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is a stream; subscribe to it")
-        method = self._unary.get(op.name)
+        method = self._unary.get(op.full_method)
         if method is None:
             method = self.channel.unary_unary(
                 op.full_method,
                 request_serializer=_serialize,
                 response_deserializer=op.response_type.FromString,
             )
-            self._unary[op.name] = method
+            self._unary[op.full_method] = method
         try:
             response: message.Message = await method(
                 request, metadata=self._metadata(options), timeout=self.timeout
@@ -111,14 +111,14 @@ class GrpcTransport:
         right after admission, and an admission error ends the call before any."""
         if not op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is not a stream")
-        method = self._streams.get(op.name)
+        method = self._streams.get(op.full_method)
         if method is None:
             method = self.channel.unary_stream(
                 op.full_method,
                 request_serializer=_serialize,
                 response_deserializer=op.response_type.FromString,
             )
-            self._streams[op.name] = method
+            self._streams[op.full_method] = method
         call = method(request, metadata=self._metadata(options))
         try:
             initial = await call.initial_metadata()

@@ -121,7 +121,8 @@ class HTTPTransport:
             payload["acp_version"] = options.acp_version
         try:
             response = await self.client.post(
-                ENVELOPE_PATH,
+                # Each major has its envelope endpoint under its own prefix (/api/v2/acp).
+                ENVELOPE_PATH if op.major == 1 else f"{op.version_table.prefix}/acp",
                 content=orjson.dumps(payload),
                 headers={**self._headers(options), "Content-Type": "application/json"},
             )

@@ -11,6 +11,7 @@ and ``get`` are those of the default major (``versions.DEFAULT_MAJOR``).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import itertools
@@ -64,7 +65,7 @@ class Operation:
     def major(self) -> int:
         return self.version_table.major
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """The operation's name in handler tables: the bare name in major 1 (``plan.status``),
         else qualified by its major (``session.show@v2``)."""
@@ -78,7 +79,7 @@ class Operation:
     def verb(self) -> str:
         return self.name.split(".", 1)[1]
 
-    @property
+    @functools.cached_property
     def full_method(self) -> str:
         """The gRPC wire name, `/cleveragents.acp.v1.PlanService/GetPlanStatus`."""
         return f"/{self.service}/{self.method}"
@@ -223,13 +224,12 @@ def major(package: ModuleType, table: VersionTable) -> Major:
     return Major(table, build(_contract_files(package), table))
 
 
-def discover(
-    root: str = versions.PACKAGE_ROOT, tables: Mapping[int, VersionTable] = versions.TABLES
-) -> Catalog:
+def discover(root: str = versions.PACKAGE_ROOT, tables: Mapping[int, VersionTable] | None = None) -> Catalog:
     """Every generated major package under ``root``, each with its table from
     ``contract/versions.py``: no list of majors is kept by hand. Majors are numbered from 1
     without gaps, so ``v1``, ``v2``... are looked up until one is missing (an editable
     install's namespace cannot be listed)."""
+    tables = versions.TABLES if tables is None else tables
     found: list[Major] = []
     for number in itertools.count(1):
         name = f"{root}.v{number}"

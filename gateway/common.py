@@ -41,9 +41,10 @@ def request_id(value: str | None) -> str:
     return value
 
 
-def served_version(requested: str | None) -> str:
-    """The version a response is labelled with: the requested one when spoken, else current."""
+def served_version(requested: str | None, table: versions.VersionTable = versions.V1) -> str:
+    """The version a response is labelled with: the requested one when ``table``'s major
+    speaks it, else that major's current one."""
     try:
-        return versions.negotiate(requested)
+        return table.negotiate(requested)
     except ACPError:
-        return versions.CURRENT
+        return table.current

@@ -102,10 +102,14 @@ def test_a_built_wheel_carries_every_package_and_imports(tmp_path: pathlib.Path)
         "gateway/web/static/docs/init.js",
     ):
         assert f"cleveragents/acp/{module}" in names
+    # The test-only ACP 2 (tests/proto_v2) ships in no form.
+    assert not [name for name in names if name.endswith(".proto") or "acp/v2/" in name]
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1]); "
         "import cleveragents.acp.facade.factory, cleveragents.acp.gateway.server; "
         "import cleveragents.acp.client.cli.main; "
+        "from cleveragents.acp.contract import catalog; "
+        "assert list(catalog.CATALOG.majors) == [1], catalog.CATALOG.majors; "
         "stray = [n for n, m in sys.modules.items() if n.startswith('cleveragents.acp.') "
         "and getattr(m, '__file__', None) and not m.__file__.startswith(sys.argv[1])]; "
         "assert not stray, stray"

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from google.protobuf import message
 
-from cleveragents.acp.client.acp_client import ACPClient
+from cleveragents.acp.client.acp_client import ACPClient, in_major
 from cleveragents.acp.client.cli import live, operations, render
 from cleveragents.acp.client.cli.connect import ConfigError, Connection, add_options, option, resolve
 from cleveragents.acp.contract import catalog, codec, envelope, errors, versions
@@ -241,6 +241,8 @@ async def _settle(err: TextIO) -> None:
 
 
 async def _call(conn: Connection, op: Operation, request: message.Message, args: argparse.Namespace) -> int:
+    # The commands are ACP 1's; --acp-version 2.0 calls ACP 2's operation of the same name.
+    op, request = in_major(op, request, catalog.CATALOG.major_for(conn.acp_version))
     printer = Printer(args, conn, sys.stdout)
     client = open_client(conn)
     options = call_options(conn)

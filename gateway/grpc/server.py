@@ -5,7 +5,9 @@ request bytes, so a malformed or oversized message is an INVALID_PARAMS in the A
 instead of the runtime's own error. The wrappers read the credentials, version and request
 id from the metadata into a ``CallContext`` and hand the call to the facade, which does
 every check; an ``ACPError`` goes back as a ``google.rpc.Status`` (``rich_status``).
-Unknown methods of the ACP package answer NOT_FOUND the same way. Reflection and health are on.
+Unknown methods of an ACP package answer NOT_FOUND the same way. Reflection and health are on.
+Every major of the catalog is served, each under its own package (``cleveragents.acp.v1``,
+``cleveragents.acp.v2``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from cleveragents.acp.contract import catalog, rich_status
+from cleveragents.acp.contract import catalog, rich_status, versions
 from cleveragents.acp.contract.call import CallContext
-from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.catalog import Catalog, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, grpc_code, internal_error
 from cleveragents.acp.contract.transport import TICKET_METADATA
 from cleveragents.acp.facade.service_facade import ServiceFacade
@@ -31,7 +33,6 @@ from cleveragents.acp.gateway import common
 from cleveragents.acp.gateway.streams import Tick, until_stopped
 
 Metadata = tuple[tuple[str, str | bytes], ...]
-ACP_PACKAGE = "cleveragents.acp.v1"
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # The runtime's own cap sits above ours, so our check (and its ACP error) runs first.
 _RUNTIME_SLACK = 1024 * 1024
@@ -73,10 +74,12 @@ class GrpcHandlers:
         *,
         closing: asyncio.Event,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        contract: Catalog | None = None,
     ) -> None:
         self._facade = facade
         self._closing = closing
         self._max_bytes = max_message_bytes
+        self._contract = contract or catalog.CATALOG
 
     def _context(self, context: grpc.aio.ServicerContext[Any, Any]) -> CallContext:
         metadata = {
@@ -114,17 +117,23 @@ class GrpcHandlers:
         return request
 
     @staticmethod
-    def _trailers(ctx: CallContext | None) -> Metadata:
+    def _trailers(ctx: CallContext | None, op: Operation | None) -> Metadata:
         if ctx is None:
             return ()
-        version = ctx.served_version or common.served_version(ctx.acp_version)
+        version = ctx.served_version or common.served_version(
+            ctx.acp_version, op.version_table if op is not None else versions.V1
+        )
         return ((common.REQUEST_ID_HEADER, ctx.request_id), (common.VERSION_HEADER, version))
 
     async def _abort(
-        self, context: grpc.aio.ServicerContext[Any, Any], err: ACPError, ctx: CallContext | None
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        err: ACPError,
+        ctx: CallContext | None,
+        op: Operation | None = None,
     ) -> NoReturn:
         status = rich_status.to_status(err)
-        trailers = ((rich_status.DETAILS_KEY, status.SerializeToString()), *self._trailers(ctx))
+        trailers = ((rich_status.DETAILS_KEY, status.SerializeToString()), *self._trailers(ctx, op))
         await context.abort(grpc_code(err.code), err.message, trailers)
 
     async def unary(
@@ -135,10 +144,10 @@ class GrpcHandlers:
             ctx = self._context(context)
             response = await self._facade.invoke(op, self._decode(op, data), ctx)
         except ACPError as err:
-            await self._abort(context, err, ctx)
+            await self._abort(context, err, ctx, op)
         except Exception as exc:
-            await self._abort(context, internal_error(exc, op.name), ctx)
-        context.set_trailing_metadata(self._trailers(ctx))
+            await self._abort(context, internal_error(exc, op.name), ctx, op)
+        context.set_trailing_metadata(self._trailers(ctx, op))
         return response
 
     async def stream(
@@ -151,18 +160,18 @@ class GrpcHandlers:
             ctx = self._context(context)
             items = await self._facade.stream(op, self._decode(op, data), ctx)
         except ACPError as err:
-            await self._abort(context, err, ctx)
+            await self._abort(context, err, ctx, op)
         except Exception as exc:
-            await self._abort(context, internal_error(exc, op.name), ctx)
-        await context.send_initial_metadata(self._trailers(ctx))
+            await self._abort(context, internal_error(exc, op.name), ctx, op)
+        await context.send_initial_metadata(self._trailers(ctx, op))
         try:
             async for item in until_stopped(items, [self._closing]):
                 if not isinstance(item, Tick):
                     yield item
         except ACPError as err:
-            await self._abort(context, err, ctx)
+            await self._abort(context, err, ctx, op)
         except Exception as exc:
-            await self._abort(context, internal_error(exc, op.name), ctx)
+            await self._abort(context, internal_error(exc, op.name), ctx, op)
 
     async def unknown(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> NoReturn:
         await self._abort(
@@ -196,13 +205,14 @@ class GrpcHandlers:
 
     def generic_handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
         by_service: dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]] = {}
-        for op in catalog.OPERATIONS.values():
+        for op in self._contract.operations():
             handler = self._stream_handler(op) if op.server_streaming else self._unary_handler(op)
             by_service.setdefault(op.service, {})[op.method] = handler
         return [grpc.method_handlers_generic_handler(name, table) for name, table in by_service.items()]
 
     def fallback_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
-        return _Fallback(self.unknown)
+        packages = tuple(f"/{major.package}." for major in self._contract.majors.values())
+        return _Fallback(self.unknown, packages)
 
 
 if TYPE_CHECKING:
@@ -212,16 +222,19 @@ else:
 
 
 class _Fallback(_GenericRpcHandler):
-    """Registered last: an unknown method of the ACP package answers the ACP NOT_FOUND."""
+    """Registered last: an unknown method of an ACP package answers the ACP NOT_FOUND."""
 
-    def __init__(self, answer: Callable[[str, grpc.aio.ServicerContext[Any, Any]], Any]) -> None:
+    def __init__(
+        self, answer: Callable[[str, grpc.aio.ServicerContext[Any, Any]], Any], packages: tuple[str, ...]
+    ) -> None:
         self._answer = answer
+        self._packages = packages
 
     def service(
         self, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         method = handler_call_details.method
-        if not method.startswith(f"/{ACP_PACKAGE}."):
+        if not method.startswith(self._packages):
             # Other services keep gRPC's UNIMPLEMENTED, which clients probe (reflection v1).
             return None
 
@@ -236,8 +249,8 @@ class _Fallback(_GenericRpcHandler):
         )
 
 
-def service_names() -> list[str]:
-    return sorted({op.service for op in catalog.OPERATIONS.values()})
+def service_names(contract: Catalog | None = None) -> list[str]:
+    return sorted({op.service for op in (contract or catalog.CATALOG).operations()})
 
 
 def build_server(

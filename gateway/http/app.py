@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from cleveragents.acp.contract import catalog, codec, envelope, sse
-from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.catalog import Catalog, Major, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
 from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.gateway import common
@@ -87,11 +87,12 @@ class Gateway:
         settings: GatewaySettings | None = None,
         *,
         closing: asyncio.Event | None = None,
+        contract: Catalog | None = None,
     ) -> None:
         self.transport = transport
         self.settings = settings or GatewaySettings()
         self.closing = closing or asyncio.Event()
-        self.routes = RouteTable()
+        self.routes = RouteTable(contract=contract)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serves any path of the route table (NOT_FOUND envelopes for the others)."""
@@ -116,6 +117,7 @@ class Gateway:
             exchange.acp_version = binding.header(request, _VERSION_HEADER) or None
             exchange.request_id = common.request_id(binding.header(request, _REQUEST_ID_HEADER))
             route, variables = found or self.routes.match(request.method, route_path(request.scope))
+            exchange.version_table = route.version_table
             return await self._dispatch(route, variables, request, exchange)
         except ACPError as err:
             return exchange.error(err)
@@ -136,21 +138,22 @@ class Gateway:
                 return await self._stream(route.op, data, token, request, exchange)
             data = await binding.bind_rest(route.op, request, variables, self.settings.max_body_bytes)
             return await self._call(route.op, data, token, exchange)
-        if route.endpoint == "envelope":
-            return await self._envelope(request, exchange)
+        if route.endpoint == "envelope" and route.major is not None:
+            return await self._envelope(route.major, request, exchange)
         return await self._health(exchange)
 
-    async def _envelope(self, request: Request, exchange: Exchange) -> Response:
+    async def _envelope(self, major: Major, request: Request, exchange: Exchange) -> Response:
         body = binding.parse_json(await binding.read_body(request, self.settings.max_body_bytes))
         parsed = envelope.parse_request(body)
         exchange.acp_version = parsed.acp_version or exchange.acp_version
         if isinstance(body, dict) and body.get("request_id"):
             exchange.request_id = common.request_id(parsed.request_id)
-        op = catalog.get(parsed.operation)
+        op = major.operations.get(parsed.operation)
         if op is None:
             raise ACPError(
                 ErrorCode.NOT_FOUND,
-                f"unknown operation {parsed.operation!r}",
+                f"unknown operation {parsed.operation!r}"
+                + ("" if major.number == 1 else f" in ACP {major.number}"),
                 {"operation": parsed.operation},
             )
         header_token = common.bearer_token(binding.header(request, b"authorization"))

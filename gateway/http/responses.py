@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from cleveragents.acp.contract import envelope
+from cleveragents.acp.contract import envelope, versions
 from cleveragents.acp.contract.errors import ACPError, http_status
 from cleveragents.acp.gateway import common
 
@@ -49,6 +49,8 @@ class Exchange:
     request_id: str | None = None
     acp_version: str | None = None
     extra_headers: dict[str, str] = field(default_factory=dict)
+    # The major the request's path names (/api/v2/...): its versions label the answer.
+    version_table: versions.VersionTable = versions.V1
 
     @property
     def elapsed_ms(self) -> float:
@@ -56,7 +58,7 @@ class Exchange:
 
     @property
     def served_version(self) -> str:
-        return common.served_version(self.acp_version)
+        return common.served_version(self.acp_version, self.version_table)
 
     def ensure_request_id(self) -> str:
         if self.request_id is None:

@@ -4,6 +4,9 @@ compiled from its ``google.api.http`` rule.
 Path variables match one segment without ``:`` so ``/plans/{plan_id}`` and
 ``/plans/{plan_id}:apply`` never shadow each other; matching runs on the raw path and
 decodes each variable, so ``%2F`` and ``%3A`` reach the field as ``/`` and ``:``.
+
+Every major of the catalog has its routes under its own prefix, and its own envelope
+endpoint (``POST /api/v1/acp``, ``POST /api/v2/acp``), which calls that major's operations.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ from urllib.parse import unquote
 
 from starlette.types import Scope
 
-from cleveragents.acp.contract import catalog
-from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract import catalog, versions
+from cleveragents.acp.contract.catalog import Catalog, Major, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.versions import VersionTable
 
 ENVELOPE_PATH = "/api/v1/acp"
+ENVELOPE_SUFFIX = "/acp"
 HEALTH_PATH = "/healthz"
 OPENAPI_PATH = "/api/v1/openapi.json"
 DOCS_PATH = "/api/v1/docs"
@@ -37,6 +42,10 @@ class Route:
     # The operation served, or the name of a fixed endpoint.
     op: Operation | None = None
     endpoint: str = ""
+    # The major an envelope endpoint calls.
+    major: Major | None = None
+    # The versions that label the answer: those of the operation's or the endpoint's major.
+    version_table: VersionTable = versions.V1
 
 
 def compile_template(template: str) -> tuple[re.Pattern[str], dict[str, str]]:
@@ -49,9 +58,17 @@ def compile_template(template: str) -> tuple[re.Pattern[str], dict[str, str]]:
     return re.compile(regex + re.escape(template[position:]) + "$"), variables
 
 
-def _route(method: str, template: str, *, op: Operation | None = None, endpoint: str = "") -> Route:
+def _route(
+    method: str,
+    template: str,
+    *,
+    op: Operation | None = None,
+    endpoint: str = "",
+    major: Major | None = None,
+) -> Route:
     pattern, variables = compile_template(template)
-    return Route(method, template, pattern, variables, op, endpoint)
+    table = op.version_table if op is not None else major.version_table if major is not None else versions.V1
+    return Route(method, template, pattern, variables, op, endpoint, major, table)
 
 
 def _prefix(path: str) -> str:
@@ -64,10 +81,18 @@ def _prefix(path: str) -> str:
 
 
 class RouteTable:
-    def __init__(self, operations: Iterable[Operation] | None = None) -> None:
-        ops = catalog.OPERATIONS.values() if operations is None else operations
+    def __init__(
+        self, operations: Iterable[Operation] | None = None, *, contract: Catalog | None = None
+    ) -> None:
+        """The routes of ``contract``'s majors (default: the product catalog), or of only
+        ``operations`` (then the envelope endpoint calls the default major)."""
+        contract = contract or catalog.CATALOG
+        ops = contract.operations() if operations is None else operations
         self.routes: list[Route] = [
-            _route("POST", ENVELOPE_PATH, endpoint="envelope"),
+            *(
+                _route("POST", major.prefix + ENVELOPE_SUFFIX, endpoint="envelope", major=major)
+                for major in contract.majors.values()
+            ),
             _route("GET", HEALTH_PATH, endpoint="health"),
             *(_route(op.http.method, op.http.path, op=op) for op in ops),
         ]

@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-from bench import actors, local, memory, neighbours, report, streams, unary
+from bench import actors, local, memory, neighbours, report, scaling, streams, unary
 from bench.modes import FULL, QUICK, SMOKE
 from bench.run import Run
 
@@ -22,6 +22,7 @@ FAMILIES: dict[str, Callable[[Run], None]] = {
     "memory": memory.run_all,
     "neighbours": neighbours.run_all,
     "actors": actors.run_all,
+    "scaling": scaling.run_all,
 }
 
 DEFAULT_OUT = pathlib.Path(__file__).parent / "results.json"

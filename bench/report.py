@@ -40,6 +40,8 @@ GOALS = {
     "event_latency_p99_ms": Goal(5, at_most=True),
     "rss_mib_10k_sessions": Goal(200, at_most=True),
     "noisy_neighbour_p99_ms": Goal(20, at_most=True),
+    "list_scaling_ratio": Goal(1.5, at_most=True),
+    "resume_scaling_ratio": Goal(1.5, at_most=True),
     "llm_turn_overhead_ms": Goal(2, at_most=True),
     "delta_event_latency_p99_ms": Goal(5, at_most=True),
 }
@@ -63,6 +65,8 @@ FIGURES = [
     "plan_flow_per_s",
     "rss_mib_10k_sessions",
     "noisy_neighbour_p99_ms",
+    "list_scaling_ratio",
+    "resume_scaling_ratio",
     "llm_turn_overhead_ms",
     "delta_event_latency_p99_ms",
 ]

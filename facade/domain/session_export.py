@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf import json_format, message, timestamp_pb2
+from google.protobuf import json_format, message, struct_pb2, timestamp_pb2
 from ulid import ULID
 
 from cleveragents.acp.contract import codec
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain import slices
 from cleveragents.acp.facade.domain.session_records import STATE_NAMES
 from cleveragents.acp.v1 import context_pb2, session_pb2
 
@@ -92,6 +93,27 @@ def _require_time(msg: message.Message, field_name: str, path: str) -> None:
 
 def parse(document: dict[str, Any]) -> Exported:
     """The session, messages and context configuration a document holds, all checked."""
+    return slices.run(parsing(document))
+
+
+def from_struct(document: struct_pb2.Struct) -> slices.Sliced[dict[str, Any]]:
+    """The document as plain JSON values, its messages converted a slice at a time."""
+    converted: dict[str, Any] = {}
+    for key, value in document.fields.items():
+        if key == "messages" and value.WhichOneof("kind") == "list_value":
+            items: list[Any] = []
+            for index, item in enumerate(value.list_value.values):
+                items.append(json_format.MessageToDict(item))
+                if index % slices.SLICE == slices.SLICE - 1:
+                    yield
+            converted[key] = items
+        else:
+            converted[key] = json_format.MessageToDict(value)
+    return converted
+
+
+def parsing(document: dict[str, Any]) -> slices.Sliced[Exported]:
+    """``parse``, yielding between slices of messages."""
     unknown = sorted(set(document) - set(_FIELDS))
     if unknown:
         raise invalid(
@@ -122,9 +144,11 @@ def parse(document: dict[str, Any]) -> Exported:
     raw_messages = document["messages"]
     if not isinstance(raw_messages, list):
         raise invalid("$.messages", f"expected an array, got {_json_type(raw_messages)}")
-    messages = [
-        _parse_message(m, session_pb2.Message, f"$.messages[{i}]") for i, m in enumerate(raw_messages)
-    ]
+    messages: list[session_pb2.Message] = []
+    for i, m in enumerate(raw_messages):
+        messages.append(_parse_message(m, session_pb2.Message, f"$.messages[{i}]"))
+        if i % slices.SLICE == slices.SLICE - 1:
+            yield
     _check_messages(messages)
     if session.message_count != len(messages):
         raise invalid(

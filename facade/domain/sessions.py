@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from google.protobuf import json_format
 from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import paging, session_export
+from cleveragents.acp.facade.domain import paging, session_export, slices
 from cleveragents.acp.facade.domain.context import DEFAULT_TOKEN_BUDGET, Context, Scope, session_key
 from cleveragents.acp.facade.domain.model_orchestrator import ModelOrchestrator
 from cleveragents.acp.facade.domain.models.client import ChatModels
@@ -329,8 +328,10 @@ class Sessions:
         response.document.update(session_export.build(session, history, config, now()))
         return response
 
-    def import_(self, ctx: CallContext, req: session_pb2.ImportSessionRequest) -> session_pb2.Session:
-        exported = session_export.parse(json_format.MessageToDict(req.document))
+    async def import_(self, ctx: CallContext, req: session_pb2.ImportSessionRequest) -> session_pb2.Session:
+        # Read in slices: a 30,000-message document held every other call for seconds.
+        document = await slices.run_sliced(session_export.from_struct(req.document))
+        exported = await slices.run_sliced(session_export.parsing(document))
         session = exported.session
         namespace = ctx.namespace(req.namespace or session.meta.namespace)
         session.meta.namespace = namespace

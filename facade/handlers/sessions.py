@@ -53,7 +53,7 @@ class SessionHandlers:
     async def ImportSession(
         self, request: session_pb2.ImportSessionRequest, ctx: CallContext
     ) -> session_pb2.ImportSessionResponse:
-        return session_pb2.ImportSessionResponse(session=self._sessions.import_(ctx, request))
+        return session_pb2.ImportSessionResponse(session=await self._sessions.import_(ctx, request))
 
     @handles("session.tell")
     async def TellSession(

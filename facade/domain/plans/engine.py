@@ -365,7 +365,7 @@ class PlanEngine:
             self._transition(plan, model.EXECUTE, model.SUCCEEDED)
             if plan_setup.profile.auto_apply:
                 with contextlib.suppress(ACPError):
-                    self._apply(plan, plan_setup)
+                    await self._apply(plan, plan_setup)
         except _HaltError as halt:
             reason = self._cancel_reasons.get(plan_id, "") if halt.state == model.CANCELLED else ""
             error = halt.error if halt.state != model.CANCELLED else None
@@ -632,24 +632,26 @@ class PlanEngine:
     async def apply(self, ctx: CallContext, plan_id: str) -> tuple[plan_pb2.Plan, list[str]]:
         plan = self.load(ctx, plan_id)
         model.require("apply", plan)
-        changed = self._apply(plan, self._setup(plan))
+        changed = await self._apply(plan, self._setup(plan))
         return plan, changed
 
-    def _prepare_apply(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> list[Write]:
-        """Invariants first (every violation listed), then the writes and their checkpoint."""
-        artifacts = self._staging(plan, plan_setup).artifacts()
-        found: list[str] = []
-        for name, spec in setup.invariants(self.registries, plan.meta.namespace, plan_setup.action):
-            found.extend(invariants.violations(name, spec, artifacts))
+    async def _prepare_apply(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> list[Write]:
+        """Invariants first (every violation listed), then the writes and their checkpoint.
+
+        Reading the staged files and matching the invariants (a forbid_regex over every
+        file's content) runs on a worker thread: a big plan's check holds no other call."""
+        staging = self._staging(plan, plan_setup)
+        checks = setup.invariants(self.registries, plan.meta.namespace, plan_setup.action)
+        artifacts, found = await asyncio.to_thread(invariants.check, checks, staging.artifacts)
         if found:
             message = f"apply refused: {len(found)} invariant violation(s): " + "; ".join(found)
             raise ACPError(ErrorCode.INVALID_STATE, message, {"plan_id": plan.meta.id, "violations": found})
         return apply.prepare(artifacts, plan_setup.resources)
 
-    def _apply(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> list[str]:
+    async def _apply(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> list[str]:
         """Refusals leave the plan's state as it was and record the error."""
         try:
-            writes = self._prepare_apply(plan, plan_setup)
+            writes = await self._prepare_apply(plan, plan_setup)
         except ACPError as exc:
             self._record_error(plan, common_pb2.ErrorInfo(code=exc.code, message=exc.message))
             raise

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from cleveragents.acp.facade.domain import globs, patterns
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact
 from cleveragents.acp.v1 import specs_pb2
+
+
+def check(
+    checks: Sequence[tuple[str, specs_pb2.InvariantSpec]], artifacts: Callable[[], list[StagedArtifact]]
+) -> tuple[list[StagedArtifact], list[str]]:
+    """The staged artifacts and every violation of ``checks``: file reads and regex matches,
+    meant for a worker thread (RE2 matches without the GIL)."""
+    staged = artifacts()
+    return staged, [found for name, spec in checks for found in violations(name, spec, staged)]
 
 
 def violations(name: str, spec: specs_pb2.InvariantSpec, artifacts: Sequence[StagedArtifact]) -> list[str]:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import pathlib
+import threading
 import time
+from typing import Any
 
 import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.contract.errors import ACPError
-from cleveragents.acp.facade.domain.plans import engine
+from cleveragents.acp.facade.domain.plans import engine, invariants
 from cleveragents.acp.v1 import plan_pb2
 from tests.facade.plans.helpers import (
     PY,
@@ -104,6 +106,27 @@ async def test_json_schema_and_command_validations(client: ACPClient, project: p
     assert "shape: config.json: $: 'name' is a required property" in bad.last_error.message
     broken = await run(client, (await use(client, {"body": "not json"})).meta.id)
     assert "config.json: not JSON" in broken.last_error.message
+
+
+async def test_invariants_are_matched_off_the_event_loop(
+    client: ACPClient, project: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forbid_regex over every staged file's content runs on a worker thread, so a big
+    plan's apply check holds no other call."""
+    threads: list[bool] = []
+    real = invariants.violations
+
+    def watched(*args: Any) -> list[str]:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real(*args)
+
+    monkeypatch.setattr(invariants, "violations", watched)
+    await client.call("invariant.add", name="no-x", spec={"forbid_regex": {"pattern": "x{3}"}})
+    await add_action(client, invariants=["no-x"])
+    plan = await run(client, (await use(client)).meta.id)
+    applied = await client.call("plan.apply", plan_id=plan.meta.id)
+    assert isinstance(applied, plan_pb2.ApplyPlanResponse)
+    assert threads == [False]
 
 
 async def test_a_violated_invariant_refuses_apply_listing_each_violation(

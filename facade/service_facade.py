@@ -18,6 +18,7 @@ from cleveragents.acp.contract import surface
 from cleveragents.acp.contract.call import LOCAL_PRINCIPAL, CallContext, Principal
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
+from cleveragents.acp.contract.limits import check_bounds
 from cleveragents.acp.contract.required import check_required
 from cleveragents.acp.facade.handlers.table import Handler, Streaming, Unary
 
@@ -79,6 +80,7 @@ class ServiceFacade:
         if ctx.served_version != table.current:
             surface.check_request(request, ctx.served_version)
         check_required(request)
+        check_bounds(request)
         handler = self._handlers.get(op.key)
         if handler is None:
             raise ACPError(

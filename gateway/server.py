@@ -27,7 +27,9 @@ from grpc_health.v1._async import HealthServicer
 from cleveragents.acp.contract.transport import Transport
 from cleveragents.acp.facade.service_facade import Closeable, ServiceFacade
 from cleveragents.acp.gateway.grpc import server as grpc_server
+from cleveragents.acp.gateway.http import protocol
 from cleveragents.acp.gateway.http.app import GatewaySettings, build_app
+from cleveragents.acp.gateway.http.protocol import ConnectionLimits
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class ServerConfig:
     tls: TLSFiles | None = None
     insecure: bool = False
     http: GatewaySettings = field(default_factory=GatewaySettings)
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     grace_seconds: float = 10.0
     log_level: str = "warning"
 
@@ -166,6 +169,10 @@ class Server:
                 log_level=config.log_level,
                 access_log=False,
                 server_header=False,
+                # Our HTTP/1.1 protocol: envelopes for refusals, header/body timeouts, caps.
+                http=protocol.protocol_factory(config.connections),  # type: ignore[arg-type]
+                h11_max_incomplete_event_size=config.connections.max_header_bytes,
+                timeout_keep_alive=config.connections.idle_timeout,
                 timeout_graceful_shutdown=max(int(config.grace_seconds), 1),
                 ssl_certfile=str(tls.cert) if tls else None,
                 ssl_keyfile=str(tls.key) if tls else None,

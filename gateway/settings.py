@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from cleveragents.acp.contract import limits
+
 Port = Annotated[int, Field(ge=0, le=65535, description="0 picks a free port")]
 
 
@@ -42,7 +44,13 @@ class HTTPSettings(BaseModel):
     tls_key: pathlib.Path | None = None
     insecure: bool = False
     cors_origins: tuple[str, ...] = ()
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
+    max_body_bytes: int = Field(default=limits.DEFAULT_MAX_BODY_BYTES, ge=1)
+    max_header_bytes: int = Field(default=limits.DEFAULT_MAX_HEADER_BYTES, ge=1024)
+    header_timeout: float = Field(default=limits.DEFAULT_HEADER_TIMEOUT, gt=0)
+    body_timeout: float = Field(default=limits.DEFAULT_BODY_TIMEOUT, gt=0)
+    idle_timeout: int = Field(default=limits.DEFAULT_IDLE_TIMEOUT, ge=1)
+    max_connections: int = Field(default=limits.DEFAULT_MAX_CONNECTIONS, ge=1)
+    max_connections_per_client: int = Field(default=limits.DEFAULT_MAX_CONNECTIONS_PER_CLIENT, ge=1)
     sse_keepalive: float = Field(default=15.0, gt=0)
     grace_seconds: float = Field(default=10.0, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "warning"

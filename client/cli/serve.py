@@ -59,6 +59,36 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
         help="largest request body or gRPC message (ACP_MAX_BODY_BYTES; default 4 MiB)",
     )
     parser.add_argument(
+        "--max-header-bytes",
+        metavar="BYTES",
+        help="largest request line and headers (ACP_MAX_HEADER_BYTES; default 64 KiB)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        metavar="SECONDS",
+        help="time for a request's headers to arrive (ACP_HEADER_TIMEOUT; default 10)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        metavar="SECONDS",
+        help="time for a request's body to arrive after its headers (ACP_BODY_TIMEOUT; default 60)",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        metavar="SECONDS",
+        help="how long an idle keep-alive HTTP connection stays open (ACP_IDLE_TIMEOUT; default 5)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        metavar="N",
+        help="open HTTP connections in all (ACP_MAX_CONNECTIONS; default 2048)",
+    )
+    parser.add_argument(
+        "--max-connections-per-client",
+        metavar="N",
+        help="open HTTP connections from one address (ACP_MAX_CONNECTIONS_PER_CLIENT; default 256)",
+    )
+    parser.add_argument(
         "--sse-keepalive",
         metavar="SECONDS",
         help="keep-alive comment interval of idle SSE streams (ACP_SSE_KEEPALIVE; default 15)",
@@ -139,6 +169,7 @@ def _settings(args: argparse.Namespace, model: Any) -> Any:
 def _config(settings: Any, grpc_port: int | None) -> Any:
     from cleveragents.acp.facade.handlers.meta import server_build
     from cleveragents.acp.gateway.http.app import GatewaySettings
+    from cleveragents.acp.gateway.http.protocol import ConnectionLimits
     from cleveragents.acp.gateway.server import ServerConfig, TLSFiles
 
     if (settings.tls_cert is None) != (settings.tls_key is None):
@@ -155,6 +186,14 @@ def _config(settings: Any, grpc_port: int | None) -> Any:
             keepalive_seconds=settings.sse_keepalive,
             cors_origins=settings.cors_origins,
             server_build=server_build(),
+        ),
+        connections=ConnectionLimits(
+            max_header_bytes=settings.max_header_bytes,
+            header_timeout=settings.header_timeout,
+            body_timeout=settings.body_timeout,
+            idle_timeout=settings.idle_timeout,
+            max_connections=settings.max_connections,
+            max_connections_per_client=settings.max_connections_per_client,
         ),
         grace_seconds=settings.grace_seconds,
         log_level=settings.log_level,

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from ulid import ULID
 
+from cleveragents.acp.contract import limits
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import paging, session_export, slices
@@ -64,6 +65,8 @@ def _invalid(field: str, message: str) -> ACPError:
 
 def label_problem(labels: Mapping[str, str]) -> tuple[str, str] | None:
     """(``labels.<key>``, problem) for the first label breaking the registries' label rules."""
+    if len(labels) > limits.MAX_MAP_ENTRIES:
+        return "labels", f"at most {limits.MAX_MAP_ENTRIES} labels"
     for key, value in sorted(labels.items()):
         if not LABEL_KEY.fullmatch(key):
             return f"labels.{key}", "label keys are 1-63 of letters, digits, '.', '_', '-', '/'"

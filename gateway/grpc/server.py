@@ -23,7 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from cleveragents.acp.contract import catalog, rich_status, versions
+from cleveragents.acp.contract import catalog, limits, rich_status, versions
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.catalog import Catalog, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, grpc_code, internal_error
@@ -33,9 +33,15 @@ from cleveragents.acp.gateway import common
 from cleveragents.acp.gateway.streams import Tick, until_stopped
 
 Metadata = tuple[tuple[str, str | bytes], ...]
-DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-# The runtime's own cap sits above ours, so our check (and its ACP error) runs first.
-_RUNTIME_SLACK = 1024 * 1024
+DEFAULT_MAX_MESSAGE_BYTES = limits.DEFAULT_MAX_BODY_BYTES
+
+
+def runtime_cap(max_message_bytes: int) -> int:
+    """The gRPC runtime's own receive cap, far above ours, so a request over our limit gets
+    our INVALID_PARAMS with details. The runtime buffers a whole message before any handler
+    runs, so it cannot be unbounded: past this cap it answers its own bare RESOURCE_EXHAUSTED
+    (docs/server.md, "Limits")."""
+    return limits.GRPC_RUNTIME_FACTOR * max_message_bytes + 1024 * 1024
 
 
 def _identity(data: bytes) -> bytes:
@@ -265,7 +271,7 @@ def build_server(
         options=[
             # A leftover server on the same port must make this one fail, not share its traffic.
             ("grpc.so_reuseport", 0),
-            ("grpc.max_receive_message_length", max_message_bytes + _RUNTIME_SLACK),
+            ("grpc.max_receive_message_length", runtime_cap(max_message_bytes)),
             ("grpc.max_send_message_length", -1),
         ]
     )

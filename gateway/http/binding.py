@@ -14,11 +14,11 @@ import orjson
 from google.protobuf import descriptor
 from starlette.requests import Request
 
-from cleveragents.acp.contract import strict_json
+from cleveragents.acp.contract import limits, strict_json
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_BODY_BYTES = limits.DEFAULT_MAX_BODY_BYTES
 # Well-known types that proto3 JSON writes as one string, so a query value can carry them.
 # ``labels[team]``: a map entry in OpenAPI's deepObject style.
 _BRACKETED = re.compile(r"([a-z_][a-z0-9_.]*)\[([^\]]*)\]")

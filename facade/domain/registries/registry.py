@@ -17,6 +17,7 @@ from google.protobuf import message
 from google.protobuf.timestamp_pb2 import Timestamp
 from ulid import ULID
 
+from cleveragents.acp.contract import limits
 from cleveragents.acp.contract.call import DEFAULT_NAMESPACE
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import paging
@@ -48,8 +49,8 @@ ReferrerSource = Callable[[str, str, str], Iterable[str]]
 
 # Dots allow tool names in the style of `fs.read`.
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
-LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}")
-MAX_LABEL_VALUE = 256
+LABEL_KEY = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._/-]{{0,{limits.MAX_MAP_KEY_CHARS - 1}}}")
+MAX_LABEL_VALUE = limits.MAX_MAP_VALUE_CHARS
 MAX_DESCRIPTION = 4096
 MASKABLE = frozenset({"description", "labels", "spec"})
 

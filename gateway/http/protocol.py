@@ -1,0 +1,223 @@
+"""uvicorn's HTTP/1.1 protocol with the bounds the gateway needs below the application:
+header size, time to send a request, connections in all and per client.
+
+uvicorn refuses an oversized or malformed request with a plain-text 400, never times out a
+client that trickles its headers (each byte cancels the keep-alive timer), and has no
+per-client cap. Here each refusal is an ACP envelope, written by the protocol itself since
+no request reaches the application:
+
+- headers over ``max_header_bytes``: INVALID_PARAMS (``details.field`` ``headers``); any
+  other unreadable request: INVALID_PARAMS (``field`` ``request``);
+- a request whose headers are not complete within ``header_timeout`` seconds of the
+  connection (or of the previous response), or whose body is not complete within
+  ``body_timeout`` more: INVALID_PARAMS (refinement ``REQUEST_TIMEOUT``), then closed;
+- a connection over ``max_connections``, or over ``max_connections_per_client`` from one
+  address: BUDGET_EXCEEDED (refinement ``TOO_MANY_CONNECTIONS``), then closed.
+
+After a refusal the connection reads and drops what the client still sends for a moment
+before closing, so the client sees the answer instead of a reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import h11
+import orjson
+from uvicorn.config import Config
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
+
+from cleveragents.acp.contract import envelope, limits, versions
+from cleveragents.acp.contract.errors import ACPError, ErrorCode, http_status
+
+# How long a refused connection keeps draining what the client still sends, and how much.
+_LINGER_SECONDS = 2.0
+_LINGER_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The bounds of one HTTP server's connections (settings of ``agents serve``)."""
+
+    max_header_bytes: int = limits.DEFAULT_MAX_HEADER_BYTES
+    header_timeout: float = limits.DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = limits.DEFAULT_BODY_TIMEOUT
+    idle_timeout: int = limits.DEFAULT_IDLE_TIMEOUT
+    max_connections: int = limits.DEFAULT_MAX_CONNECTIONS
+    max_connections_per_client: int = limits.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+
+
+def protocol_factory(bounds: ConnectionLimits) -> Callable[..., GuardedH11Protocol]:
+    """What uvicorn's ``http`` setting takes: one shared count of connections per client."""
+    return functools.partial(GuardedH11Protocol, bounds=bounds, per_client=collections.Counter())
+
+
+def refusal(err: ACPError) -> bytes:
+    """A whole HTTP/1.1 response carrying ``err`` as an envelope, closing the connection."""
+    request_id = envelope.new_request_id()
+    status = http_status(err.code)
+    body = orjson.dumps(envelope.error(versions.CURRENT, request_id, err, 0.0))
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        f"x-request-id: {request_id}\r\n"
+        f"acp-version: {versions.CURRENT}\r\n"
+        "cache-control: no-store\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """One HTTP/1.1 connection, bounded (the module's docstring)."""
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        bounds: ConnectionLimits,
+        per_client: collections.Counter[str],
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.bounds = bounds
+        self.per_client = per_client
+        self._client_key: str | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._in_body = False
+        # Bytes dropped since a refusal (0: not refused).
+        self._draining = 0
+
+    # connection ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._client_key = self.client[0] if self.client else ""
+        self.per_client[self._client_key] += 1
+        if len(self.connections) > self.bounds.max_connections:
+            self._refuse(self._too_many("the server", self.bounds.max_connections))
+        elif self.per_client[self._client_key] > self.bounds.max_connections_per_client:
+            self._refuse(self._too_many("one client address", self.bounds.max_connections_per_client))
+        else:
+            self._arm(self.bounds.header_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self._client_key is not None:
+            self.per_client[self._client_key] -= 1
+            if self.per_client[self._client_key] <= 0:
+                del self.per_client[self._client_key]
+            self._client_key = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._draining:
+            self._draining += len(data)
+            if self._draining > _LINGER_BYTES:
+                self.transport.close()
+            return
+        super().data_received(data)
+        self._follow()
+
+    # request phases -----------------------------------------------------------------
+
+    def _follow(self) -> None:
+        """Re-arm the deadline as the request moves on: headers done, body done."""
+        if self._draining or self.transport.is_closing():
+            return
+        state = self.conn.their_state
+        if state is h11.SEND_BODY and not self._in_body:
+            self._in_body = True
+            self._arm(self.bounds.body_timeout)
+        elif state is not h11.IDLE and state is not h11.SEND_BODY:
+            self._in_body = False
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._in_body = False
+        if not self.transport.is_closing():
+            self._arm(self.bounds.header_timeout + self.timeout_keep_alive)
+            self._follow()
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        """The deadline passed: a request still incomplete is refused; a connection that
+        sent nothing since its last response (or at all) is closed."""
+        self._deadline = None
+        if self.transport.is_closing() or self._draining:
+            return
+        state = self.conn.their_state
+        if state is h11.IDLE and not self.conn.trailing_data[0]:
+            self.transport.close()
+        elif state is h11.IDLE or state is h11.SEND_BODY:
+            headers = state is h11.IDLE
+            seconds = self.bounds.header_timeout if headers else self.bounds.body_timeout
+            self._refuse(
+                ACPError(
+                    ErrorCode.INVALID_PARAMS,
+                    f"the request did not send its {'headers' if headers else 'body'} within {seconds:g} s",
+                    {"field": "request", "timeout_seconds": seconds},
+                    refinement="REQUEST_TIMEOUT",
+                )
+            )
+
+    # refusals -----------------------------------------------------------------------
+
+    def _too_many(self, scope: str, limit: int) -> ACPError:
+        return ACPError(
+            ErrorCode.BUDGET_EXCEEDED,
+            f"too many open connections to {scope}; the limit is {limit}",
+            {"max_connections": limit},
+            refinement="TOO_MANY_CONNECTIONS",
+        )
+
+    def _headers_too_large(self) -> ACPError:
+        limit = self.bounds.max_header_bytes
+        return ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"the request's headers are over the limit of {limit} bytes",
+            {"field": "headers", "max_bytes": limit},
+        )
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 cannot read: an envelope instead."""
+        if len(self.conn.trailing_data[0]) > self.bounds.max_header_bytes:
+            self._refuse(self._headers_too_large())
+            return
+        self._refuse(
+            ACPError(ErrorCode.INVALID_PARAMS, "the request is not valid HTTP/1.1", {"field": "request"})
+        )
+
+    def _refuse(self, err: ACPError) -> None:
+        """Answer ``err`` (unless a response already began), drain for a moment, close."""
+        self._disarm()
+        answered = False
+        if self.cycle is not None and not self.cycle.response_complete:
+            answered = self.cycle.response_started
+            # The application reading the body sees the client leave and answers nothing.
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        if not answered:
+            self.transport.write(refusal(err))
+        self._draining = 1
+        self.flow.resume_reading()
+        self.loop.call_later(_LINGER_SECONDS, self.transport.close)

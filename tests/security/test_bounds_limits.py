@@ -4,7 +4,10 @@ transport refuses the same request with the same INVALID_PARAMS naming the field
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
+import threading
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -44,10 +47,33 @@ def tokens(tmp_path_factory: pytest.TempPathFactory) -> Tokens:
     return Tokens.create(tmp_path_factory.mktemp("bounds-tokens"))
 
 
+def in_own_loop(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Runs ``body`` on a fresh loop in a thread: tests/security runs after the browser tests,
+    whose session-wide Playwright keeps a loop running in the main thread."""
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(body())
+        except BaseException as exc:  # re-raised in the test's thread
+            failures.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(120)
+    assert not worker.is_alive(), "the test's loop did not finish in 120 s"
+    if failures:
+        raise failures[0]
+
+
 @pytest.mark.parametrize("kind", KINDS)
-async def test_labels_and_identifiers_are_bounded_on_every_transport(
+def test_labels_and_identifiers_are_bounded_on_every_transport(
     kind: str, tmp_path: pathlib.Path, tokens: Tokens
 ) -> None:
+    in_own_loop(lambda: _bounded_everywhere(kind, tmp_path, tokens))
+
+
+async def _bounded_everywhere(kind: str, tmp_path: pathlib.Path, tokens: Tokens) -> None:
     async with open_backend(kind, tmp_path, tokens) as backend:
         alice = backend.client("root")
         for operation, params, field, details in REFUSED:

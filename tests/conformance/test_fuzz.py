@@ -290,3 +290,56 @@ def test_the_stream_takes_any_last_event_id(envelope_client: httpx.Client, value
             return
         response.read()
     conforms("GET", STREAM_PATH, b"", response)
+
+
+# Big plans (issue 19): arbitrary lists of file steps, up to a few hundred, with a fuzzed
+# forbid_regex invariant; each runs to an end state and its apply answers, all promptly, and
+# the plan's progress agrees with its steps.
+PLAN_SECONDS = 60.0
+FILE_STEPS = st.lists(
+    st.tuples(st.sampled_from(["fs.write", "fs.replace", "fs.delete"]), st.integers(0, 20)),
+    min_size=1,
+    max_size=300,
+)
+
+
+def _file_step(tool: str, number: int) -> dict[str, Any]:
+    path = f"fz-out/{number}.txt"
+    if tool == "fs.write":
+        return {"tool": tool, "args": {"path": path, "content": f"{number} aaa\n"}}
+    if tool == "fs.replace":
+        return {"tool": tool, "args": {"path": path, "old": "aaa", "new": "b"}}
+    return {"tool": tool, "args": {"path": path}}
+
+
+@given(steps=FILE_STEPS, pattern=PATTERNS)
+@example(steps=[("fs.write", i % 21) for i in range(300)], pattern="a{3}")
+@example(steps=[("fs.write", i) for i in range(300)], pattern="(a+)+$")
+@settings(parent=FUZZ_SETTINGS, max_examples=EXAMPLES * 2)
+def test_big_plans_run_and_apply_promptly(
+    envelope_client: httpx.Client, fuzz_project: str, steps: list[tuple[str, int]], pattern: str
+) -> None:
+    name = f"fz-{next(_NAMES)}"
+    invariant = {"name": name, "spec": {"forbid_regex": {"pattern": pattern, "paths": ["fz-out/**"]}}}
+    guarded = call_promptly(envelope_client, "invariant.add", invariant)["status"] == "ok"
+    spec = {
+        "actor": "scripted",
+        "steps": [_file_step(tool, number) for tool, number in steps],
+        "invariants": [name] if guarded else [],
+    }
+    assert call_promptly(envelope_client, "action.add", {"name": name, "spec": spec})["status"] == "ok"
+    used = call_promptly(envelope_client, "plan.use", {"action": name, "project": fuzz_project})
+    plan_id = used["data"]["plan"]["meta"]["id"]
+    began = time.monotonic()
+    done = call_promptly(envelope_client, "plan.execute", {"plan_id": plan_id, "wait": True})
+    assert time.monotonic() - began < PLAN_SECONDS
+    plan = done["data"]["plan"]
+    assert plan["state"] in ("PLAN_STATE_SUCCEEDED", "PLAN_STATE_FAILED"), plan
+    progress = plan.get("progress", {})
+    assert progress.get("total", 0) == len(steps)
+    shown = call_promptly(envelope_client, "plan.tree", {"plan_id": plan_id})["data"]
+    succeeded = [s for s in shown.get("steps", []) if s.get("state") == "PLAN_STATE_SUCCEEDED"]
+    assert progress.get("done", 0) == len(succeeded)
+    if plan["state"] == "PLAN_STATE_SUCCEEDED":
+        assert len(succeeded) == len(steps)
+        call_promptly(envelope_client, "plan.apply", {"plan_id": plan_id}, refusals=("INVALID_STATE",))

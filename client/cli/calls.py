@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from google.protobuf import message
 
 from cleveragents.acp.client.acp_client import ACPClient, in_major
-from cleveragents.acp.client.cli import live, operations, render
+from cleveragents.acp.client.cli import live, operations, render, value_path
 from cleveragents.acp.client.cli.connect import ConfigError, Connection, add_options, option, resolve
 from cleveragents.acp.contract import catalog, codec, envelope, errors, versions
 from cleveragents.acp.contract.catalog import Operation
@@ -461,6 +461,10 @@ def register(subparsers: Any) -> None:
     def run_watch(args: argparse.Namespace) -> int:
         if args.until_done and not args.plan:
             watch_parser.error("--until-done needs --plan")
+        wanted = option(args, "value")
+        mistake = wanted and value_path.problem(events_pb2.SubscribeEventsResponse.DESCRIPTOR, wanted)
+        if mistake:
+            watch_parser.error(mistake)
         return _run(args, _with_client(args, lambda client, conn: watch(client, conn, args)))
 
     watch_parser.set_defaults(handler=run_watch, connects=True)

@@ -141,4 +141,19 @@ def resolve(args: argparse.Namespace) -> Connection:
     server = values["server"]
     if server and not server.startswith(("http://", "https://")):
         raise ConfigError(f"server {server!r}: expected a URL such as http://127.0.0.1:8080")
+    if server:
+        values["server"] = server_origin(server)
     return Connection(**values)
+
+
+_API_SUFFIXES = ("/api/v1/acp", "/api/v1")
+
+
+def server_origin(url: str) -> str:
+    """The gateway's base URL: the API address a server prints (``…/api/v1``) or its
+    envelope endpoint (``…/api/v1/acp``) name the same server as its origin."""
+    base = url.rstrip("/")
+    for suffix in _API_SUFFIXES:
+        if base.endswith(suffix):
+            return base.removesuffix(suffix)
+    return base

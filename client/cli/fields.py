@@ -101,6 +101,45 @@ def metavar(field: descriptor.FieldDescriptor) -> str:
     return field.name.upper()
 
 
+# Help of the plain fields, by request message and field, or by field name alone. The
+# proto's comments do not reach the generated descriptors, so the words live here; a test
+# holds every flag of every command to having some.
+_FIELD_HELP: dict[str, str] = {
+    "namespace": "the namespace (default 'default'; a list shows every one the token may read)",
+    "description": "free text for people",
+    "revision": "the revision you read; a stale one is INVALID_STATE",
+    "page_size": "entries per page (default 50, at most 500)",
+    "page_token": "the next_page_token of the previous page",
+    "session_id": "a session's id",
+    "project": "a project's name",
+    "actor": "an actor's name",
+    "plan_id": "a plan's id",
+    "after_sequence": "deliver events after this sequence (0: all retained)",
+    "include_content": "include each artifact's content",
+    "wait": "answer only when the execute phase has finished",
+    "force": "restore even files that changed since apply",
+    "automation_profile": "overrides the action's automation profile",
+    "token_budget": "overrides the configured token budget",
+    "title": "a title for people",
+    "CreateSessionRequest.orchestrator": "the orchestrator actor's name (default: the built-in one)",
+    "CreateSessionRequest.project": "the project the session works on",
+    "ImportSessionRequest.new_id": "give the imported session a fresh id instead of the exported one",
+    "SimulateContextRequest.prompt": "the prompt to assemble the context for",
+    "SimulateContextRequest.actor": "an actor whose system prompt and skills come first, priced at its cost",
+    "CancelPlanRequest.reason": "why, recorded with the plan's state change",
+    "CorrectPlanRequest.text": "the correction, in words, for the actor",
+}
+
+
+def _plain_help(field: descriptor.FieldDescriptor) -> str:
+    own = _FIELD_HELP.get(f"{field.containing_type.name}.{field.name}")
+    if own:
+        return own
+    if field.name == "revision" and field.containing_type.name.startswith("Remove"):
+        return "refuse the removal unless the entry is still at this revision"
+    return _FIELD_HELP.get(field.name, "")
+
+
 def _help(field: descriptor.FieldDescriptor) -> str:
     if is_map(field):
         return "repeatable"
@@ -116,7 +155,12 @@ def _help(field: descriptor.FieldDescriptor) -> str:
         return f"{many}{field.message_type.name} from FILE.json|yaml, - (stdin) or inline JSON"
     if field.enum_type is not None:
         return "one of: " + ", ".join(enum_choices(field.enum_type))
-    return "repeatable" if field.is_repeated else ""
+    text = _plain_help(field)
+    return (
+        f"{text} (repeatable)"
+        if field.is_repeated and text
+        else text or ("repeatable" if field.is_repeated else "")
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser, message: descriptor.Descriptor) -> list[Argument]:

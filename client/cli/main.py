@@ -42,7 +42,7 @@ examples:
   agents events watch --plan PLAN_ID --until-done
   agents plan list --json                       JSON of the response data, for scripts
   agents --server http://127.0.0.1:8080 --token TOKEN plan list
-  agents serve                                  run the server (docs/server.md)
+  agents serve --state-dir .acp                 run the server, printing a token (docs/server.md)
 
 exit status: 0 success, 2 bad usage, {codes[0]}-{codes[-1]} one per ACP error code,
 {calls.EXIT_UNREACHABLE} server unreachable, {calls.EXIT_INTERRUPTED} interrupted (docs/cli.md)."""

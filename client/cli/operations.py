@@ -13,8 +13,8 @@ from typing import Any, cast
 from google.protobuf import message
 from google.protobuf.descriptor import Descriptor
 
-from cleveragents.acp.client.cli import fields
-from cleveragents.acp.client.cli.connect import add_options
+from cleveragents.acp.client.cli import fields, value_path
+from cleveragents.acp.client.cli.connect import add_options, option
 from cleveragents.acp.contract import catalog, codec
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError
@@ -57,13 +57,15 @@ def _description(op: Operation) -> str:
 
 
 def _epilog(op: Operation) -> str:
-    lines = ["example:", f"  {example(op)}"]
+    """The shape of each document the verb takes (its usage line already is the shortest
+    call, so no "example" repeats it)."""
+    lines: list[str] = []
     for field in fields.documents(request_descriptor(op)):
         assert field.message_type is not None
         many = "a list of " if field.is_repeated else ""
         lines += ["", f"{fields.flag_of(field)} takes {many}{field.message_type.name} (JSON or YAML):"]
         lines += fields.skeleton(field.message_type)
-    return "\n".join(lines)
+    return "\n".join(lines[1:])
 
 
 def _group_epilog(ops: list[Operation]) -> str:
@@ -83,6 +85,11 @@ def groups(operations: Iterable[Operation]) -> dict[str, list[Operation]]:
 def _handler(op: Operation, spec: list[fields.Argument], parser: argparse.ArgumentParser, run: Runner) -> Any:
     def handle(args: argparse.Namespace) -> int:
         """Bad input is found here, before any connection: usage and exit 2."""
+        wanted = option(args, "value")
+        if wanted:
+            mistake = value_path.problem(op.response_type.DESCRIPTOR, wanted)
+            if mistake:
+                parser.error(mistake)
         try:
             request = codec.from_dict(fields.params(args, spec), op.request_type)
         except fields.InputError as exc:

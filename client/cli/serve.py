@@ -36,8 +36,10 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--http-port", metavar="PORT", help="HTTP port, 0 for any (ACP_HTTP_PORT; default 8080)"
     )
-    parser.add_argument("--tls-cert", help="PEM certificate (ACP_TLS_CERT)")
-    parser.add_argument("--tls-key", help="PEM private key (ACP_TLS_KEY)")
+    parser.add_argument(
+        "--tls-cert", metavar="FILE", help="PEM certificate: serve TLS (ACP_TLS_CERT; default: none)"
+    )
+    parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (ACP_TLS_KEY)")
     parser.add_argument(
         "--insecure",
         action="store_const",
@@ -116,7 +118,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument(
         "--grpc-port", metavar="PORT", help="gRPC port, 0 for any (ACP_GRPC_PORT; default 50051)"
     )
-    serve.add_argument("--db", help="SQLite file (ACP_DB)")
+    serve.add_argument(
+        "--db",
+        metavar="FILE",
+        help="SQLite file (ACP_DB; default: acp.db in --state-dir, else the user's data directory)",
+    )
     serve.add_argument("--tokens", metavar="FILE", help="token file (ACP_TOKENS)")
     serve.add_argument(
         "--state-dir",
@@ -302,7 +308,8 @@ async def _serve(
             token = auth.create_token(tokens, DEV_PRINCIPAL, [DEV_NAMESPACE])
         lines = [
             "ACP server listening",
-            f"  HTTP    {addresses.http_url}/api/v1   (envelope: POST {addresses.http_url}/api/v1/acp)",
+            f"  HTTP    {addresses.http_url}   (agents --server {addresses.http_url}; "
+            f"envelope: POST {addresses.http_url}/api/v1/acp)",
             f"  console {addresses.http_url}/   (API docs: {addresses.http_url}/api/v1/docs)",
             f"  gRPC    {addresses.grpc_target}   (reflection and health on)",
             f"  store   {db}",
@@ -361,7 +368,7 @@ async def _gateway(config: Any, upstream: str, tls: bool, root: bytes | None) ->
     server.install_signal_handlers()
     try:
         print(
-            f"ACP gateway listening\n  HTTP    {addresses.http_url}/api/v1\n"
+            f"ACP gateway listening\n  HTTP    {addresses.http_url}   (agents --server {addresses.http_url})\n"
             f"  console {addresses.http_url}/\n  upstream {upstream}",
             flush=True,
         )

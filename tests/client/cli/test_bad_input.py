@@ -73,6 +73,21 @@ SPEC_FILES = {
             "--until-done needs --plan",
         ),
         (["--db", "x.db", "serve"], None, "usage: agents", "--db: only for commands that call operations"),
+        (
+            ["project", "add", "demo", "--spec", '{"resources": []}', "--value", "nme"],
+            None,
+            "usage: agents project add",
+            "--value nme: the response has no field 'nme' (it has: project)",
+        ),
+        (
+            ["session", "create", "--value", "session.meta.idd"],
+            None,
+            "usage: agents session create",
+            "session.meta has no field 'idd'",
+        ),
+        (["session", "list", "--value", "sessions.first"], None, "usage:", "sessions is a list"),
+        (["plan", "status", "p", "--value", "plan.state.name"], None, "usage:", "is a single value"),
+        (["events", "watch", "--value", "evnt"], None, "usage: agents events watch", "no field 'evnt'"),
     ],
 )
 def test_bad_input_is_usage_and_exit_2(

@@ -10,7 +10,8 @@ import pytest
 
 from cleveragents.acp.client.cli import main
 from cleveragents.acp.client.cli.connect import ConfigError, Connection, resolve
-from tests.client.cli.conftest import Cli
+from tests.client.cli.conftest import Cli, make_cli
+from tests.server_process import ServerProcess, Tokens
 
 PROFILES = """\
 default_profile = "work"
@@ -94,3 +95,31 @@ def test_options_before_the_command_and_a_profile_db(local_cli: Cli) -> None:
     assert (local_cli.cwd / "profile.db").exists()
     flagged = local_cli("--db", "flag.db", "session", "list", "--value", "sessions")
     assert flagged.out == "[]\n"
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        "http://127.0.0.1:8080",
+        "http://127.0.0.1:8080/",
+        "http://127.0.0.1:8080/api/v1",
+        "http://127.0.0.1:8080/api/v1/",
+        "http://127.0.0.1:8080/api/v1/acp",
+    ],
+)
+def test_the_api_address_names_the_server_by_its_origin(config: pathlib.Path, given: str) -> None:
+    assert _resolve("--server", given).server == "http://127.0.0.1:8080"
+
+
+def test_the_banners_http_address_works_as_server(
+    cli_server: tuple[ServerProcess, Tokens], tmp_path: pathlib.Path
+) -> None:
+    """What ``agents serve`` prints after HTTP is what --server takes (issue 18, item 1)."""
+    server, tokens = cli_server
+    printed = [line.split()[1] for line in server.stdout if line.strip().startswith("HTTP ")]
+    assert printed == [server.http], server.stdout
+    cli = make_cli("local", tmp_path, None)
+    del cli.env["ACP_DB"]
+    for address in (printed[0], printed[0] + "/api/v1"):
+        listed = cli("--server", address, "--token", tokens.tokens["root"], "session", "list", "--json")
+        assert "sessions" in json.loads(listed.out)

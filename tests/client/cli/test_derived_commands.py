@@ -153,13 +153,28 @@ def test_a_new_rpc_has_help_usage_and_checks(
     assert calls == []
 
 
+def _parsers(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
+    """Every (sub)parser below ``parser``, with its prog."""
+    found = [(parser.prog, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in {id(p): p for p in action.choices.values()}.values():
+                found += _parsers(sub)
+    return found
+
+
 def test_every_catalog_operation_is_a_command() -> None:
     parser = main.build_parser()
     for op in catalog.OPERATIONS.values():
         status, out, err = _run(parser, operations.cli_name(op.group), op.verb, "--help")
         assert status == 0, (op.name, err)
         assert f"ACP operation {op.name} " in out
-        assert operations.example(op) in out
+        usage = out.split("\n\n", 1)[0]
+        assert usage.startswith(f"usage: {operations.example(op)} [options]"), usage
+        assert "example:" not in out, "an example repeating the usage line says nothing new"
+    for prog, sub in _parsers(parser):
+        silent = [a.option_strings for a in sub._actions if a.option_strings and not a.help]
+        assert not silent, f"{prog}: options without help: {silent}"
     # The operation's own spelling of a group works too, without a second entry in the help.
     assert _run(parser, "automation_profile", "list", "--help")[0] == 0
     overview = _run(parser, "--help")[1]
@@ -177,3 +192,18 @@ def test_top_level_help_has_examples_and_exit_codes() -> None:
             f"\n    {operations.cli_name(group)} " in done.stdout
             or f"\n    {operations.cli_name(group)}\n" in (done.stdout)
         )
+
+
+def test_the_serve_help_names_defaults_and_variables() -> None:
+    """``agents --help`` offers a serve example that runs; ``serve --help`` shows where it
+    listens by default and the variable behind each option (issue 18, item 5)."""
+    parser = main.build_parser()
+    overview = _run(parser, "--help")[1]
+    lines = [line.strip() for line in overview.splitlines()]
+    examples = [line.split("  ")[0] for line in lines if line.startswith("agents serve")]
+    assert examples == ["agents serve --state-dir .acp"], examples
+    assert parser.parse_args(examples[0].split()[1:]).state_dir == ".acp"
+    out = " ".join(_run(parser, "serve", "--help")[1].split())
+    for text in ("default 127.0.0.1", "default 8080", "default 50051", "ACP_TLS_CERT", "ACP_TLS_KEY"):
+        assert text in out, text
+    assert "--tls-cert FILE" in out

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from google.protobuf import json_format, message
 
-from cleveragents.acp.contract import codec_fast
+from cleveragents.acp.contract import codec_fast, json_shape
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
 M = TypeVar("M", bound=message.Message)
@@ -73,14 +73,22 @@ def from_dict(data: Any, cls: type[M], *, what: str = "params") -> M:
         )
     try:
         return json_format.ParseDict(data, cls(), ignore_unknown_fields=False)
-    except json_format.ParseError as exc:
-        raise ACPError(
-            ErrorCode.INVALID_PARAMS,
-            f"invalid {what}: {exc}",
-            {"field": what, "message_type": cls.DESCRIPTOR.full_name},
-        ) from None
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise ACPError(ErrorCode.INVALID_PARAMS, f"invalid {what}: {exc}", {"field": what}) from None
+    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+        raise _invalid(data, cls, what, exc) from None
+
+
+def _invalid(data: dict[str, Any], cls: type[message.Message], what: str, exc: Exception) -> ACPError:
+    """INVALID_PARAMS naming the field path and what it takes (or the fields there are),
+    in ACP's words; protobuf's text only when the shape fits and a value is wrong."""
+    details: dict[str, Any] = {"field": what, "message_type": cls.DESCRIPTOR.full_name}
+    misfit = json_shape.explain(data, cls.DESCRIPTOR)
+    if misfit is not None:
+        details["path"] = misfit.path
+        if misfit.allowed:
+            details["allowed"] = list(misfit.allowed)
+        return ACPError(ErrorCode.INVALID_PARAMS, f"invalid {what}: {misfit}", details)
+    text = " ".join(str(exc).split())
+    return ACPError(ErrorCode.INVALID_PARAMS, f"invalid {what}: {text}", details)
 
 
 def response_from_dict(data: Any, cls: type[M]) -> M:

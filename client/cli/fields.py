@@ -132,10 +132,11 @@ _FIELD_HELP: dict[str, str] = {
 
 
 def _plain_help(field: descriptor.FieldDescriptor) -> str:
-    own = _FIELD_HELP.get(f"{field.containing_type.name}.{field.name}")
+    owner = field.containing_type.name if field.containing_type is not None else ""
+    own = _FIELD_HELP.get(f"{owner}.{field.name}")
     if own:
         return own
-    if field.name == "revision" and field.containing_type.name.startswith("Remove"):
+    if field.name == "revision" and owner.startswith("Remove"):
         return "refuse the removal unless the entry is still at this revision"
     return _FIELD_HELP.get(field.name, "")
 
@@ -219,12 +220,23 @@ def read_document(source: str, what: str) -> Any:
         return json.loads(text, object_pairs_hook=strict_json.unique_pairs)
     except strict_json.DuplicateKeyError as exc:
         raise InputError(f"{what}: {exc}") from None
-    except ValueError:
-        pass
+    except ValueError as exc:
+        json_error = exc
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise InputError(f"{what}: not valid JSON or YAML: {' '.join(str(exc).split())}") from None
+        raise InputError(f"{what}: not valid JSON or YAML: {_syntax(text, json_error, exc)}") from None
+
+
+def _syntax(text: str, json_error: ValueError, yaml_error: yaml.YAMLError) -> str:
+    """Where the document is broken, in the words of the syntax it looks like: JSON's when
+    it starts like JSON, YAML's otherwise."""
+    if isinstance(json_error, json.JSONDecodeError) and text.lstrip().startswith(("{", "[")):
+        return f"line {json_error.lineno}, column {json_error.colno}: {json_error.msg} (as JSON)"
+    mark = getattr(yaml_error, "problem_mark", None)
+    problem = getattr(yaml_error, "problem", None) or str(yaml_error).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem} (as YAML)"
 
 
 def _document(field: descriptor.FieldDescriptor, source: str) -> Any:

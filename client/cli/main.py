@@ -62,8 +62,19 @@ class Parser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggest(extras)}")
         return parsed, extras
+
+    def _suggest(self, extras: list[str]) -> str:
+        """`` (did you mean '--title'?)`` for the first mistyped flag close to a real one."""
+        flags = [flag for flag in self._option_string_actions if flag.startswith("--")]
+        for extra in extras:
+            word = extra.split("=", 1)[0]
+            if word.startswith("-"):
+                close = difflib.get_close_matches(word, flags, n=1, cutoff=0.6)
+                if close:
+                    return f" (did you mean {close[0]!r}?)"
+        return ""
 
     def _commands(self) -> list[str]:
         for action in self._actions:

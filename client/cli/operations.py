@@ -35,6 +35,10 @@ def request_descriptor(op: Operation) -> Descriptor:
     return cast(Descriptor, op.request_type.DESCRIPTOR)
 
 
+def response_descriptor(op: Operation) -> Descriptor:
+    return cast(Descriptor, op.response_type.DESCRIPTOR)
+
+
 def example(op: Operation) -> str:
     """The shortest complete call: positionals and required flags as placeholders."""
     return " ".join(["agents", cli_name(op.group), op.verb, *_required_words(op)])
@@ -87,7 +91,7 @@ def _handler(op: Operation, spec: list[fields.Argument], parser: argparse.Argume
         """Bad input is found here, before any connection: usage and exit 2."""
         wanted = option(args, "value")
         if wanted:
-            mistake = value_path.problem(op.response_type.DESCRIPTOR, wanted)
+            mistake = value_path.problem(response_descriptor(op), wanted)
             if mistake:
                 parser.error(mistake)
         try:
@@ -95,7 +99,7 @@ def _handler(op: Operation, spec: list[fields.Argument], parser: argparse.Argume
         except fields.InputError as exc:
             parser.error(str(exc))
         except ACPError as exc:
-            parser.error(exc.message)
+            parser.error(exc.message.removeprefix("invalid params: "))
         return run(op, request, args)
 
     return handle

@@ -368,7 +368,8 @@ async def _gateway(config: Any, upstream: str, tls: bool, root: bytes | None) ->
     server.install_signal_handlers()
     try:
         print(
-            f"ACP gateway listening\n  HTTP    {addresses.http_url}   (agents --server {addresses.http_url})\n"
+            f"ACP gateway listening\n"
+            f"  HTTP    {addresses.http_url}   (agents --server {addresses.http_url})\n"
             f"  console {addresses.http_url}/\n  upstream {upstream}",
             flush=True,
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cleveragents.acp.client.cli.operations import response_descriptor
 from cleveragents.acp.client.cli.value_path import problem
 from cleveragents.acp.contract import catalog
 
@@ -23,7 +24,7 @@ from cleveragents.acp.contract import catalog
 )
 def test_paths_the_response_can_have_pass(operation: str, path: str) -> None:
     op = catalog.OPERATIONS[operation]
-    assert problem(op.response_type.DESCRIPTOR, path) is None
+    assert problem(response_descriptor(op), path) is None
 
 
 @pytest.mark.parametrize(
@@ -37,5 +38,6 @@ def test_paths_the_response_can_have_pass(operation: str, path: str) -> None:
 )
 def test_paths_it_cannot_have_are_named(operation: str, path: str, message: str) -> None:
     op = catalog.OPERATIONS[operation]
-    found = problem(op.response_type.DESCRIPTOR, path)
-    assert found is not None and message in found
+    found = problem(response_descriptor(op), path)
+    assert found is not None
+    assert message in found

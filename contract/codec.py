@@ -7,9 +7,9 @@ int64 values are strings, enums are their value names, Timestamps RFC 3339 strin
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from google.protobuf import json_format, message
+from google.protobuf import descriptor, json_format, message
 
 from cleveragents.acp.contract import codec_fast, json_shape
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
@@ -81,7 +81,7 @@ def _invalid(data: dict[str, Any], cls: type[message.Message], what: str, exc: E
     """INVALID_PARAMS naming the field path and what it takes (or the fields there are),
     in ACP's words; protobuf's text only when the shape fits and a value is wrong."""
     details: dict[str, Any] = {"field": what, "message_type": cls.DESCRIPTOR.full_name}
-    misfit = json_shape.explain(data, cls.DESCRIPTOR)
+    misfit = json_shape.explain(data, cast(descriptor.Descriptor, cls.DESCRIPTOR))
     if misfit is not None:
         details["path"] = misfit.path
         if misfit.allowed:

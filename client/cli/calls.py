@@ -326,10 +326,42 @@ async def _events(items: AsyncIterator[message.Message], poll: bool) -> AsyncIte
             await close()
 
 
+_TERMINAL = _SETTLED | {plan_pb2.PLAN_STATE_SUCCEEDED}
+
+
+async def _until(client: ACPClient, conn: Connection, plan_id: str) -> Callable[[events_pb2.Event], bool]:
+    """When ``--until-done`` stops. A plan still to run or running: when its run ends. A
+    plan already settled (executed, applied, rolled back): at the state change that left it
+    as it is now, the one published after its phase ended, so everything up to then shows."""
+    op = catalog.OPERATIONS["plan.status"]
+    response = await client.transport.call(
+        op, plan_pb2.GetPlanStatusRequest(plan_id=plan_id), call_options(conn)
+    )
+    assert isinstance(response, plan_pb2.GetPlanStatusResponse)
+    plan = response.plan
+    timing = next((t for t in plan.timings if t.phase == plan.phase), None)
+    if plan.state not in _TERMINAL or timing is None or not timing.HasField("end_time"):
+        return ends_run
+    ended = timing.end_time.ToNanoseconds()
+
+    def settled(event: events_pb2.Event) -> bool:
+        if event.WhichOneof("payload") != "plan_state_changed":
+            return False
+        change = event.plan_state_changed
+        return (
+            change.phase == plan.phase
+            and change.to_state == plan.state
+            and event.time.ToNanoseconds() >= ended
+        )
+
+    return settled
+
+
 async def watch(client: ACPClient, conn: Connection, args: argparse.Namespace) -> int:
     """Follow the stream. After a drop, a server restart or a slow-subscriber end it
     subscribes again after the last sequence it printed: nothing lost, nothing twice."""
     printer = Printer(args, conn, sys.stdout)
+    done = await _until(client, conn, args.plan) if args.until_done else None
     subscribe = catalog.OPERATIONS["events.subscribe"]
     remote = bool(conn.server or conn.grpc)
     last = args.after
@@ -355,7 +387,7 @@ async def watch(client: ACPClient, conn: Connection, args: argparse.Namespace) -
                     continue
                 last = event.sequence
                 printer.item(events_pb2.SubscribeEventsResponse(event=event))
-                if args.until_done and ends_run(event):
+                if done is not None and done(event):
                     return 0
             if not remote:
                 continue
@@ -454,7 +486,7 @@ def register(subparsers: Any) -> None:
         "--until-done",
         action="store_true",
         help="with --plan: stop when its run ends (execute or apply settles, fails, is cancelled "
-        "or rolled back)",
+        "or rolled back); for a plan already settled, after the events up to its current state",
     )
     add_options(watch_parser)
 

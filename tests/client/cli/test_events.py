@@ -13,8 +13,10 @@ import subprocess
 import threading
 import time
 
+import pytest
+
 from cleveragents.acp.client.cli.calls import EXIT_INTERRUPTED
-from tests.client.cli.conftest import CLI_TIMEOUT, Cli, clean_env
+from tests.client.cli.conftest import CLI_TIMEOUT, Cli, clean_env, make_cli
 from tests.client.cli.test_flows import ACTION_SPEC
 from tests.server_process import Tokens, agents_command, start_server
 
@@ -142,6 +144,44 @@ def test_local_watch_follows_another_process_until_the_run_ends(local_cli: Cli) 
     assert kinds.count("tool.completed") == 2
     assert "execute: running -> succeeded" in reader.lines[-1]
     assert (local_cli.cwd / "watch.err").read_text() == ""
+
+
+@pytest.mark.timeout(300)  # ten CLI processes; a busy 2-core box needs 10 s for each
+@pytest.mark.parametrize("mode", ["local", "http"])
+def test_until_done_on_a_finished_plan_shows_everything_through_rollback(
+    request: pytest.FixtureRequest, tmp_path: pathlib.Path, mode: str
+) -> None:
+    """A plan executed, applied and rolled back: --until-done prints its whole story and
+    stops after the rollback, not at the end of execute (issue 18, item 3)."""
+    cli = make_cli(mode, tmp_path, request.getfixturevalue("cli_server") if mode == "http" else None)
+    cli.cwd.joinpath("site").mkdir()
+    (cli.cwd / "site" / "notes.txt").write_text("a draft\n")
+    (cli.cwd / "action.yaml").write_text(ACTION_SPEC)
+    n = cli.mode
+    resource = json.dumps({"type": "directory", "path": str(cli.cwd / "site")})
+    cli("resource", "add", f"until-{n}", "--spec", resource)
+    cli("project", "add", f"until-{n}", "--spec", json.dumps({"resources": [f"until-{n}"]}))
+    cli("action", "add", f"until-{n}", "--spec", "action.yaml")
+    plan_id = cli(
+        "plan", "use", f"until-{n}", f"until-{n}", "--inputs", "name=World", "--value", "plan.meta.id"
+    ).out.strip()
+    cli("plan", "execute", plan_id, "--wait")
+    cli("plan", "apply", plan_id)
+    cli("plan", "rollback", plan_id)
+    story = cli("events", "watch", "--plan", plan_id, "--until-done").out.splitlines()
+    changes = [line.split(None, 2)[2].split("  ")[0] for line in story if " plan.state_changed " in line]
+    assert changes[-3:] == [
+        "apply: succeeded -> running",
+        "apply: running -> succeeded",
+        "apply: succeeded -> rolled_back",
+    ], story
+    assert "execute: running -> succeeded" in changes
+
+
+def test_until_done_on_an_unknown_plan_is_not_found(local_cli: Cli) -> None:
+    result = local_cli("events", "watch", "--plan", "nope", "--until-done", expect=None)
+    assert result.status != 0
+    assert result.err.startswith("NOT_FOUND"), result
 
 
 def test_execute_wait_shows_live_progress_on_a_terminal(local_cli: Cli) -> None:

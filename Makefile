@@ -69,7 +69,7 @@ gen: $(STAMP)
 
 gen-check: $(STAMP)
 	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
-	$(BIN)/python proto/generate.py $$tmp >/dev/null && \
+	{ $(BIN)/python proto/generate.py $$tmp >$$tmp/generate.log 2>&1 || { cat $$tmp/generate.log; exit 1; }; } && \
 	if diff -r -q -x __pycache__ gen/cleveragents $$tmp/cleveragents; then echo "gen/ is up to date"; \
 	else echo "gen/ differs from proto/: run 'make gen' and commit"; exit 1; fi
 

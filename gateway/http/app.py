@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -32,6 +31,7 @@ from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.gateway import common
 from cleveragents.acp.gateway.http import binding, redaction
 from cleveragents.acp.gateway.http.application import GatewayApp
+from cleveragents.acp.gateway.http.cors import EnvelopeCORSMiddleware
 from cleveragents.acp.gateway.http.responses import EnvelopeResponse, Exchange
 from cleveragents.acp.gateway.http.routing import Route, RouteTable, route_path
 from cleveragents.acp.gateway.http.sse import SSEResponse
@@ -219,7 +219,7 @@ def build_app(
     app = GatewayApp(Gateway(transport, settings, closing=closing))
     if settings.cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            EnvelopeCORSMiddleware,
             allow_origins=list(settings.cors_origins),
             allow_methods=ALL_METHODS,
             allow_headers=["Authorization", "Content-Type", "ACP-Version", "X-Request-ID", "Last-Event-ID"],

@@ -27,6 +27,17 @@ _STRING_MESSAGES = frozenset(
 )
 
 
+# Credentials in URLs end up in logs, proxies and browser history: refused on purpose, with
+# what to do instead.
+CREDENTIAL_PARAMETERS = frozenset({"token", "access_token", "bearer", "auth", "authorization"})
+CREDENTIAL_REFUSAL = (
+    "query parameter {key!r}: tokens in URLs are refused on purpose (they end up in logs and "
+    "browser history); send the header 'Authorization: Bearer TOKEN', or, for a browser's "
+    "EventSource on /api/v1/events/stream, get a one-use stream ticket (POST /api/v1/events/ticket) "
+    "and pass ?ticket=..."
+)
+
+
 def invalid(message: str, field: str, **details: Any) -> ACPError:
     return ACPError(ErrorCode.INVALID_PARAMS, message, {"field": field, **details})
 
@@ -118,6 +129,8 @@ def bind_query(
         for depth, name in enumerate(names):
             field = where.fields_by_name.get(name)
             if field is None:
+                if key in CREDENTIAL_PARAMETERS:
+                    raise invalid(CREDENTIAL_REFUSAL.format(key=key), key, unknown_fields=[key])
                 raise invalid(f"unknown query parameter {key!r}", key, unknown_fields=[key])
             last = depth == len(names) - 1
             is_map = field.message_type is not None and field.message_type.GetOptions().map_entry

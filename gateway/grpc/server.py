@@ -13,6 +13,7 @@ Every major of the catalog is served, each under its own package (``cleveragents
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -290,8 +291,26 @@ async def mark_serving(health_servicer: HealthServicer, serving: bool) -> None:
         await health_servicer.set(name, status)
 
 
+def _probe(address: str) -> None:
+    """Refuse a port another process listens on before gRPC tries it: its C core logs its
+    own line to stderr (``add_port.cc ... Failed to add port``) when the bind fails."""
+    host, _, port = address.rpartition(":")
+    if port == "0":
+        return
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(
+            host.strip("[]"), int(port), type=socket.SOCK_STREAM
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(where)
+    except OSError as exc:
+        raise OSError(f"cannot listen for gRPC on {address}: {exc.strerror or exc}") from None
+
+
 def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
     """Bind ``host:port``; the bound port (``0`` asks for an ephemeral one)."""
+    _probe(address)
     try:
         port = (
             server.add_secure_port(address, credentials)

@@ -13,6 +13,8 @@ from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from tests import browser
 
+pytest_plugins = ["tests.hygiene"]
+
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     return browser.header()

@@ -18,7 +18,7 @@ import pytest
 from cleveragents.acp.client.cli.calls import EXIT_INTERRUPTED
 from tests.client.cli.conftest import CLI_TIMEOUT, Cli, clean_env, make_cli
 from tests.client.cli.test_flows import ACTION_SPEC
-from tests.server_process import Tokens, agents_command, start_server
+from tests.server_process import Tokens, agents_command, kill_group, start_server
 
 WAIT = 30.0
 
@@ -53,18 +53,24 @@ class Lines:
 def _watch(args: list[str], env: dict[str, str], stderr: pathlib.Path) -> subprocess.Popen[bytes]:
     with stderr.open("w") as err:
         return subprocess.Popen(
-            agents_command("events", "watch", *args), env=env, stdout=subprocess.PIPE, stderr=err
+            agents_command("events", "watch", *args),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,
         )
 
 
 def _stop(process: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> int:
+    """Send ``sig`` and wait; a child that does not end is killed with its group (never
+    left running), and the wait's failure is reported after."""
     if process.poll() is None:
         process.send_signal(sig)
     try:
         return process.wait(CLI_TIMEOUT)
     finally:
         if process.poll() is None:
-            process.kill()
+            kill_group(process)
         assert process.stdout is not None
         process.stdout.close()
 
@@ -99,8 +105,10 @@ def test_watch_resumes_after_the_server_is_killed_and_restarted(tmp_path: pathli
             said = [e["session_message"]["message"]["content"] for e in events[::2]]
             assert said == ["one", "two", "three"], name
     finally:
-        statuses = [_stop(w) for w in watchers]
-        server.stop()
+        try:
+            statuses = [_stop(w) for w in watchers]
+        finally:
+            server.stop()
     assert statuses == [EXIT_INTERRUPTED, EXIT_INTERRUPTED]
     for name in ("http", "grpc"):
         err = (tmp_path / f"{name}.err").read_text()

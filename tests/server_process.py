@@ -6,6 +6,7 @@ with SIGTERM, which must end it cleanly (exit status 0).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -72,10 +73,8 @@ class ServerProcess:
 def kill_group(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL the child's process group (it has its own: ``start_new_session``), so what
     it started dies with it, and reap it."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     process.wait(5)
 
 

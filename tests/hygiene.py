@@ -50,7 +50,7 @@ def serialize_ast_parse() -> None:
             return parse(*args, **kwargs)
 
     serialized.serialized = True  # type: ignore[attr-defined]
-    ast.parse = serialized  # type: ignore[assignment]
+    ast.parse = serialized
 
 
 def _marked(pid: int, marker: str) -> bool:

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from schemathesis import checks
 
-from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract import catalog, limits
 from cleveragents.acp.gateway.http import openapi
 from tests.conformance.envelopes import envelope_problems, operation_of
 from tests.server_process import ServerProcess, Tokens, start_server
@@ -343,3 +343,19 @@ def test_big_plans_run_and_apply_promptly(
     if plan["state"] == "PLAN_STATE_SUCCEEDED":
         assert len(succeeded) == len(steps)
         call_promptly(envelope_client, "plan.apply", {"plan_id": plan_id}, refusals=("INVALID_STATE",))
+
+
+# Issue 17: label maps and identifiers around their bounds are accepted or INVALID_PARAMS.
+@given(count=st.integers(0, limits.MAX_MAP_ENTRIES + 8), size=st.integers(0, limits.MAX_NAME_CHARS + 8))
+@settings(parent=FUZZ_SETTINGS, max_examples=EXAMPLES * 5)
+def test_labels_and_identifiers_around_their_bounds(
+    envelope_client: httpx.Client, count: int, size: int
+) -> None:
+    labels = {f"k{index}": "v" * min(size, limits.MAX_MAP_VALUE_CHARS + 1) for index in range(count)}
+    created = call_promptly(envelope_client, "session.create", {"labels": labels})
+    fits = count <= limits.MAX_MAP_ENTRIES and (count == 0 or size <= limits.MAX_MAP_VALUE_CHARS)
+    assert (created["status"] == "ok") == fits, created
+    shown = call_promptly(
+        envelope_client, "plan.status", {"plan_id": "p" * size}, ("INVALID_PARAMS", "NOT_FOUND")
+    )
+    assert (shown["error"]["code"] == "INVALID_PARAMS") == (size > limits.MAX_NAME_CHARS or size == 0), shown

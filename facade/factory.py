@@ -25,6 +25,7 @@ from cleveragents.acp.facade.handlers.plans import PlanHandlers
 from cleveragents.acp.facade.handlers.registries import RegistryHandlers
 from cleveragents.acp.facade.handlers.sessions import SessionHandlers
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
+from cleveragents.acp.facade.store.base import DEFAULT_WRITE_TIMEOUT
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 
 
@@ -61,6 +62,15 @@ def open_event_log(store: SQLiteStore) -> EventLog:
     )
 
 
+def open_store(db: str | pathlib.Path) -> SQLiteStore:
+    """The store; ``$ACP_STORE_WRITE_TIMEOUT_SECONDS`` bounds how long a write waits for a
+    lock another process holds on the file before it fails with STORE_BUSY."""
+    write_timeout = _env_number("ACP_STORE_WRITE_TIMEOUT_SECONDS", float)
+    if write_timeout is not None and not 0 < write_timeout <= 3600:
+        raise ValueError(f"$ACP_STORE_WRITE_TIMEOUT_SECONDS must be in (0, 3600], not {write_timeout}")
+    return SQLiteStore(db, write_timeout=DEFAULT_WRITE_TIMEOUT if write_timeout is None else write_timeout)
+
+
 class _StoreResource:
     def __init__(self, store: SQLiteStore) -> None:
         self.store = store
@@ -94,7 +104,7 @@ def open_facade(
 
     Without an authenticator the facade runs in local mode: every call acts as the
     local principal with access to all namespaces."""
-    store = SQLiteStore(db if db is not None else default_db_path())
+    store = open_store(db if db is not None else default_db_path())
     events = open_event_log(store)
     registries = Registries(store)
     context = Context(store, registries)

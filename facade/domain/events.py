@@ -124,6 +124,11 @@ class EventLog:
         Inside an open store transaction the event is committed (and delivered) with it."""
         return self.publish_many([event])[0]
 
+    async def append(self, events: Sequence[events_pb2.Event]) -> list[events_pb2.Event]:
+        """``publish_many`` on the store's writer thread: the loop does not wait for the
+        commit, and the events are delivered (in sequence order) once it is durable."""
+        return await self._store.write(lambda _store: self.publish_many(events))
+
     def publish_many(self, events: Sequence[events_pb2.Event]) -> list[events_pb2.Event]:
         """Append events in one transaction, with consecutive sequences."""
         if self._closed:

@@ -8,7 +8,7 @@ closes it and ``resume`` reopens it. Semantics in docs/sessions.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from ulid import ULID
@@ -57,6 +57,8 @@ CLOSED = session_pb2.SESSION_STATE_CLOSED
 
 class EventPublisher(Protocol):
     def publish(self, event: events_pb2.Event) -> events_pb2.Event: ...
+
+    async def append(self, events: Sequence[events_pb2.Event]) -> list[events_pb2.Event]: ...
 
 
 def _invalid(field: str, message: str) -> ACPError:
@@ -111,12 +113,13 @@ class Sessions:
 
     def text(self, session: session_pb2.Session, actor: str, turn: int) -> Emit:
         async def emit(index: int, text: str) -> None:
-            self.events.publish(
-                events_pb2.Event(
-                    namespace=session.meta.namespace,
-                    session_id=session.meta.id,
-                    session_text_delta=events_pb2.TextDelta(actor=actor, turn=turn, index=index, text=text),
-                )
+            delta = events_pb2.TextDelta(actor=actor, turn=turn, index=index, text=text)
+            await self.events.append(
+                [
+                    events_pb2.Event(
+                        namespace=session.meta.namespace, session_id=session.meta.id, session_text_delta=delta
+                    )
+                ]
             )
 
         return emit
@@ -135,12 +138,12 @@ class Sessions:
 
     # create, show, list, delete, resume ----------------------------------------------
 
-    def create(self, ctx: CallContext, req: session_pb2.CreateSessionRequest) -> session_pb2.Session:
+    async def create(self, ctx: CallContext, req: session_pb2.CreateSessionRequest) -> session_pb2.Session:
         namespace = ctx.namespace(req.namespace)
         orchestrator = req.orchestrator or DEFAULT_ORCHESTRATOR
         if len(req.title) > MAX_TITLE_CHARS:
             raise _invalid("title", f"title is longer than {MAX_TITLE_CHARS} characters")
-        problem = label_problem(req.labels) or self._reference_problem(namespace, orchestrator, req.project)
+        problem = label_problem(req.labels)
         if problem is not None:
             raise _invalid(*problem)
         stamp = now()
@@ -154,7 +157,15 @@ class Sessions:
             state=ACTIVE,
             labels=dict(req.labels),
         )
-        self.store.insert(to_record(session))
+
+        def insert(store: Store) -> None:
+            # Checked in the transaction: the actor or project cannot go meanwhile.
+            problem = self._reference_problem(namespace, orchestrator, req.project)
+            if problem is not None:
+                raise _invalid(*problem)
+            store.insert(to_record(session))
+
+        await self.store.write(insert)
         return session
 
     def _reference_problem(self, namespace: str, orchestrator: str, project: str) -> tuple[str, str] | None:
@@ -165,11 +176,20 @@ class Sessions:
             return "project", f"no project {project!r} in namespace {namespace!r}"
         return None
 
-    def show(self, ctx: CallContext, session_id: str) -> session_pb2.GetSessionResponse:
-        _, session = load(self.store, ctx, session_id)
-        return session_pb2.GetSessionResponse(session=session, messages=messages(self.store, session_id))
+    async def show(self, ctx: CallContext, session_id: str) -> session_pb2.GetSessionResponse:
+        def read(store: Store) -> session_pb2.GetSessionResponse:
+            # One snapshot: the record and its messages agree.
+            _, session = load(store, ctx, session_id)
+            return session_pb2.GetSessionResponse(session=session, messages=messages(store, session_id))
 
-    def list_sessions(
+        return await self.store.read(read)
+
+    async def list_sessions(
+        self, ctx: CallContext, req: session_pb2.ListSessionsRequest
+    ) -> session_pb2.ListSessionsResponse:
+        return await self.store.read(lambda _store: self._list_sessions(ctx, req))
+
+    def _list_sessions(
         self, ctx: CallContext, req: session_pb2.ListSessionsRequest
     ) -> session_pb2.ListSessionsResponse:
         namespaces = ctx.visible_namespaces(req.namespace)
@@ -198,14 +218,19 @@ class Sessions:
             sessions=[session_pb2.Session.FromString(r.body) for r in records], next_page_token=token
         )
 
-    def delete(self, ctx: CallContext, session_id: str) -> None:
-        record, _ = load(self.store, ctx, session_id)
-        with self.store.transaction():
-            self.store.delete_items(MESSAGES, session_id)
+    async def delete(self, ctx: CallContext, session_id: str) -> None:
+        def delete(store: Store) -> None:
+            record, _ = load(store, ctx, session_id)
+            store.delete_items(MESSAGES, session_id)
             self.context.configs.delete(record.namespace, session_key(session_id))
-            self.store.delete(SESSION_KIND, session_id)
+            store.delete(SESSION_KIND, session_id)
 
-    def resume(self, ctx: CallContext, session_id: str) -> session_pb2.Session:
+        await self.store.write(delete)
+
+    async def resume(self, ctx: CallContext, session_id: str) -> session_pb2.Session:
+        return await self.store.write(lambda _store: self._resume(ctx, session_id))
+
+    def _resume(self, ctx: CallContext, session_id: str) -> session_pb2.Session:
         with self.store.transaction():
             record, session = load(self.store, ctx, session_id)
             if session.state != CLOSED:
@@ -234,7 +259,7 @@ class Sessions:
     async def tell(
         self, ctx: CallContext, req: session_pb2.TellSessionRequest
     ) -> session_pb2.TellSessionResponse:
-        _, session = load(self.store, ctx, req.session_id)
+        _, session = await self.store.read(lambda store: load(store, ctx, req.session_id))
         if len(req.content) > MAX_MESSAGE_CHARS:
             raise _invalid("content", f"a message holds at most {MAX_MESSAGE_CHARS} characters")
         if session.state == CLOSED:
@@ -245,7 +270,7 @@ class Sessions:
             )
         orchestrator = self._orchestrator(session)
         user = session_pb2.Message(role=session_pb2.MESSAGE_ROLE_USER, content=req.content)
-        (stored_user,) = self._append(session.meta.id, [user])
+        (stored_user,) = await self._append(session.meta.id, [user])
         outcome = await orchestrator.respond(ctx, session, req.content)
         replies = [
             session_pb2.Message(
@@ -253,7 +278,7 @@ class Sessions:
             )
             for r in outcome.replies
         ]
-        stored_replies = self._append(session.meta.id, replies, close=outcome.close)
+        stored_replies = await self._append(session.meta.id, replies, close=outcome.close)
         return session_pb2.TellSessionResponse(message=stored_user, replies=stored_replies)
 
     def _orchestrator(self, session: session_pb2.Session) -> Orchestrator:
@@ -281,7 +306,12 @@ class Sessions:
             )
         return orchestrator
 
-    def _append(
+    async def _append(
+        self, session_id: str, new: Iterable[session_pb2.Message], *, close: bool = False
+    ) -> list[session_pb2.Message]:
+        return await self.store.write(lambda _store: self._append_now(session_id, new, close=close))
+
+    def _append_now(
         self, session_id: str, new: Iterable[session_pb2.Message], *, close: bool = False
     ) -> list[session_pb2.Message]:
         """Store messages after the history, update the session, emit one event each.
@@ -323,7 +353,10 @@ class Sessions:
 
     # export, import -------------------------------------------------------------------
 
-    def export(self, ctx: CallContext, session_id: str) -> session_pb2.ExportSessionResponse:
+    async def export(self, ctx: CallContext, session_id: str) -> session_pb2.ExportSessionResponse:
+        return await self.store.read(lambda _store: self._export(ctx, session_id))
+
+    def _export(self, ctx: CallContext, session_id: str) -> session_pb2.ExportSessionResponse:
         record, session = load(self.store, ctx, session_id)
         history = messages(self.store, session_id)
         config = self.context.configs.get(record.namespace, session_key(session_id))
@@ -335,6 +368,13 @@ class Sessions:
         # Read in slices: a 30,000-message document held every other call for seconds.
         document = await slices.run_sliced(session_export.from_struct(req.document))
         exported = await slices.run_sliced(session_export.parsing(document))
+        # Checked on a reader thread, so the writer thread only stores it.
+        await self.store.read(lambda _store: self._check_import(ctx, req, exported))
+        return await self.store.write(lambda _store: self._store_import(exported))
+
+    def _check_import(
+        self, ctx: CallContext, req: session_pb2.ImportSessionRequest, exported: session_export.Exported
+    ) -> None:
         session = exported.session
         namespace = ctx.namespace(req.namespace or session.meta.namespace)
         session.meta.namespace = namespace
@@ -352,6 +392,10 @@ class Sessions:
             except ACPError as exc:
                 path = str(exc.details.get("field", "$.context"))
                 raise session_export.invalid(path, exc.message.removeprefix(f"{path}: ")) from None
+
+    def _store_import(self, exported: session_export.Exported) -> session_pb2.Session:
+        session = exported.session
+        namespace = session.meta.namespace
         clash = ACPError(
             ErrorCode.ALREADY_EXISTS,
             f"a session with id {session.meta.id} exists; import with new_id to take a fresh id",

@@ -16,38 +16,38 @@ class SessionHandlers:
     async def CreateSession(
         self, request: session_pb2.CreateSessionRequest, ctx: CallContext
     ) -> session_pb2.CreateSessionResponse:
-        return session_pb2.CreateSessionResponse(session=self._sessions.create(ctx, request))
+        return session_pb2.CreateSessionResponse(session=await self._sessions.create(ctx, request))
 
     @handles("session.resume")
     async def ResumeSession(
         self, request: session_pb2.ResumeSessionRequest, ctx: CallContext
     ) -> session_pb2.ResumeSessionResponse:
-        return session_pb2.ResumeSessionResponse(session=self._sessions.resume(ctx, request.session_id))
+        return session_pb2.ResumeSessionResponse(session=await self._sessions.resume(ctx, request.session_id))
 
     @handles("session.list")
     async def ListSessions(
         self, request: session_pb2.ListSessionsRequest, ctx: CallContext
     ) -> session_pb2.ListSessionsResponse:
-        return self._sessions.list_sessions(ctx, request)
+        return await self._sessions.list_sessions(ctx, request)
 
     @handles("session.show")
     async def GetSession(
         self, request: session_pb2.GetSessionRequest, ctx: CallContext
     ) -> session_pb2.GetSessionResponse:
-        return self._sessions.show(ctx, request.session_id)
+        return await self._sessions.show(ctx, request.session_id)
 
     @handles("session.delete")
     async def DeleteSession(
         self, request: session_pb2.DeleteSessionRequest, ctx: CallContext
     ) -> session_pb2.DeleteSessionResponse:
-        self._sessions.delete(ctx, request.session_id)
+        await self._sessions.delete(ctx, request.session_id)
         return session_pb2.DeleteSessionResponse(session_id=request.session_id)
 
     @handles("session.export")
     async def ExportSession(
         self, request: session_pb2.ExportSessionRequest, ctx: CallContext
     ) -> session_pb2.ExportSessionResponse:
-        return self._sessions.export(ctx, request.session_id)
+        return await self._sessions.export(ctx, request.session_id)
 
     @handles("session.import")
     async def ImportSession(

@@ -4,6 +4,14 @@ Entities of every kind live as *records*: a few indexed columns (kind, id, names
 name, revision, state, attrs, labels) and the entity itself as serialized proto bytes.
 Ordered child rows (a session's messages) are *items*. The event log has its own table
 (see ``append_events``) because its sequence is global.
+
+The server's event loop never waits for storage: it awaits ``Store.read(fn)`` and
+``Store.write(fn)``, which run ``fn`` on a store thread inside one transaction (a read
+snapshot, or a write the store commits together with the writes queued beside it). The
+synchronous methods act in the transaction of the store thread they are called on, so
+a function given to ``read``/``write`` may use the store itself (or helpers that take
+it) and see one snapshot. Called on any other thread they run there, blocking it: for
+tools, tests and the services not yet converted.
 """
 
 from __future__ import annotations
@@ -12,6 +20,14 @@ import abc
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
+
+T = TypeVar("T")
+
+# How long a write waits for a write lock another process holds before it gives up.
+DEFAULT_WRITE_TIMEOUT = 5.0
 
 
 class StoreConflictError(Exception):
@@ -20,6 +36,20 @@ class StoreConflictError(Exception):
 
 class SchemaTooNewError(Exception):
     """The database was written by a newer release: opening it could corrupt it."""
+
+
+class StoreBusyError(ACPError):
+    """A write waited its whole bound for a lock another process holds; nothing of it was
+    written, so the caller may retry it as it was (docs/server.md, "A locked database")."""
+
+    def __init__(self, waited: float) -> None:
+        super().__init__(
+            ErrorCode.BUDGET_EXCEEDED,
+            f"the database stayed locked by another process for {waited:.1f} s, so nothing was "
+            "written; retry the call",
+            {"retryable": True, "waited_seconds": round(waited, 3)},
+            refinement="STORE_BUSY",
+        )
 
 
 class StaleRevisionError(Exception):
@@ -96,6 +126,23 @@ class ListQuery:
 
 
 class Store(abc.ABC):
+    # the event loop's interface --------------------------------------------------------
+
+    @abc.abstractmethod
+    async def read(self, fn: Callable[[Store], T]) -> T:
+        """``fn(store)`` on a reader thread, in one read transaction: every read it makes
+        sees the same snapshot, and none waits for a writer."""
+
+    @abc.abstractmethod
+    async def write(self, fn: Callable[[Store], T]) -> T:
+        """``fn(store)`` on the writer thread, in a transaction committed with the others
+        queued meanwhile (group commit); returns once the commit is durable and its
+        ``after_commit`` callbacks ran (on the caller's loop, in commit order). If ``fn``
+        raises, its writes are rolled back and the exception is raised here; a write lock
+        held elsewhere longer than the store's bound raises StoreBusyError."""
+
+    # synchronous: on a store thread inside read()/write(), or blocking the caller ------
+
     @abc.abstractmethod
     def transaction(self) -> AbstractContextManager[None]:
         """Group writes atomically; nested use joins the outer transaction."""

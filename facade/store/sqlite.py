@@ -2,36 +2,52 @@
 
 ``synchronous=FULL``: a commit returns only after the WAL is on disk, so an acknowledged
 write survives a ``kill -9`` and a power cut alike.
+
+One writer thread owns the write connection: ``write`` queues a function, and the writer
+runs every function queued while its previous commit ran (each in a savepoint, so one
+failing undoes only its own writes) and commits them as one (group commit: one fsync for
+many calls). Readers use their own connections on a small thread pool; in WAL mode a read
+never waits for the write lock, whoever holds it. A write lock held by another process
+(the ``agents`` CLI on the same file, a backup, an ``sqlite3`` shell) is waited for on the
+writer thread, in short slices, up to ``write_timeout``: then the waiting calls fail with
+StoreBusyError and nothing of them was written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import json
 import logging
 import pathlib
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import orjson
 
 from cleveragents.acp.facade.store import sqlite_lists as lists
 from cleveragents.acp.facade.store.base import (
+    DEFAULT_WRITE_TIMEOUT,
     EventFilter,
     ListQuery,
     Record,
     SchemaTooNewError,
     StaleRevisionError,
     Store,
+    StoreBusyError,
     StoreConflictError,
     StoredEvent,
 )
 from cleveragents.acp.facade.store.migrations import MIGRATIONS
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _COLUMNS = "kind, id, namespace, name, revision, state, attrs, labels, create_time, update_time, body"
 
@@ -74,6 +90,13 @@ def _current_task() -> asyncio.Task[Any] | None:
         return None
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 _STR = frozenset({str})
 
 
@@ -94,25 +117,79 @@ def _json(value: dict[str, str]) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+class _Job:
+    """One ``write`` call on its way through the writer thread."""
+
+    __slots__ = ("callbacks", "deadline", "error", "fn", "future", "loop", "result")
+
+    def __init__(
+        self, fn: Callable[[Store], Any], loop: asyncio.AbstractEventLoop | None, deadline: float
+    ) -> None:
+        self.fn = fn
+        self.loop = loop
+        self.future: asyncio.Future[Any] | None = loop.create_future() if loop is not None else None
+        self.deadline = deadline
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.callbacks: list[Callable[[], None]] = []
+
+
+# The most writes one commit takes: bounds how long the first of them waits for the last.
+MAX_BATCH = 256
+# How long one attempt at the write lock blocks the writer thread before it looks again.
+_LOCK_SLICE_MS = 50
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc)
+    return "locked" in text or "busy" in text
+
+
 class SQLiteStore(Store):
-    def __init__(self, path: str | pathlib.Path, *, synchronous: str = "FULL") -> None:
+    def __init__(
+        self,
+        path: str | pathlib.Path,
+        *,
+        synchronous: str = "FULL",
+        write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+        readers: int = 4,
+    ) -> None:
         self.path = pathlib.Path(path)
-        if str(path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        if str(path) == ":memory:":
+            raise ValueError("SQLiteStore needs a file: its readers open their own connections")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.write_timeout = write_timeout
+        # The write connection: the writer thread's, or a blocking caller's under this lock.
         self._lock = threading.RLock()
         self._depth = 0
-        self._after_commit: list[Callable[[], None]] = []
+        self._owner_thread: int | None = None
         self._owner: asyncio.Task[Any] | None = None
+        self._after_commit: list[Callable[[], None]] = []
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.execute(f"PRAGMA busy_timeout={_LOCK_SLICE_MS}")
         try:
             self.migrate()
         except BaseException:
             self._db.close()
             raise
+        # Read connections, one per thread that reads (reader pool, or a blocking caller).
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._reader_pool = ThreadPoolExecutor(readers, thread_name_prefix="acp-store-read")
+        # Writes queued for the writer thread, started on the first write().
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._wake = threading.Condition()
+        self._writer: threading.Thread | None = None
+        self._closing = False
+        self._closed = False
+        # Committed writes whose callbacks and answers are due, in commit order.
+        self._due: collections.deque[_Job] = collections.deque()
+        self._due_lock = threading.Lock()
+        self._drain_lock = threading.RLock()
 
     # schema ---------------------------------------------------------------------------
 
@@ -129,7 +206,7 @@ class SQLiteStore(Store):
             for version, script in enumerate(MIGRATIONS, start=1):
                 if version <= self._check_version():
                     continue
-                self._db.execute("BEGIN IMMEDIATE")
+                self._begin(time.monotonic() + self.write_timeout)
                 try:
                     if version <= self._check_version():
                         self._db.execute("ROLLBACK")
@@ -153,48 +230,215 @@ class SQLiteStore(Store):
             )
         return version
 
+    def _begin(self, deadline: float) -> None:
+        """BEGIN IMMEDIATE, waiting in slices for a lock another process holds."""
+        started = time.monotonic()
+        while True:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise StoreBusyError(time.monotonic() - started) from None
+
+    # the event loop's interface --------------------------------------------------------
+
+    async def read(self, fn: Callable[[Store], T]) -> T:
+        if self._closed:
+            raise RuntimeError("the store is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._reader_pool, self._read_now, fn)
+
+    def _read_now(self, fn: Callable[[Store], T]) -> T:
+        db = self._reader()
+        db.execute("BEGIN")
+        try:
+            return fn(self)
+        finally:
+            db.execute("COMMIT")
+
+    async def write(self, fn: Callable[[Store], T]) -> T:
+        job = _Job(fn, asyncio.get_running_loop(), time.monotonic() + self.write_timeout)
+        with self._wake:
+            if self._closing:
+                raise RuntimeError("the store is closed")
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, name="acp-store-write", daemon=True)
+                self._writer.start()
+            self._queue.append(job)
+            self._wake.notify()
+        assert job.future is not None
+        return cast(T, await job.future)
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._closing:
+                    self._wake.wait()
+                if not self._queue:
+                    return
+                batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
+            self._commit(batch)
+
+    def _commit(self, batch: list[_Job]) -> None:
+        """Run a batch in one transaction; due in commit order once it is durable."""
+        with self._lock:
+            batch = self._begin_batch(batch)
+            if batch:
+                self._run_batch(batch)
+            # Still under the write lock: the due queue is in commit order.
+            with self._due_lock:
+                self._due.extend(batch)
+        self._announce(batch)
+
+    def _begin_batch(self, batch: list[_Job]) -> list[_Job]:
+        """Start the transaction; calls that waited their whole bound fail meanwhile."""
+        while True:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                return batch
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    for job in batch:
+                        job.error = exc
+                    self._settle(batch)
+                    return []
+            now = time.monotonic()
+            expired = [job for job in batch if job.deadline <= now]
+            for job in expired:
+                job.error = StoreBusyError(self.write_timeout)
+            self._settle(expired)
+            batch = [job for job in batch if job.deadline > now]
+            if not batch:
+                return []
+
+    def _run_batch(self, batch: list[_Job]) -> None:
+        self._depth, self._owner_thread, self._owner = 1, threading.get_ident(), None
+        try:
+            for job in batch:
+                self._after_commit = []
+                self._db.execute("SAVEPOINT job")
+                try:
+                    job.result = job.fn(self)
+                    job.callbacks = self._after_commit
+                except BaseException as exc:  # handed to the caller
+                    job.error = exc
+                    self._db.execute("ROLLBACK TO job")
+                self._db.execute("RELEASE job")
+            self._db.execute("COMMIT")
+        except BaseException as exc:  # the commit failed: nothing is durable
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            for job in batch:
+                job.callbacks = []
+                if job.error is None:
+                    job.error = exc
+        finally:
+            self._depth, self._owner_thread, self._after_commit = 0, None, []
+
+    def _settle(self, jobs: list[_Job]) -> None:
+        """Failed before any commit: answer now (no callbacks to keep in order)."""
+        with self._due_lock:
+            self._due.extend(jobs)
+        self._announce(jobs)
+
+    def _announce(self, jobs: list[_Job]) -> None:
+        for loop in {id(job.loop): job.loop for job in jobs if job.loop is not None}.values():
+            # A closed loop: nobody waits for the answer.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        """Run due callbacks and answer due calls, in commit order (on a caller's thread)."""
+        with self._drain_lock:
+            while True:
+                with self._due_lock:
+                    if not self._due:
+                        return
+                    job = self._due.popleft()
+                if job.loop is not None and job.loop is not _running_loop():
+                    job.loop.call_soon_threadsafe(self._finish, job)
+                else:
+                    self._finish(job)
+
+    def _finish(self, job: _Job) -> None:
+        for callback in job.callbacks:
+            self._run(callback)
+        future = job.future
+        if future is None or future.done():
+            return
+        if job.error is not None:
+            future.set_exception(job.error)
+        else:
+            future.set_result(job.result)
+
+    # connections ----------------------------------------------------------------------
+
+    def _reader(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            if self._closed:
+                raise RuntimeError("the store is closed")
+            db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA query_only=ON")
+            db.execute("PRAGMA busy_timeout=5000")
+            with self._readers_lock:
+                self._readers.append(db)
+            self._local.db = db
+        return db
+
+    def _conn(self) -> sqlite3.Connection:
+        """The write connection on the thread in a write transaction, else a reader."""
+        if self._depth and self._owner_thread == threading.get_ident():
+            self._check_owner()
+            return self._db
+        return self._reader()
+
     # transactions ---------------------------------------------------------------------
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """One writer at a time (a lock, and BEGIN IMMEDIATE across processes).
 
-        A transaction belongs to the task that opened it: another task of the same thread
-        touching the store meanwhile (the opener awaited inside it) is refused, instead of
-        silently joining or reading uncommitted writes."""
+        Inside ``write`` (on the writer thread) it joins the call's transaction. Elsewhere
+        it blocks its thread for the write lock. A transaction belongs to the task that
+        opened it: another task of the same thread touching the store meanwhile (the
+        opener awaited inside it) is refused, instead of silently joining or reading
+        uncommitted writes."""
+        if self._depth and self._owner_thread == threading.get_ident():
+            self._check_owner()
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
         with self._lock:
-            if self._depth:
-                self._check_owner()
-                self._depth += 1
-                try:
-                    yield
-                finally:
-                    self._depth -= 1
-                return
-            self._db.execute("BEGIN IMMEDIATE")
-            self._depth = 1
-            self._owner = _current_task()
+            self._begin(time.monotonic() + self.write_timeout)
+            self._depth, self._owner_thread, self._owner = 1, threading.get_ident(), _current_task()
             try:
                 yield
                 self._db.execute("COMMIT")
             except BaseException:
-                self._depth = 0
-                self._after_commit.clear()
+                self._after_commit = []
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise
-            self._depth = 0
-            callbacks, self._after_commit = self._after_commit, []
-            for callback in callbacks:
-                self._run(callback)
+            finally:
+                self._depth, self._owner_thread, self._owner = 0, None, None
+            done = _Job(lambda _store: None, None, 0.0)
+            done.callbacks, self._after_commit = self._after_commit, []
+            with self._due_lock:
+                self._due.append(done)
+        self._drain()
 
     def after_commit(self, callback: Callable[[], None]) -> None:
-        with self._lock:
-            if self._depth:
-                self._check_owner()
-                self._after_commit.append(callback)
-            else:
-                self._run(callback)
+        if self._depth and self._owner_thread == threading.get_ident():
+            self._check_owner()
+            self._after_commit.append(callback)
+        else:
+            self._run(callback)
 
     def _check_owner(self) -> None:
         if self._depth and _current_task() is not self._owner:
@@ -213,18 +457,13 @@ class SQLiteStore(Store):
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         """Run one statement (inside the caller's transaction, if any)."""
-        with self._lock:
-            self._check_owner()
-            return self._db.execute(sql, params)
+        return self._conn().execute(sql, params)
 
     def _one(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        # Fetched under the lock: another thread's transaction cannot interleave.
-        with self._lock:
-            return self.execute(sql, params).fetchone()
+        return self.execute(sql, params).fetchone()
 
     def _all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self._lock:
-            return self.execute(sql, params).fetchall()
+        return self.execute(sql, params).fetchall()
 
     # records --------------------------------------------------------------------------
 
@@ -360,7 +599,8 @@ class SQLiteStore(Store):
         return [(int(idx), bytes(body)) for idx, body in rows]
 
     def delete_items(self, collection: str, owner_id: str) -> None:
-        self.execute("DELETE FROM items WHERE collection=? AND owner_id=?", (collection, owner_id))
+        with self.transaction():
+            self.execute("DELETE FROM items WHERE collection=? AND owner_id=?", (collection, owner_id))
 
     # events ---------------------------------------------------------------------------
 
@@ -430,5 +670,19 @@ class SQLiteStore(Store):
             return removed
 
     def close(self) -> None:
+        """Commit what is queued, stop the threads, close every connection."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify_all()
+            writer = self._writer
+        if writer is not None and writer is not threading.current_thread():
+            writer.join()
+        self._reader_pool.shutdown(wait=True)
+        self._drain()
         with self._lock:
+            self._closed = True
+            with self._readers_lock:
+                readers, self._readers = self._readers, []
+            for db in readers:
+                db.close()
             self._db.close()

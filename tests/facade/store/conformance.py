@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -368,6 +370,112 @@ class StoreConformance:
         assert [e.sequence for e in store.read_events(0, 10)] == [5]
         assert store.append_events([event()]) == [6]
         assert store.prune_events() == 0
+
+    # the event loop's interface --------------------------------------------------------
+
+    async def test_write_commits_and_answers_what_the_function_returned(self, store: Store) -> None:
+        def insert(s: Store) -> str:
+            s.insert(record(id="01A", name="alpha"))
+            return "done"
+
+        assert await store.write(insert) == "done"
+        got = await store.read(lambda s: s.get("session", "01A"))
+        assert got is not None
+        assert got.name == "alpha"
+        assert store.get("session", "01A") == got
+
+    async def test_a_failing_write_undoes_only_itself(self, store: Store) -> None:
+        """Writes queued together commit together, but each succeeds or fails alone."""
+
+        def insert(id: str, name: str, fail: bool = False) -> Callable[[Store], None]:
+            def write(s: Store) -> None:
+                s.insert(record(id=id, name=name))
+                s.append_items("messages", id, [b"m"])
+                if fail:
+                    raise RuntimeError("abort")
+
+            return write
+
+        results = await asyncio.gather(
+            store.write(insert("01A", "a")),
+            store.write(insert("01B", "b", fail=True)),
+            store.write(insert("01C", "a")),
+            store.write(insert("01D", "d")),
+            return_exceptions=True,
+        )
+        assert results[0] is None
+        assert results[3] is None
+        assert isinstance(results[1], RuntimeError)
+        assert isinstance(results[2], StoreConflictError)
+        assert [r.id for r in store.iter_kind("session")] == ["01A", "01D"]
+        assert store.list_items("messages", "01B") == []
+        assert store.list_items("messages", "01C") == []
+
+    async def test_concurrent_writes_are_acknowledged_after_their_callbacks_in_sequence_order(
+        self, store: Store
+    ) -> None:
+        delivered: list[int] = []
+
+        def append(s: Store) -> int:
+            (sequence,) = s.append_events([event()])
+            s.after_commit(lambda: delivered.append(sequence))
+            return sequence
+
+        async def one() -> int:
+            sequence = await store.write(append)
+            assert sequence in delivered
+            return sequence
+
+        sequences = await asyncio.gather(*(one() for _ in range(50)))
+        assert sorted(sequences) == list(range(1, 51))
+        assert delivered == list(range(1, 51))
+        assert [e.sequence for e in store.read_events(0, 100)] == list(range(1, 51))
+
+    async def test_a_read_sees_one_snapshot(self, store: Store) -> None:
+        """A write committed while a read runs is not half-seen by it."""
+        store.insert(record(id="01A", state="active"))
+        first_read = threading.Event()
+        written = threading.Event()
+
+        def read(s: Store) -> tuple[str, str, list[tuple[int, bytes]]]:
+            before = s.get("session", "01A")
+            first_read.set()
+            assert written.wait(10)
+            after = s.get("session", "01A")
+            assert before is not None
+            assert after is not None
+            return before.state, after.state, s.list_items("messages", "01A")
+
+        def write(s: Store) -> None:
+            s.update(record(id="01A", state="closed", revision=2))
+            s.append_items("messages", "01A", [b"m"])
+
+        reading = asyncio.ensure_future(store.read(read))
+        assert await asyncio.to_thread(first_read.wait, 10)
+        await store.write(write)
+        written.set()
+        assert await reading == ("active", "active", [])
+        assert (await store.read(lambda s: s.list_items("messages", "01A"))) == [(0, b"m")]
+
+    async def test_reads_do_not_wait_for_a_write(self, store: Store) -> None:
+        store.insert(record(id="01A"))
+        inside = threading.Event()
+        release = threading.Event()
+
+        def slow(s: Store) -> None:
+            s.insert(record(id="01B"))
+            inside.set()
+            assert release.wait(10)
+
+        writing = asyncio.ensure_future(store.write(slow))
+        try:
+            assert await asyncio.to_thread(inside.wait, 10)
+            assert await asyncio.wait_for(store.read(lambda s: s.get("session", "01A")), 10) is not None
+            assert await store.read(lambda s: s.get("session", "01B")) is None
+        finally:
+            release.set()
+        await writing
+        assert await store.read(lambda s: s.get("session", "01B")) is not None
 
 
 def reopen_keeps_everything(open_store: Callable[[], Store]) -> None:

@@ -1,7 +1,8 @@
 """Writes until killed, printing one ack line after each write returns (see test_crash).
 
 ``store`` mode writes records, items and events through the store and the event log;
-``facade`` mode makes ACP calls (session.create, session.tell) through the facade."""
+``facade`` mode makes ACP calls (session.create, session.tell) through the facade;
+``concurrent`` mode makes them from many tasks at once, so commits are grouped."""
 
 from __future__ import annotations
 
@@ -56,9 +57,29 @@ async def call_facade(path: str, limit: int) -> None:
         ack("tell", session_id, f"hello-{i}")
 
 
+async def call_concurrently(path: str, limit: int, writers: int = 16) -> None:
+    client = ACPClient(LocalTransport(open_facade(path), owns_facade=True))
+    ack("ready")
+
+    async def writer(w: int) -> None:
+        for i in range(limit):
+            created = await client.call("session.create", title=f"crash {w}-{i}")
+            assert isinstance(created, session_pb2.CreateSessionResponse)
+            session_id = created.session.meta.id
+            ack("session", session_id)
+            content = f"hello-{w}-{i}"
+            told = await client.call("session.tell", session_id=session_id, content=content)
+            assert isinstance(told, session_pb2.TellSessionResponse)
+            ack("tell", session_id, content)
+
+    await asyncio.gather(*(writer(w) for w in range(writers)))
+
+
 if __name__ == "__main__":
     mode, db, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if mode == "store":
         write_store(db, count)
+    elif mode == "concurrent":
+        asyncio.run(call_concurrently(db, count))
     else:
         asyncio.run(call_facade(db, count))

@@ -108,3 +108,34 @@ async def test_sigkill_after_acknowledged_acp_calls_loses_nothing(tmp_path: path
                 await stream.aclose()
             assert first.type == "session.message"
             assert first.session_message.message.content == content
+
+
+async def test_sigkill_amid_concurrent_writers_loses_nothing_acknowledged(tmp_path: pathlib.Path) -> None:
+    """Sixteen writers at once share commits (group commit); a SIGKILL in the middle still
+    leaves every acknowledged session and message, and the event log without a gap."""
+    db = tmp_path / "crash.db"
+    acks = await asyncio.to_thread(write_then_kill, "concurrent", db, 300)
+    sessions = [ack[1] for ack in acks if ack[0] == "session"]
+    told = {ack[1]: ack[2] for ack in acks if ack[0] == "tell"}
+    assert len(sessions) >= 150
+    store = SQLiteStore(db)
+    try:
+        for session_id in sessions:
+            assert store.get("session", session_id) is not None, session_id
+        for session_id, content in told.items():
+            history = [
+                session_pb2.Message.FromString(body)
+                for _, body in store.list_items("session.messages", session_id)
+            ]
+            assert content in [m.content for m in history], session_id
+        logged = store.read_events(0, 1_000_000)
+        assert [e.sequence for e in logged] == list(range(1, len(logged) + 1))
+        # Each acknowledged tell published its message event.
+        announced = {
+            events_pb2.Event.FromString(e.body).session_message.message.content
+            for e in logged
+            if e.type == "session.message"
+        }
+        assert set(told.values()) <= announced
+    finally:
+        store.close()

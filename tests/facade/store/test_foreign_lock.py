@@ -83,7 +83,7 @@ async def _session(client: ACPClient, title: str) -> str:
     return created.session.meta.id
 
 
-async def _worst_read(client: ACPClient, session_id: str, until: asyncio.Future[object]) -> float:
+async def _worst_read(client: ACPClient, session_id: str, until: asyncio.Future[str]) -> float:
     """The slowest session.show while ``until`` is pending (at least one)."""
     worst = 0.0
     while True:

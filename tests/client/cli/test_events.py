@@ -265,7 +265,7 @@ def test_ctrl_c_interrupts_a_local_run(local_cli: Cli) -> None:
 
 
 def _ends_the_run(line: str) -> bool:
-    changed = json.loads(line)["event"].get("plan_state_changed", {})
+    changed: dict[str, str] = json.loads(line)["event"].get("plan_state_changed", {})
     return changed.get("phase") == "PLAN_PHASE_EXECUTE" and changed.get("to_state") == "PLAN_STATE_SUCCEEDED"
 
 

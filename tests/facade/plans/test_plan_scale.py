@@ -68,7 +68,7 @@ async def counted(
 ) -> AsyncIterator[tuple[ACPClient, list[CountingStore]]]:
     opened: list[CountingStore] = []
 
-    def store(path: str | pathlib.Path) -> CountingStore:
+    def store(path: str | pathlib.Path, **_options: Any) -> CountingStore:
         opened.append(CountingStore(path))
         return opened[-1]
 

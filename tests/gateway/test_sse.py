@@ -143,17 +143,41 @@ def test_streams_deliver_only_permitted_namespaces(http: httpx.Client, served: S
         bob.quiet_for(1.0)
 
 
+def _plan(client: httpx.Client, token: str, folder: pathlib.Path) -> str:
+    """A one-step plan, ready to execute."""
+    folder.mkdir()
+    steps = [{"tool": "fs.write", "args": {"path": "a.txt", "content": "a"}}]
+    for operation, params in (
+        ("resource.add", {"name": "site", "spec": {"type": "directory", "path": str(folder)}}),
+        ("project.add", {"name": "demo", "spec": {"resources": ["site"]}}),
+        ("action.add", {"name": "one", "spec": {"actor": "scripted", "steps": steps}}),
+    ):
+        data_of(envelope(client, {"operation": operation, "params": params}, token))
+    used = data_of(
+        envelope(client, {"operation": "plan.use", "params": {"action": "one", "project": "demo"}}, token)
+    )
+    plan_id: str = used["plan"]["meta"]["id"]
+    return plan_id
+
+
 def test_a_slow_subscriber_ends_with_an_error_frame(tmp_path: pathlib.Path) -> None:
+    """A queue of one event: a commit of two (a plan entering its execute phase publishes
+    plan.phase_changed and plan.state_changed together) ends the live subscriber."""
     tokens = Tokens.create(tmp_path)
     server = start_server(tmp_path, tokens=tokens.path, env={"ACP_EVENT_QUEUE_SIZE": "1"}, name="slow")
     try:
         token = tokens.tokens["alice"]
         with httpx.Client(base_url=server.http, timeout=10) as client:
-            session_id = new_session(client, token)
+            plan_id = _plan(client, token, tmp_path / "site")
             with stream(client, token) as frames:
-                frames.quiet_for(0.4)
-                tell(client, token, session_id, "burst")
+                # The backlog (plan.created), then the subscriber is live.
                 received = [frames.next()]
+                assert received[0].event == "plan.created"
+                frames.quiet_for(0.4)
+                data_of(
+                    envelope(client, {"operation": "plan.execute", "params": {"plan_id": plan_id}}, token)
+                )
+                received.append(frames.next())
                 while received[-1].event != sse.ERROR_EVENT:
                     received.append(frames.next())
         error = orjson.loads(received[-1].data)

@@ -456,7 +456,7 @@ class SQLiteStore(Store):
             log.exception("after-commit callback %r failed", callback)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
-        """Run one statement (inside the caller's transaction, if any)."""
+        """Run one statement: in this thread's write transaction, else on its read-only connection."""
         return self._conn().execute(sql, params)
 
     def _one(self, sql: str, params: Sequence[Any] = ()) -> Any:

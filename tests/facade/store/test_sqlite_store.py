@@ -48,11 +48,12 @@ def test_old_database_is_upgraded_on_open(db_path: pathlib.Path, monkeypatch: py
     old = SQLiteStore(db_path)
     assert old.schema_version == 1
     # What that release wrote: its records table only (today's code also writes record_tags).
-    old.execute(
-        "INSERT INTO records (kind, id, namespace, name, revision, state, attrs, labels, create_time, "
-        "update_time, body) VALUES ('session', '01A', 'default', 'alpha', 1, 'active', "
-        """'{"project":"p"}', '{"team":"x"}', 0, 0, X'00')"""
-    )
+    with old.transaction():  # statements outside one run on a read-only connection
+        old.execute(
+            "INSERT INTO records (kind, id, namespace, name, revision, state, attrs, labels, create_time, "
+            "update_time, body) VALUES ('session', '01A', 'default', 'alpha', 1, 'active', "
+            """'{"project":"p"}', '{"team":"x"}', 0, 0, X'00')"""
+        )
     old.append_events([event(plan_id="p1")])
     old.close()
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
+from google.protobuf import json_format
 
 from cleveragents.acp.contract import limits
 from cleveragents.acp.contract.errors import ACPError
@@ -81,6 +82,15 @@ async def _bounded_everywhere(kind: str, tmp_path: pathlib.Path, tokens: Tokens)
                 await alice.call(operation, params)
             assert refused.value.code == "INVALID_PARAMS", (operation, refused.value)
             assert refused.value.details == {"field": field, **details}, (operation, refused.value)
+        # An imported document's session labels are held to the same count.
+        session_id = (await alice.call("session.create")).session.meta.id  # type: ignore[attr-defined]
+        exported = await alice.call("session.export", session_id=session_id)
+        document = json_format.MessageToDict(exported.document)  # type: ignore[attr-defined]
+        document["session"]["labels"] = TOO_MANY
+        with pytest.raises(ACPError) as refused:
+            await alice.call("session.import", {"document": document, "new_id": True})
+        assert refused.value.code == "INVALID_PARAMS"
+        assert refused.value.details["path"] == "$.session.labels"
         # At the bound itself, accepted.
         at_bound = {f"k{index}": "v" for index in range(limits.MAX_MAP_ENTRIES)}
         created = await alice.call("session.create", {"labels": at_bound})

@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/agents serve --state-dir .acp
+	$(BIN)/agents serve --state-dir .acp $(SERVE_FLAGS)
 
 test: $(STAMP) browser
 	$(MAKE) --no-print-directory lint typecheck buf-lint gen-check buf-breaking import-lint pytest

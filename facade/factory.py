@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 import pathlib
+import pwd
+from collections.abc import Sequence
 
 from cleveragents.acp.facade.domain.context import Context
 from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.models.settings import ModelSettings
 from cleveragents.acp.facade.domain.plans.engine import PlanEngine
+from cleveragents.acp.facade.domain.policy import CommandUser, Policy, check_root_template
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs
 from cleveragents.acp.facade.domain.sessions import Sessions
@@ -95,18 +98,45 @@ class _EventLogResource:
         self.events.close()
 
 
+def server_policy(
+    roots: Sequence[str], *, allow_commands: bool, command_user: str | None, euid: int | None = None
+) -> Policy:
+    """What ``agents serve`` allows; ValueError for a root or user that cannot be used,
+    and for commands as root without an unprivileged ``command_user``."""
+    for root in roots:
+        check_root_template(root)
+    user = None
+    if command_user is not None:
+        try:
+            account = pwd.getpwnam(command_user)
+        except KeyError:
+            raise ValueError(f"--command-user {command_user!r} is no user of this system") from None
+        if account.pw_uid == 0:
+            raise ValueError(f"--command-user {command_user!r} is root; name an unprivileged user")
+        user = CommandUser(command_user, account.pw_uid, account.pw_gid)
+    running_as_root = (os.geteuid() if euid is None else euid) == 0
+    if allow_commands and running_as_root and user is None:
+        raise ValueError(
+            "the server runs as root: --allow-commands needs --command-user USER, the "
+            "unprivileged account commands run as"
+        )
+    return Policy.server(roots, allow_commands=allow_commands, command_user=user if running_as_root else None)
+
+
 def open_facade(
     db: str | pathlib.Path | None = None,
     *,
     authenticator: Authenticator | None = None,
+    policy: Policy | None = None,
 ) -> ServiceFacade:
     """A facade over the SQLite file ``db`` (default: ``default_db_path()``).
 
     Without an authenticator the facade runs in local mode: every call acts as the
-    local principal with access to all namespaces."""
+    local principal with access to all namespaces. ``policy`` is what the operator
+    allows (resource roots, commands); by default the local one (``Policy.local``)."""
     store = open_store(db if db is not None else default_db_path())
     events = open_event_log(store)
-    registries = Registries(store)
+    registries = Registries(store, policy if policy is not None else Policy.local())
     context = Context(store, registries)
     # Model servers: retries, backoff and timeouts from $ACP_MODEL_* (docs/actors.md).
     models = ChatModels(ModelSettings.from_env(os.environ))

@@ -9,6 +9,7 @@ The file holds the same names as the flags, with underscores::
     http_port = 8080
     cors_origins = ["https://app.example"]
     max_body_bytes = 4194304
+    resource_roots = ["/srv/acp/{namespace}"]
 """
 
 from __future__ import annotations
@@ -74,6 +75,23 @@ class ServeSettings(HTTPSettings):
     db: pathlib.Path | None = None
     tokens: pathlib.Path | None = None
     state_dir: pathlib.Path | None = None
+    # Folders directory resources may live in; "{namespace}" names a per-namespace one.
+    resource_roots: tuple[str, ...] = ()
+    # Whether command tools and command validations run processes at all.
+    allow_commands: bool = False
+    # The account processes run as when the server runs as root.
+    command_user: str | None = Field(default=None, min_length=1)
+
+    @field_validator("resource_roots", mode="before")
+    @classmethod
+    def _roots(cls, value: Any) -> Any:
+        """``os.pathsep``-separated in the environment, a list elsewhere; each absolute."""
+        if isinstance(value, str):
+            value = tuple(item for item in value.split(os.pathsep) if item)
+        for root in value or ():
+            if not isinstance(root, str) or not os.path.isabs(root):
+                raise ValueError(f"{root!r} is not an absolute path")
+        return value
 
 
 class GatewayCommandSettings(HTTPSettings):
@@ -84,6 +102,7 @@ class GatewayCommandSettings(HTTPSettings):
 
 # The environment variable of each setting (ACP_ and the name upper-cased), except these.
 _ENV_NAMES = {"cors_origins": "ACP_CORS_ORIGIN"}
+_FLAG_NAMES = {"cors_origins": "--cors-origin", "resource_roots": "--resource-root"}
 
 
 def env_name(field: str) -> str:
@@ -91,7 +110,7 @@ def env_name(field: str) -> str:
 
 
 def flag_name(field: str) -> str:
-    return "--" + ("cors-origin" if field == "cors_origins" else field.replace("_", "-"))
+    return _FLAG_NAMES.get(field, "--" + field.replace("_", "-"))
 
 
 def _file(path: pathlib.Path) -> dict[str, Any]:

@@ -141,11 +141,17 @@ def start_server(
     tokens: pathlib.Path | None = None,
     env: dict[str, str] | None = None,
     name: str = "server",
+    roots: Sequence[pathlib.Path] | None = None,
 ) -> ServerProcess:
     args = ["serve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0"]
     args += ["--db", str(directory / f"{name}.db"), "--sse-keepalive", "0.3", "--grace-seconds", "3"]
     if tokens is not None:
         args += ["--tokens", str(tokens)]
+    if roots is None:
+        # The test session's temp folder: tests keep their projects beside the server's.
+        roots = [directory.parent]
+    for root in roots:
+        args += ["--resource-root", str(root)]
     process = run_agents([*args, *extra], directory, env=env, name=name)
     return wait_ready(process, directory / f"{name}.stderr")
 

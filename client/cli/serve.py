@@ -130,6 +130,28 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="keep the database and token file in DIR; on first start create a token for "
         "namespace 'default' and print it once (ACP_STATE_DIR; what `make serve` uses)",
     )
+    serve.add_argument(
+        "--resource-root",
+        action="append",
+        dest="resource_roots",
+        default=None,
+        metavar="DIR",
+        help="directory resources must lie inside DIR (repeatable; {namespace} in DIR names a "
+        "per-namespace folder; ACP_RESOURCE_ROOTS, separated by ':'); with none, no directory resource",
+    )
+    serve.add_argument(
+        "--allow-commands",
+        action="store_const",
+        const=True,
+        default=None,
+        help="run command tools and command validations (off by default; ACP_ALLOW_COMMANDS)",
+    )
+    serve.add_argument(
+        "--command-user",
+        metavar="USER",
+        help="unprivileged account commands run as; needed with --allow-commands when serving "
+        "as root (ACP_COMMAND_USER)",
+    )
     serve.set_defaults(handler=serve_command)
 
     gateway = subparsers.add_parser(
@@ -281,12 +303,22 @@ def serve_command(args: argparse.Namespace) -> int:
             auth.load(tokens)
     except (ValueError, auth.TokenFileError) as exc:
         return _fail("serve", str(exc))
+    from cleveragents.acp.facade.factory import server_policy
+
+    try:
+        policy = server_policy(
+            settings.resource_roots,
+            allow_commands=settings.allow_commands,
+            command_user=settings.command_user,
+        )
+    except ValueError as exc:
+        return _fail("serve", str(exc))
     first_start = state_dir is not None and not tokens.exists()
-    return asyncio.run(_serve(config, db, tokens, dev=state_dir is not None, first_start=first_start))
+    return asyncio.run(_serve(config, db, tokens, policy, dev=state_dir is not None, first_start=first_start))
 
 
 async def _serve(
-    config: Any, db: pathlib.Path | None, tokens: pathlib.Path, *, dev: bool, first_start: bool
+    config: Any, db: pathlib.Path | None, tokens: pathlib.Path, policy: Any, *, dev: bool, first_start: bool
 ) -> int:
     from cleveragents.acp.client.local import LocalTransport
     from cleveragents.acp.facade import auth
@@ -295,7 +327,7 @@ async def _serve(
 
     authenticator = auth.TokenAuthenticator(tokens)
     db = db or default_db_path()
-    facade = open_facade(db, authenticator=authenticator)
+    facade = open_facade(db, authenticator=authenticator, policy=policy)
     server = Server(config, transport=LocalTransport(facade), facade=facade)
     try:
         addresses = await server.start()

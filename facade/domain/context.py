@@ -209,6 +209,13 @@ class Context:
                     config.sources.add(resource=name)
         return config
 
+    def _folder_problem(self, namespace: str, root: str) -> str | None:
+        """Why a resource folder cannot be read: outside the server's resource roots
+        (checked first, so nothing about such a folder is told), missing, not a folder."""
+        if not self.registries.policy.allows_folder(namespace, root):
+            return "the resource lies outside the server's resource roots"
+        return context_files.folder_problem(root)
+
     def is_directory(self, namespace: str, resource: registry_pb2.Resource) -> bool:
         if resource.spec.type == DIRECTORY_DRIVER:
             return True
@@ -342,7 +349,7 @@ class Context:
                 item_id, scope, origin, "the resource is no longer a registered directory"
             )
         root = resource.spec.path
-        problem = context_files.folder_problem(root)
+        problem = self._folder_problem(scope.namespace, root)
         if problem is not None:
             raise self._not_an_item(item_id, scope, origin, problem)
         try:
@@ -422,7 +429,7 @@ class Context:
         resource = self.registries.find("resource", namespace, source.resource)
         if not isinstance(resource, registry_pb2.Resource) or not self.is_directory(namespace, resource):
             return [_Candidate(resource_id, "resource", None, "no longer a registered directory resource")]
-        problem = context_files.folder_problem(resource.spec.path)
+        problem = self._folder_problem(namespace, resource.spec.path)
         if problem is not None:
             return [_Candidate(resource_id, "resource", None, problem)]
         texts, matched = await asyncio.to_thread(_read_source, resource.spec.path, list(source.globs))

@@ -3,7 +3,9 @@
 The protocol: (1) one store transaction records the checkpoint (every pre-image, and a
 digest of every post-image) and marks the plan's journal ``applying``; (2) each file is
 written to a temporary file beside it, synced, and renamed over the target (deletes
-unlink); (3) one transaction marks the journal ``applied`` with the plan's new state.
+unlink), every path walked from a descriptor of the resource folder without following a
+symlink (``fsat``), so a folder swapped for a symlink cannot redirect a write or a delete
+outside the resource; (3) one transaction marks the journal ``applied`` with the plan's new state.
 A server that finds a journal still ``applying`` at start restores every pre-image from
 the checkpoint (``restore``), so the project holds none of the plan's changes, and
 records the apply as failed with reason ``interrupted``.
@@ -16,13 +18,12 @@ import hashlib
 import os
 import pathlib
 import secrets
-import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain.plans import paths
+from cleveragents.acp.facade.domain.plans import fsat, paths
 from cleveragents.acp.facade.domain.plans.paths import ResourceRoot
 from cleveragents.acp.facade.domain.plans.records import CheckpointEntry
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact
@@ -43,16 +44,6 @@ class Write:
 
 def _digest(content: bytes | None) -> str:
     return hashlib.sha256(content).hexdigest() if content is not None else ""
-
-
-def _missing_dirs(root: pathlib.Path, target: pathlib.Path) -> list[str]:
-    """Folders between ``root`` and ``target`` that do not exist yet, outermost first."""
-    missing: list[str] = []
-    folder = target.parent
-    while folder != root and not folder.exists():
-        missing.append(folder.relative_to(root).as_posix())
-        folder = folder.parent
-    return list(reversed(missing))
 
 
 def prepare(artifacts: Sequence[StagedArtifact], resources: Mapping[str, ResourceRoot]) -> list[Write]:
@@ -93,40 +84,37 @@ def _prepare_one(artifact: StagedArtifact, root: ResourceRoot) -> Write:
             f"{artifact.path!r} now resolves to {canonical!r} (a symlink changed)",
             {"field": "path", "path": artifact.path},
         )
-    if target.exists() and not target.is_file():
+    with fsat.open_root(str(base)) as root_fd:
+        current = fsat.read(root_fd, canonical)
+        created = fsat.missing_dirs(root_fd, canonical) if artifact.content is not None else []
+    if current.other:
         raise ACPError(
             ErrorCode.INVALID_PARAMS,
             f"{artifact.path!r} is not a regular file in the project",
             {"field": "path", "path": artifact.path},
         )
-    existed = target.is_file()
     entry = CheckpointEntry(
         resource=root.name,
         root=str(base),
         path=canonical,
-        existed=existed,
-        mode=stat.S_IMODE(target.stat().st_mode) if existed else None,
-        pre=target.read_bytes() if existed else None,
+        existed=current.content is not None,
+        mode=current.mode,
+        pre=current.content,
         post_exists=artifact.content is not None,
         post_sha256=_digest(artifact.content),
-        created_dirs=_missing_dirs(base, target) if artifact.content is not None else [],
+        created_dirs=created,
     )
     return Write(entry, target, artifact.content)
 
 
-def _default_mode() -> int:
+def _read_umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
-    return 0o666 & ~umask
+    return umask
 
 
-def _sync_dir(folder: pathlib.Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+# Read once: ``os.umask`` is process-wide, and writes run on worker threads.
+_DEFAULT_MODE = 0o666 & ~_read_umask()
 
 
 def _temp_prefix(name: str) -> str:
@@ -135,29 +123,10 @@ def _temp_prefix(name: str) -> str:
     return f"{_TEMP_MARK}{hashlib.sha256(name.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}-"
 
 
-def write_atomic(target: pathlib.Path, content: bytes, mode: int | None) -> None:
-    """Temp file beside the target, synced, then renamed over it: a reader (or a crash)
-    sees the old file or the new one, never half of one."""
-    temp = target.parent / f"{_temp_prefix(target.name)}{secrets.token_hex(4)}"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(content)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, mode if mode is not None else _default_mode())
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temp.unlink()
-        raise
-    _sync_dir(target.parent)
-
-
-def _remove(target: pathlib.Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        target.unlink()
-        _sync_dir(target.parent)
+def _write(root_fd: int, path: str, content: bytes, mode: int | None) -> None:
+    name = path.rsplit("/", 1)[-1]
+    temp = f"{_temp_prefix(name)}{secrets.token_hex(4)}"
+    fsat.write_atomic(root_fd, path, content, mode if mode is not None else _DEFAULT_MODE, temp)
 
 
 def _pause(count: int) -> None:
@@ -172,43 +141,47 @@ def _pause(count: int) -> None:
 
 
 def write_all(writes: Sequence[Write]) -> None:
+    """Blocking (fsync): run it off the event loop. OSError when a path met a symlink or
+    a file where a folder was: the caller restores the checkpoint."""
     for count, write in enumerate(writes, start=1):
-        if write.content is None:
-            _remove(write.target)
-        else:
-            base = pathlib.Path(write.entry.root)
-            for folder in write.entry.created_dirs:
-                (base / folder).mkdir(exist_ok=True)
-            write_atomic(write.target, write.content, write.entry.mode)
+        with fsat.open_root(write.entry.root) as root_fd:
+            if write.content is None:
+                fsat.remove(root_fd, write.entry.path)
+            else:
+                _write(root_fd, write.entry.path, write.content, write.entry.mode)
         _pause(count)
-
-
-def _clean_temps(target: pathlib.Path) -> None:
-    if not target.parent.is_dir():
-        return
-    for stray in target.parent.glob(f"{_temp_prefix(target.name)}*"):
-        with contextlib.suppress(OSError):
-            stray.unlink()
 
 
 def restore(entries: Sequence[CheckpointEntry]) -> list[str]:
     """Put every pre-image back (idempotent: safe to run again after a crash in it);
-    returns the paths it restored."""
+    returns the paths it restored. A path that now crosses a symlink or a non-folder is
+    left alone (never followed) and not listed. Blocking: run it off the event loop."""
     restored: list[str] = []
     for entry in reversed(entries):
-        base = pathlib.Path(entry.root)
-        target = base / entry.path
-        _clean_temps(target)
-        if entry.existed:
-            assert entry.pre is not None
-            current = target.read_bytes() if target.is_file() else None
-            if current != entry.pre or stat.S_IMODE(target.stat().st_mode) != entry.mode:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                write_atomic(target, entry.pre, entry.mode)
-        else:
-            _remove(target)
-        for folder in reversed(entry.created_dirs):
-            with contextlib.suppress(OSError):
-                (base / folder).rmdir()
-        restored.append(entry.path)
+        try:
+            with fsat.open_root(entry.root) as root_fd:
+                if _restore_one(root_fd, entry):
+                    restored.append(entry.path)
+        except FileNotFoundError:
+            continue
     return list(reversed(restored))
+
+
+def _restore_one(root_fd: int, entry: CheckpointEntry) -> bool:
+    name = entry.path.rsplit("/", 1)[-1]
+    fsat.remove_matching(root_fd, entry.path, _temp_prefix(name))
+    if entry.existed:
+        assert entry.pre is not None
+        current = fsat.read(root_fd, entry.path)
+        if current.content != entry.pre or current.mode != entry.mode:
+            try:
+                _write(root_fd, entry.path, entry.pre, entry.mode)
+            except OSError as exc:
+                if fsat.crosses_link(exc):
+                    return False
+                raise
+    else:
+        fsat.remove(root_fd, entry.path)
+    for folder in reversed(entry.created_dirs):
+        fsat.remove_dir(root_fd, folder)
+    return True

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from google.protobuf import json_format, timestamp_pb2
@@ -44,8 +44,9 @@ from cleveragents.acp.facade.domain.plans import (
 )
 from cleveragents.acp.facade.domain.plans.apply import Write
 from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
-from cleveragents.acp.facade.domain.plans.records import PlanRecords
+from cleveragents.acp.facade.domain.plans.records import CheckpointEntry, PlanRecords
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
+from cleveragents.acp.facade.domain.policy import HOW_TO_ALLOW_COMMANDS
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.specs import DEFAULT_MAX_STEPS
 from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2, registry_pb2
@@ -119,6 +120,8 @@ class PlanEngine:
         self._cancels: dict[str, asyncio.Event] = {}
         self._cancel_reasons: dict[str, str] = {}
         self._closed = False
+        # Plans whose files are being applied or rolled back on a worker thread.
+        self._file_work: set[str] = set()
 
     # loading ----------------------------------------------------------------------------
 
@@ -476,6 +479,13 @@ class PlanEngine:
                 f"{plan_setup.profile_name or '(none)'}",
             )
         spec = setup.tool_spec(self.registries, namespace, step.tool)
+        if spec is not None and not self.registries.policy.allow_commands:
+            raise _HaltError(
+                model.FAILED,
+                "commands_disabled",
+                f"step {step.id!r}: tool {step.tool!r} runs a command; this server runs no commands "
+                f"({HOW_TO_ALLOW_COMMANDS})",
+            )
         price = spec.cost if spec is not None else 0.0
         left = self._budget_left(plan)
         if left is not None and price > left:
@@ -498,7 +508,9 @@ class PlanEngine:
             if spec is None:
                 outcome = tools.run_builtin(step.tool, staging, args, step.id)
             else:
-                outcome = await tools.run_command(step.tool, spec, staging, args, step.id, cancel)
+                outcome = await tools.run_command(
+                    step.tool, spec, staging, args, step.id, cancel, self.registries.policy
+                )
         except tools.StepError as exc:
             failure = exc
         step.duration_ms = (time.monotonic() - started) * 1000
@@ -546,7 +558,9 @@ class PlanEngine:
         results: list[events_pb2.ValidationCompleted] = []
         for name, spec in checks:
             self._check_cancel(plan.meta.id, cancel)
-            result = await validations.run(name, spec, staging, artifacts, cancel)
+            result = validations.refused(
+                name, spec, self.registries.policy, plan_setup.profile
+            ) or await validations.run(name, spec, staging, artifacts, cancel, self.registries.policy)
             results.append(result)
             with self.store.transaction():
                 self.records.save_validations(plan.meta.id, results)
@@ -646,10 +660,34 @@ class PlanEngine:
         if found:
             message = f"apply refused: {len(found)} invariant violation(s): " + "; ".join(found)
             raise ACPError(ErrorCode.INVALID_STATE, message, {"plan_id": plan.meta.id, "violations": found})
-        return apply.prepare(artifacts, plan_setup.resources)
+        return await asyncio.to_thread(apply.prepare, artifacts, plan_setup.resources)
 
     async def _apply(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> list[str]:
-        """Refusals leave the plan's state as it was and record the error."""
+        """Refusals leave the plan's state as it was and record the error. The file work
+        (reads, fsyncs) runs on a worker thread, one apply or rollback per plan, shielded:
+        a caller that goes away does not leave the plan half-applied."""
+        return await asyncio.shield(self._apply_exclusive(plan, plan_setup))
+
+    async def _apply_exclusive(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> list[str]:
+        with self._exclusive(plan.meta.id):
+            return await self._apply_files(plan, plan_setup)
+
+    @contextlib.contextmanager
+    def _exclusive(self, plan_id: str) -> Iterator[None]:
+        """One file operation (apply, rollback) per plan at a time: they run off the loop."""
+        if plan_id in self._file_work:
+            raise ACPError(
+                ErrorCode.INVALID_STATE,
+                f"plan {plan_id} is being applied or rolled back",
+                {"plan_id": plan_id},
+            )
+        self._file_work.add(plan_id)
+        try:
+            yield
+        finally:
+            self._file_work.discard(plan_id)
+
+    async def _apply_files(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> list[str]:
         try:
             writes = await self._prepare_apply(plan, plan_setup)
         except ACPError as exc:
@@ -661,9 +699,9 @@ class PlanEngine:
             plan.ClearField("last_error")
             self._transition(plan, model.APPLY, model.RUNNING, journal=records.JOURNAL_APPLYING)
         try:
-            apply.write_all(writes)
+            await asyncio.to_thread(apply.write_all, writes)
         except OSError as exc:
-            apply.restore(entries)
+            await asyncio.to_thread(apply.restore, entries)
             message = f"apply failed and was undone: {exc}"
             self._transition(
                 plan,
@@ -697,13 +735,20 @@ class PlanEngine:
         plan = self.load(ctx, plan_id)
         model.require("rollback", plan)
         entries = self.records.checkpoint(plan_id)
-        rollback.check(plan_id, entries, force=force)
-        self.records.save(plan, journal=records.JOURNAL_ROLLING_BACK)
-        restored = apply.restore(entries)
+        return plan, await asyncio.shield(self._rollback_files(plan, entries, force))
+
+    async def _rollback_files(
+        self, plan: plan_pb2.Plan, entries: list[CheckpointEntry], force: bool
+    ) -> list[str]:
+        """Off the loop and shielded, like apply."""
+        with self._exclusive(plan.meta.id):
+            await asyncio.to_thread(rollback.check, plan.meta.id, entries, force=force)
+            self.records.save(plan, journal=records.JOURNAL_ROLLING_BACK)
+            restored = await asyncio.to_thread(apply.restore, entries)
         self._transition(
             plan, model.APPLY, model.ROLLED_BACK, reason="rollback", journal=records.JOURNAL_ROLLED_BACK
         )
-        return plan, restored
+        return restored
 
     # read views -------------------------------------------------------------------------
 

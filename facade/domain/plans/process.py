@@ -1,8 +1,15 @@
-"""Running a command for a plan: argv only (no shell), in a scratch folder, with a
-timeout, a cap on kept output, and interruption when the plan is cancelled.
+"""Running a command for a plan, contained: argv only (no shell), in a scratch copy of
+the staged files as its working folder, with a timeout, a cap on kept output, and
+interruption when the plan is cancelled.
 
-The command runs in its own process group, so a timeout or a cancel kills everything it
-started, not only the first process.
+Containment (docs/security.md says what it does not cover):
+- environment: an allow-list (``ENV_ALLOWED``), so no secret of the server's environment
+  (model keys, database URLs) reaches the command;
+- resource limits set in the child before exec: CPU seconds, address space, file size,
+  process count (``Policy.limits``);
+- its own session and process group, killed as a whole on timeout or cancel;
+- when the server runs as root, the operator's unprivileged ``--command-user`` (uid, gid,
+  no supplementary groups), owning the scratch folder.
 """
 
 from __future__ import annotations
@@ -11,17 +18,60 @@ import asyncio
 import contextlib
 import os
 import pathlib
+import resource
 import signal
-from collections.abc import Mapping
+import stat
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cleveragents.acp.facade.domain.plans.paths import ResourceRoot
 from cleveragents.acp.facade.domain.plans.staging import Staging
+from cleveragents.acp.facade.domain.policy import CommandUser, Policy, ProcessLimits
 
 DEFAULT_TIMEOUT_SECONDS = 30
 DEFAULT_OUTPUT_LIMIT = 65536
 # How long output pipes may stay open after the process group is gone.
 _DRAIN_SECONDS = 2.0
+# The only variables of the server's environment a command sees.
+ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ", "TERM")
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def environment(source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The command's environment: the allow-listed variables, a default PATH."""
+    source = os.environ if source is None else source
+    env = {name: source[name] for name in ENV_ALLOWED if name in source}
+    env.setdefault("PATH", _DEFAULT_PATH)
+    return env
+
+
+def _limiter(limits: ProcessLimits) -> Callable[[], None]:
+    """Runs in the child between fork and exec: only ``setrlimit`` calls (no lock, no
+    allocation-heavy Python), lowering soft and hard limits so the command cannot raise them."""
+    pairs = (
+        (resource.RLIMIT_CPU, limits.cpu_seconds),
+        (resource.RLIMIT_AS, limits.memory_bytes),
+        (resource.RLIMIT_FSIZE, limits.file_bytes),
+        (resource.RLIMIT_NPROC, limits.processes),
+    )
+
+    def limit() -> None:
+        for which, value in pairs:
+            _soft, hard = resource.getrlimit(which)
+            cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(which, (cap, cap))
+
+    return limit
+
+
+def hand_over(folder: pathlib.Path, user: CommandUser | None) -> None:
+    """Give the scratch folder (and what was materialized in it) to the command user."""
+    if user is None:
+        return
+    os.chown(folder, user.uid, user.gid)
+    for parent, dirs, files in os.walk(folder, followlinks=False):
+        for name in (*dirs, *files):
+            os.chown(os.path.join(parent, name), user.uid, user.gid, follow_symlinks=False)
 
 
 @dataclass(frozen=True)
@@ -65,15 +115,24 @@ async def run(
     seconds: float,
     output_limit: int,
     cancel: asyncio.Event,
+    policy: Policy,
 ) -> ProcessResult:
-    """Run ``argv``; OSError when it cannot start (no such program)."""
+    """Run ``argv`` contained (see the module); OSError when it cannot start (no such
+    program, or the operator's command user cannot run it)."""
+    user = policy.command_user
+    await asyncio.to_thread(hand_over, cwd, user)
     process = await asyncio.create_subprocess_exec(
         *argv,
         cwd=str(cwd),
+        env=environment(),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
+        preexec_fn=_limiter(policy.limits),
+        user=user.uid if user is not None else None,
+        group=user.gid if user is not None else None,
+        extra_groups=[] if user is not None else None,
     )
     readers = [
         asyncio.ensure_future(_read_capped(process.stdout, output_limit)),
@@ -133,10 +192,23 @@ def scan(dest: pathlib.Path) -> dict[str, bytes]:
     for folder, _dirs, files in os.walk(dest, followlinks=False):
         for name in files:
             entry = pathlib.Path(folder) / name
-            if entry.is_symlink() or not entry.is_file():
-                continue
-            found[entry.relative_to(dest).as_posix()] = entry.read_bytes()
+            content = _read_regular(entry)
+            if content is not None:
+                found[entry.relative_to(dest).as_posix()] = content
     return found
+
+
+def _read_regular(entry: pathlib.Path) -> bytes | None:
+    """A regular file's bytes, opened without following a symlink and without blocking
+    on a FIFO (a process that outlived its group may still swap names in the folder)."""
+    try:
+        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return handle.read()
 
 
 def differences(before: Mapping[str, bytes], after: Mapping[str, bytes]) -> dict[str, bytes | None]:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import pathlib
 from collections.abc import Sequence
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain.plans import fsat
 from cleveragents.acp.facade.domain.plans.records import CheckpointEntry
 
 
@@ -14,8 +14,11 @@ def changed_since(entries: Sequence[CheckpointEntry]) -> list[str]:
     """Paths whose current content is no longer what apply wrote."""
     changed: list[str] = []
     for entry in entries:
-        target = pathlib.Path(entry.root) / entry.path
-        current = target.read_bytes() if target.is_file() else None
+        try:
+            with fsat.open_root(entry.root) as root_fd:
+                current = fsat.read(root_fd, entry.path).content
+        except FileNotFoundError:
+            current = None
         digest = hashlib.sha256(current).hexdigest() if current is not None else ""
         if (current is not None) != entry.post_exists or digest != entry.post_sha256:
             changed.append(entry.path)

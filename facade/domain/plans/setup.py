@@ -52,6 +52,12 @@ def resources_of(
                 f"resource {name!r} has a relative path {resource.spec.path!r}",
                 {"field": "project", "resource": name},
             )
+        if not registries.policy.allows_folder(namespace, resource.spec.path):
+            raise ACPError(
+                ErrorCode.INVALID_PARAMS,
+                f"resource {name!r} lies outside the server's resource roots for namespace {namespace!r}",
+                {"field": "project", "resource": name},
+            )
         roots[name] = ResourceRoot(name, folder, resource.spec.read_only)
     if not roots:
         raise ACPError(
@@ -79,9 +85,9 @@ def resolve(
         if all(name != known for known, _ in skills):
             skill = registries.fetch(registry_pb2.Skill, namespace, name)
             skills.append((name, skill.spec.instructions))
-    profile = specs_pb2.AutomationProfileSpec()
-    if profile_name:
-        profile = registries.fetch(registry_pb2.AutomationProfile, namespace, profile_name).spec
+    profile = _profile(registries, namespace, profile_name)
+    if profile_name != action.spec.automation_profile:
+        profile = narrowed(profile, _profile(registries, namespace, action.spec.automation_profile))
     return PlanSetup(
         namespace=namespace,
         action=action,
@@ -92,6 +98,28 @@ def resolve(
         profile_name=profile_name,
         profile=profile,
     )
+
+
+def _profile(registries: Registries, namespace: str, name: str) -> specs_pb2.AutomationProfileSpec:
+    profile = specs_pb2.AutomationProfileSpec()
+    if name:
+        profile.CopyFrom(registries.fetch(registry_pb2.AutomationProfile, namespace, name).spec)
+    return profile
+
+
+def narrowed(
+    chosen: specs_pb2.AutomationProfileSpec, registered: specs_pb2.AutomationProfileSpec
+) -> specs_pb2.AutomationProfileSpec:
+    """A profile picked at ``plan.use`` over the action's own: it runs only the commands
+    (tools and command validations) the action's registered profile allows too, so a
+    caller cannot widen what an action may run."""
+    tools = [t for t in chosen.allowed_tools if t in BUILTIN_TOOLS or t in registered.allowed_tools]
+    del chosen.allowed_tools[:]
+    chosen.allowed_tools.extend(tools)
+    checks = [v for v in chosen.allowed_validations if v in registered.allowed_validations]
+    del chosen.allowed_validations[:]
+    chosen.allowed_validations.extend(checks)
+    return chosen
 
 
 def tool_spec(registries: Registries, namespace: str, tool: str) -> specs_pb2.ToolSpec | None:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain.plans import paths
+from cleveragents.acp.facade.domain.plans import fsat, paths
 from cleveragents.acp.facade.domain.plans.paths import ResourceRoot
 from cleveragents.acp.facade.domain.plans.records import Change
 from cleveragents.acp.v1 import plan_pb2
@@ -48,10 +48,13 @@ class StagedArtifact:
 
 
 def read_disk(root: ResourceRoot, path: str) -> bytes | None:
-    """A file's bytes in the project, or None when it does not exist."""
-    target = paths.real_root(root.root) / path
+    """A file's bytes in the project, or None when it does not exist. ``path`` is
+    canonical (no symlink on the way), so it is read without following any: a folder
+    swapped for a symlink since it was resolved reads as missing, never as outside."""
+    base = paths.real_root(root.root)
     try:
-        return target.read_bytes() if target.is_file() else None
+        with fsat.open_root(str(base)) as root_fd:
+            return fsat.read(root_fd, path).content
     except OSError:
         return None
 

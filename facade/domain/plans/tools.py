@@ -18,6 +18,7 @@ from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.domain.plans import paths, process, templates
 from cleveragents.acp.facade.domain.plans.records import Change
 from cleveragents.acp.facade.domain.plans.staging import Staging
+from cleveragents.acp.facade.domain.policy import Policy
 from cleveragents.acp.v1 import specs_pb2
 
 _INVALID = "INVALID_PARAMS"
@@ -155,6 +156,7 @@ async def run_command(
     args: Mapping[str, Any],
     step_id: str,
     cancel: asyncio.Event,
+    policy: Policy,
 ) -> ToolResult:
     """Run a command tool in a scratch copy of one resource's staged view; the files it
     changes there become the step's staged changes."""
@@ -167,7 +169,7 @@ async def run_command(
         raise StepError.of(exc) from None
     with tempfile.TemporaryDirectory(prefix="acp-scratch-") as scratch:
         folder = pathlib.Path(scratch)
-        before = process.materialize(staging, root, folder)
+        before = await asyncio.to_thread(process.materialize, staging, root, folder)
         try:
             outcome = await process.run(
                 argv,
@@ -175,10 +177,11 @@ async def run_command(
                 seconds=spec.timeout_seconds or process.DEFAULT_TIMEOUT_SECONDS,
                 output_limit=spec.output_limit_bytes or process.DEFAULT_OUTPUT_LIMIT,
                 cancel=cancel,
+                policy=policy,
             )
         except OSError as exc:
             raise StepError(_INVALID, f"cannot run {argv[0]!r}: {exc.strerror or exc}") from None
-        changed = process.differences(before, process.scan(folder))
+        changed = process.differences(before, await asyncio.to_thread(process.scan, folder))
     result: dict[str, Any] = {
         "argv": argv,
         "exit_code": outcome.exit_code,

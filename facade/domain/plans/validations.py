@@ -17,6 +17,7 @@ from google.protobuf import json_format
 from cleveragents.acp.facade.domain import globs, json_schemas, patterns
 from cleveragents.acp.facade.domain.plans import process
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
+from cleveragents.acp.facade.domain.policy import HOW_TO_ALLOW_COMMANDS, Policy
 from cleveragents.acp.v1 import events_pb2, specs_pb2
 
 # Output lines of a failed command validation kept in its messages.
@@ -60,15 +61,21 @@ def _json_schema(check: specs_pb2.JsonSchemaCheck, artifacts: Sequence[StagedArt
     return messages
 
 
-async def _command(check: specs_pb2.CommandCheck, staging: Staging, cancel: asyncio.Event) -> list[str]:
+def _materialize_all(staging: Staging, folder: pathlib.Path) -> None:
+    roots = list(staging.resources.values())
+    for root in roots:
+        process.materialize(staging, root, folder if len(roots) == 1 else folder / root.name)
+
+
+async def _command(
+    check: specs_pb2.CommandCheck, staging: Staging, cancel: asyncio.Event, policy: Policy
+) -> list[str]:
     """Exit 0 in a scratch copy of the staged project: the resource's folder when the
     project has one resource, else a folder holding one folder per resource."""
     argv = list(check.argv)
     with tempfile.TemporaryDirectory(prefix="acp-validate-") as scratch:
         folder = pathlib.Path(scratch)
-        roots = list(staging.resources.values())
-        for root in roots:
-            process.materialize(staging, root, folder if len(roots) == 1 else folder / root.name)
+        await asyncio.to_thread(_materialize_all, staging, folder)
         try:
             outcome = await process.run(
                 argv,
@@ -76,6 +83,7 @@ async def _command(check: specs_pb2.CommandCheck, staging: Staging, cancel: asyn
                 seconds=check.timeout_seconds or process.DEFAULT_TIMEOUT_SECONDS,
                 output_limit=process.DEFAULT_OUTPUT_LIMIT,
                 cancel=cancel,
+                policy=policy,
             )
         except OSError as exc:
             return [f"cannot run {argv[0]!r}: {exc.strerror or exc}"]
@@ -89,12 +97,30 @@ async def _command(check: specs_pb2.CommandCheck, staging: Staging, cancel: asyn
     return [f"{' '.join(argv)} exited with {outcome.exit_code}", *output]
 
 
+def refused(
+    name: str, spec: specs_pb2.ValidationSpec, policy: Policy, profile: specs_pb2.AutomationProfileSpec
+) -> events_pb2.ValidationCompleted | None:
+    """A command validation runs a process: only when the operator enabled commands and
+    the plan's automation profile lists it in ``allowed_validations``; otherwise it
+    fails, saying why, without running."""
+    if spec.WhichOneof("check") != "command":
+        return None
+    if not policy.allow_commands:
+        reason = f"a command validation; this server runs no commands ({HOW_TO_ALLOW_COMMANDS})"
+    elif name not in profile.allowed_validations:
+        reason = "a command validation runs only when the automation profile lists it in allowed_validations"
+    else:
+        return None
+    return events_pb2.ValidationCompleted(validation=name, passed=False, messages=[f"not run: {reason}"])
+
+
 async def run(
     name: str,
     spec: specs_pb2.ValidationSpec,
     staging: Staging,
     artifacts: Sequence[StagedArtifact],
     cancel: asyncio.Event,
+    policy: Policy,
 ) -> events_pb2.ValidationCompleted:
     checked = [a for a in artifacts if a.content is not None and globs.matches_any(a.path, list(spec.paths))]
     check = spec.WhichOneof("check")
@@ -104,7 +130,7 @@ async def run(
     elif check == "json_schema":
         messages = await asyncio.to_thread(_json_schema, spec.json_schema, checked)
     elif check == "command":
-        messages = await _command(spec.command, staging, cancel)
+        messages = await _command(spec.command, staging, cancel, policy)
     else:
         messages = ["the validation names no check"]
     return events_pb2.ValidationCompleted(validation=name, passed=not messages, messages=messages)

@@ -35,7 +35,10 @@ REFERENCES: Mapping[str, tuple[Reference, ...]] = MappingProxyType(
             Reference("steps.tool", "tool"),
         ),
         "actor": (Reference("skills", "skill"),),
-        "automation_profile": (Reference("allowed_tools", "tool"),),
+        "automation_profile": (
+            Reference("allowed_tools", "tool"),
+            Reference("allowed_validations", "validation"),
+        ),
         "project": (Reference("resources", "resource"),),
         "resource": (Reference("type", "resource_type"),),
     }

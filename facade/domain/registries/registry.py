@@ -21,6 +21,7 @@ from cleveragents.acp.contract import limits
 from cleveragents.acp.contract.call import DEFAULT_NAMESPACE
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import paging
+from cleveragents.acp.facade.domain.policy import Policy
 from cleveragents.acp.facade.domain.registries.builtins import (
     BUILTIN_LABEL,
     BUILTIN_TOOLS,
@@ -42,11 +43,12 @@ from cleveragents.acp.facade.store.base import (
     Store,
     StoreConflictError,
 )
-from cleveragents.acp.v1 import common_pb2
+from cleveragents.acp.v1 import common_pb2, specs_pb2
 
 M = TypeVar("M", bound=message.Message)
 ReferrerSource = Callable[[str, str, str], Iterable[str]]
 
+DIRECTORY_DRIVER = "directory"
 # Dots allow tool names in the style of `fs.read`.
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 LABEL_KEY = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._/-]{{0,{limits.MAX_MAP_KEY_CHARS - 1}}}")
@@ -75,8 +77,10 @@ def _entry(kind: Kind, record: Record) -> message.Message:
 
 
 class Registries:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, policy: Policy | None = None) -> None:
         self.store = store
+        # The operator's resource roots and command settings, read by plans and context too.
+        self.policy = policy if policy is not None else Policy.local()
         self._pages = paging.Pager(store)
         self._referrer_sources: list[ReferrerSource] = []
 
@@ -114,6 +118,11 @@ class Registries:
     def fetch(self, entry_type: type[M], namespace: str, name: str) -> M:
         """``get`` typed by the entry class: ``fetch(registry_pb2.Actor, ns, "scripted")``."""
         return cast(M, self.get(BY_ENTRY_TYPE[entry_type].name, namespace, name))
+
+    def is_directory(self, namespace: str, spec: specs_pb2.ResourceSpec) -> bool:
+        """Whether a resource spec names a type of the ``directory`` driver."""
+        resource_type: Any = self.find("resource_type", namespace, spec.type)
+        return resource_type is not None and resource_type.spec.driver == DIRECTORY_DRIVER
 
     def referrers(self, kind: str, namespace: str, name: str) -> list[str]:
         """What names this entry in its namespace (``action/deploy``), sorted."""
@@ -301,6 +310,8 @@ class Registries:
         checked = k.spec_type()
         checked.CopyFrom(spec)
         check_spec(k.name, checked, lambda target, name: self.find(target, namespace, name))
+        if isinstance(checked, specs_pb2.ResourceSpec) and self.is_directory(namespace, checked):
+            self.policy.check_folder(namespace, checked.path, "spec.path")
         seen: set[tuple[str, str]] = set()
         for hit in references(k.name, checked):
             listed = hit.field.endswith("]")

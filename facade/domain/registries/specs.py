@@ -146,11 +146,11 @@ def _resource(spec: specs_pb2.ResourceSpec, lookup: Lookup) -> None:
     if not spec.type:
         raise invalid("spec.type", "must name a resource type")
     resource_type: Any = lookup("resource_type", spec.type)
-    if resource_type is not None and resource_type.spec.driver == "directory":
-        if not spec.path or not os.path.isabs(spec.path):
-            raise invalid("spec.path", "must be an absolute path on the server")
-        if not os.path.isdir(spec.path):
-            raise invalid("spec.path", f"{spec.path} is not an existing directory")
+    # Whether the folder exists and lies inside the resource roots: Registries asks the
+    # server's policy, which knows the namespace.
+    directory = resource_type is not None and resource_type.spec.driver == "directory"
+    if directory and (not spec.path or not os.path.isabs(spec.path)):
+        raise invalid("spec.path", "must be an absolute path on the server")
 
 
 def _project(spec: specs_pb2.ProjectSpec, lookup: Lookup) -> None:

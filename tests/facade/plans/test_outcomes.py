@@ -94,10 +94,13 @@ async def test_json_schema_and_command_validations(client: ACPClient, project: p
             }
         },
     )
+    # A command validation runs a process: only when the profile lists it.
+    await add_profile(client, "checks", allowed_validations=["has-config"])
     await add_action(
         client,
         steps=[{"tool": "fs.write", "args": {"path": "config.json", "content": "{{body}}"}}],
         validations=["shape", "has-config"],
+        profile="checks",
     )
     good = await run(client, (await use(client, {"body": '{"name": "x"}'})).meta.id)
     assert good.state == plan_pb2.PLAN_STATE_SUCCEEDED
@@ -276,8 +279,13 @@ async def test_command_tools_need_the_profile_and_stage_what_they_change(
     assert refused.last_error.code == "tool_not_allowed"
 
     await add_profile(client, "cmds", allowed_tools=["shout", "sleepy", "fails"])
+    # A profile given at plan.use cannot grant a command the action's own profile lacks.
+    widened = await run(client, (await use(client, {}, automation_profile="cmds")).meta.id)
+    assert widened.last_error.code == "tool_not_allowed"
+
+    await add_action(client, name="act2", steps=[{"tool": "shout", "args": {}}], profile="cmds")
     before = snapshot(project)
-    plan = await run(client, (await use(client, {}, automation_profile="cmds")).meta.id)
+    plan = await run(client, (await use(client, {}, action="act2")).meta.id)
     assert plan.state == plan_pb2.PLAN_STATE_SUCCEEDED
     assert snapshot(project) == before
     artifacts = await client.call("plan.artifacts", plan_id=plan.meta.id, include_content=True)

@@ -398,6 +398,7 @@ class AutomationProfileSpec(_message.Message):
     ALLOWED_TOOLS_FIELD_NUMBER: _builtins.int
     MAX_STEPS_FIELD_NUMBER: _builtins.int
     COST_BUDGET_FIELD_NUMBER: _builtins.int
+    ALLOWED_VALIDATIONS_FIELD_NUMBER: _builtins.int
     auto_execute: _builtins.bool
     auto_apply: _builtins.bool
     max_steps: _builtins.int
@@ -408,6 +409,12 @@ class AutomationProfileSpec(_message.Message):
     def allowed_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Tool names allowed; `command` tools run only when listed here."""
 
+    @_builtins.property
+    def allowed_validations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Validation names allowed; `command` validations run only when listed here (and the
+        server's operator enabled commands).
+        """
+
     def __init__(
         self,
         *,
@@ -416,10 +423,11 @@ class AutomationProfileSpec(_message.Message):
         allowed_tools: _abc.Iterable[_builtins.str] | None = ...,
         max_steps: _builtins.int = ...,
         cost_budget: _builtins.float = ...,
+        allowed_validations: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_tools", b"allowed_tools", "auto_apply", b"auto_apply", "auto_execute", b"auto_execute", "cost_budget", b"cost_budget", "max_steps", b"max_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_tools", b"allowed_tools", "allowed_validations", b"allowed_validations", "auto_apply", b"auto_apply", "auto_execute", b"auto_execute", "cost_budget", b"cost_budget", "max_steps", b"max_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,171 @@
+"""What the operator allows, fixed when the server starts and never set by API callers:
+the folders directory resources may live in (resource roots) and whether the server
+runs processes (command tools and command validations), and how.
+
+Local mode (no authenticator) trusts its user: no root applies unless one is configured,
+and commands run. ``agents serve`` builds a server policy from its settings: with no root
+configured it refuses every directory resource, and it runs no process unless the
+operator passed ``--allow-commands``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
+
+NAMESPACE_PLACEHOLDER = "{namespace}"
+# Namespaces whose roots are kept resolved; past it the cache starts again.
+_CACHED_NAMESPACES = 4096
+HOW_TO_CONFIGURE_ROOTS = (
+    "the operator sets them with `agents serve --resource-root DIR` (repeatable; "
+    "resource_roots in the config file; {namespace} in DIR names a per-namespace folder)"
+)
+HOW_TO_ALLOW_COMMANDS = (
+    "the operator enables them with `agents serve --allow-commands` (allow_commands in the config file)"
+)
+
+
+@dataclass(frozen=True)
+class ProcessLimits:
+    """Resource limits of every process the server runs (``setrlimit`` in the child)."""
+
+    cpu_seconds: int = 600
+    memory_bytes: int = 4 * 1024**3
+    file_bytes: int = 1024**3
+    processes: int = 512
+
+
+@dataclass(frozen=True)
+class CommandUser:
+    """The unprivileged account processes run as when the server runs as root."""
+
+    name: str
+    uid: int
+    gid: int
+
+
+def check_root_template(root: str) -> str:
+    """A configured root: absolute, with ``{namespace}`` as its only placeholder."""
+    if not os.path.isabs(root):
+        raise ValueError(f"resource root {root!r} is not an absolute path")
+    rest = root.replace(NAMESPACE_PLACEHOLDER, "")
+    if "{" in rest or "}" in rest:
+        raise ValueError(f"resource root {root!r}: the only placeholder is {NAMESPACE_PLACEHOLDER}")
+    return root
+
+
+def _namespace_folder(namespace: str) -> bool:
+    """Whether a namespace can stand for one folder name (never climbs or nests)."""
+    return (
+        bool(namespace) and namespace not in (".", "..") and "/" not in namespace and "\x00" not in namespace
+    )
+
+
+@dataclass
+class Policy:
+    resource_roots: tuple[str, ...] = ()
+    # Server mode: with no root configured, no directory resource is allowed.
+    roots_required: bool = False
+    allow_commands: bool = True
+    command_user: CommandUser | None = None
+    limits: ProcessLimits = field(default_factory=ProcessLimits)
+    _resolved: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.resource_roots = tuple(check_root_template(root) for root in self.resource_roots)
+
+    @classmethod
+    def local(cls, environ: Mapping[str, str] | None = None) -> Policy:
+        """Local mode: roots from ``$ACP_RESOURCE_ROOTS`` (``os.pathsep`` separated) when
+        set, else none apply; commands run unless ``$ACP_ALLOW_COMMANDS`` is false."""
+        environ = os.environ if environ is None else environ
+        roots = tuple(r for r in environ.get("ACP_RESOURCE_ROOTS", "").split(os.pathsep) if r)
+        allow = environ.get("ACP_ALLOW_COMMANDS", "").strip().lower() not in ("0", "false", "no", "off")
+        return cls(resource_roots=roots, allow_commands=allow)
+
+    @classmethod
+    def server(
+        cls,
+        roots: Sequence[str] = (),
+        *,
+        allow_commands: bool = False,
+        command_user: CommandUser | None = None,
+    ) -> Policy:
+        return cls(
+            resource_roots=tuple(roots),
+            roots_required=True,
+            allow_commands=allow_commands,
+            command_user=command_user,
+        )
+
+    @property
+    def restricted(self) -> bool:
+        return bool(self.resource_roots) or self.roots_required
+
+    def roots(self, namespace: str) -> tuple[str, ...]:
+        """The namespace's roots, resolved once (symlinks of the operator's own paths)."""
+        found = self._resolved.get(namespace)
+        if found is None:
+            resolved = []
+            for root in self.resource_roots:
+                if NAMESPACE_PLACEHOLDER in root:
+                    if not _namespace_folder(namespace):
+                        continue
+                    root = root.replace(NAMESPACE_PLACEHOLDER, namespace)
+                resolved.append(os.path.realpath(root))
+            if len(self._resolved) >= _CACHED_NAMESPACES:
+                self._resolved.clear()
+            found = self._resolved[namespace] = tuple(resolved)
+        return found
+
+    def inside_roots(self, namespace: str, real: str) -> bool:
+        return any(
+            real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in self.roots(namespace)
+        )
+
+    def allows_folder(self, namespace: str, path: str) -> bool:
+        """Whether ``path`` (symlinks resolved) lies inside one of the namespace's roots;
+        always true when no root applies (local mode without roots)."""
+        if not self.restricted:
+            return True
+        return self.inside_roots(namespace, os.path.realpath(path))
+
+    def check_folder(self, namespace: str, path: str, field_: str) -> None:
+        """INVALID_PARAMS unless ``path`` is an existing folder inside the namespace's
+        roots; outside them the answer is the same whether the path exists or not."""
+        if not self.restricted:
+            if not os.path.isdir(path):
+                raise _invalid(field_, f"{path} is not an existing directory")
+            return
+        if not self.roots(namespace):
+            raise _invalid(
+                field_,
+                "this server has no resource roots for directory resources"
+                + (f" in namespace {namespace!r}" if self.resource_roots else "")
+                + f"; {HOW_TO_CONFIGURE_ROOTS}",
+            )
+        real = os.path.realpath(path)
+        if not self.inside_roots(namespace, real):
+            raise _invalid(
+                field_,
+                "must be a folder inside the server's resource roots for this namespace: "
+                + ", ".join(self.roots(namespace)),
+            )
+        if not os.path.isdir(real):
+            raise _invalid(field_, f"{path} is not an existing directory")
+
+    def check_commands(self) -> None:
+        """INVALID_STATE when the operator has not enabled processes."""
+        if not self.allow_commands:
+            raise ACPError(
+                ErrorCode.INVALID_STATE,
+                f"this server runs no commands; {HOW_TO_ALLOW_COMMANDS}",
+                {"refinement": "COMMANDS_DISABLED"},
+            )
+
+
+def _invalid(field_: str, message: str) -> ACPError:
+    return ACPError(ErrorCode.INVALID_PARAMS, f"{field_}: {message}", {"field": field_})

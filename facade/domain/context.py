@@ -273,14 +273,25 @@ class Context:
 
     # operations -----------------------------------------------------------------------
 
-    def show(self, ctx: CallContext, req: context_pb2.GetContextRequest) -> context_pb2.GetContextResponse:
+    async def show(
+        self, ctx: CallContext, req: context_pb2.GetContextRequest
+    ) -> context_pb2.GetContextResponse:
+        return await self.store.read(lambda _store: self._show(ctx, req))
+
+    def _show(self, ctx: CallContext, req: context_pb2.GetContextRequest) -> context_pb2.GetContextResponse:
         scope = self.scope(ctx, req.namespace, req.session_id, req.project)
         config, origin = self.in_force(scope)
         return context_pb2.GetContextResponse(
             config=config, origin=origin, token_counter=self.counter.description
         )
 
-    def set(self, ctx: CallContext, req: context_pb2.SetContextRequest) -> context_pb2.SetContextResponse:
+    async def set(
+        self, ctx: CallContext, req: context_pb2.SetContextRequest
+    ) -> context_pb2.SetContextResponse:
+        # Checked and stored in one transaction: what it names cannot go meanwhile.
+        return await self.store.write(lambda _store: self._set(ctx, req))
+
+    def _set(self, ctx: CallContext, req: context_pb2.SetContextRequest) -> context_pb2.SetContextResponse:
         scope = self.scope(ctx, req.namespace, req.session_id, req.project)
         self.validate(scope.namespace, req.config)
         self.configs.put(scope.namespace, scope.key, req.config)

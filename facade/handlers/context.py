@@ -16,7 +16,7 @@ class ContextHandlers:
     async def GetContext(
         self, request: context_pb2.GetContextRequest, ctx: CallContext
     ) -> context_pb2.GetContextResponse:
-        return self._context.show(ctx, request)
+        return await self._context.show(ctx, request)
 
     @handles("context.inspect")
     async def InspectContext(
@@ -34,4 +34,4 @@ class ContextHandlers:
     async def SetContext(
         self, request: context_pb2.SetContextRequest, ctx: CallContext
     ) -> context_pb2.SetContextResponse:
-        return self._context.set(ctx, request)
+        return await self._context.set(ctx, request)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.facade.domain.plans import model
 from cleveragents.acp.facade.domain.plans.engine import PlanEngine
 from cleveragents.acp.facade.handlers.table import handles
 from cleveragents.acp.v1 import plan_pb2
+
+T = TypeVar("T")
 
 
 def _explain(plan: plan_pb2.Plan, nodes: list[plan_pb2.DecisionNode], steps: list[plan_pb2.PlanStep]) -> str:
@@ -43,6 +48,10 @@ class PlanHandlers:
     def __init__(self, engine: PlanEngine) -> None:
         self.engine = engine
 
+    async def _read(self, fn: Callable[[], T]) -> T:
+        """A read-only answer from one snapshot, built on a store thread (off the loop)."""
+        return await self.engine.store.read(lambda _store: fn())
+
     @handles("plan.use")
     async def UsePlan(self, request: plan_pb2.UsePlanRequest, ctx: CallContext) -> plan_pb2.UsePlanResponse:
         return plan_pb2.UsePlanResponse(plan=await self.engine.use(ctx, request))
@@ -72,26 +81,34 @@ class PlanHandlers:
     async def GetPlanStatus(
         self, request: plan_pb2.GetPlanStatusRequest, ctx: CallContext
     ) -> plan_pb2.GetPlanStatusResponse:
-        return plan_pb2.GetPlanStatusResponse(plan=self.engine.load(ctx, request.plan_id))
+        return plan_pb2.GetPlanStatusResponse(
+            plan=await self._read(lambda: self.engine.load(ctx, request.plan_id))
+        )
 
     @handles("plan.tree")
     async def GetPlanTree(
         self, request: plan_pb2.GetPlanTreeRequest, ctx: CallContext
     ) -> plan_pb2.GetPlanTreeResponse:
-        plan = self.engine.load(ctx, request.plan_id)
-        records = self.engine.records
-        return plan_pb2.GetPlanTreeResponse(
-            nodes=records.nodes(plan.meta.id), steps=records.steps(plan.meta.id)
-        )
+        def tree() -> plan_pb2.GetPlanTreeResponse:
+            plan = self.engine.load(ctx, request.plan_id)
+            records = self.engine.records
+            return plan_pb2.GetPlanTreeResponse(
+                nodes=records.nodes(plan.meta.id), steps=records.steps(plan.meta.id)
+            )
+
+        return await self._read(tree)
 
     @handles("plan.explain")
     async def ExplainPlan(
         self, request: plan_pb2.ExplainPlanRequest, ctx: CallContext
     ) -> plan_pb2.ExplainPlanResponse:
-        plan = self.engine.load(ctx, request.plan_id)
-        nodes = self.engine.records.nodes(plan.meta.id)
-        steps = self.engine.records.steps(plan.meta.id)
-        return plan_pb2.ExplainPlanResponse(text=_explain(plan, nodes, steps), decisions=nodes)
+        def explain() -> plan_pb2.ExplainPlanResponse:
+            plan = self.engine.load(ctx, request.plan_id)
+            nodes = self.engine.records.nodes(plan.meta.id)
+            steps = self.engine.records.steps(plan.meta.id)
+            return plan_pb2.ExplainPlanResponse(text=_explain(plan, nodes, steps), decisions=nodes)
+
+        return await self._read(explain)
 
     @handles("plan.correct")
     async def CorrectPlan(
@@ -104,13 +121,14 @@ class PlanHandlers:
     async def GetPlanDiff(
         self, request: plan_pb2.GetPlanDiffRequest, ctx: CallContext
     ) -> plan_pb2.GetPlanDiffResponse:
-        return plan_pb2.GetPlanDiffResponse(files=self.engine.diff(self.engine.load(ctx, request.plan_id)))
+        files = await self._read(lambda: self.engine.diff(self.engine.load(ctx, request.plan_id)))
+        return plan_pb2.GetPlanDiffResponse(files=files)
 
     @handles("plan.artifacts")
     async def ListPlanArtifacts(
         self, request: plan_pb2.ListPlanArtifactsRequest, ctx: CallContext
     ) -> plan_pb2.ListPlanArtifactsResponse:
-        artifacts = self.engine.artifacts(self.engine.load(ctx, request.plan_id))
+        artifacts = await self._read(lambda: self.engine.artifacts(self.engine.load(ctx, request.plan_id)))
         return plan_pb2.ListPlanArtifactsResponse(
             artifacts=[a.to_proto(include_content=request.include_content) for a in artifacts]
         )
@@ -119,7 +137,7 @@ class PlanHandlers:
     async def GetPlanPrompt(
         self, request: plan_pb2.GetPlanPromptRequest, ctx: CallContext
     ) -> plan_pb2.GetPlanPromptResponse:
-        return self.engine.prompt(self.engine.load(ctx, request.plan_id))
+        return await self._read(lambda: self.engine.prompt(self.engine.load(ctx, request.plan_id)))
 
     @handles("plan.rollback")
     async def RollbackPlan(
@@ -132,4 +150,4 @@ class PlanHandlers:
     async def ListPlans(
         self, request: plan_pb2.ListPlansRequest, ctx: CallContext
     ) -> plan_pb2.ListPlansResponse:
-        return self.engine.list_plans(ctx, request)
+        return await self._read(lambda: self.engine.list_plans(ctx, request))

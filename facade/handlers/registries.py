@@ -30,7 +30,7 @@ class RegistryHandlers:
     @handles("automation_profile.list", rpc="ListAutomationProfiles")
     @handles("invariant.list", rpc="ListInvariants")
     async def list(self, request: Any, ctx: CallContext) -> message.Message:
-        return self._verbs.list(ctx, request)
+        return await self._verbs.list(ctx, request)
 
     @handles("actor.show", rpc="GetActor")
     @handles("skill.show", rpc="GetSkill")
@@ -43,7 +43,7 @@ class RegistryHandlers:
     @handles("automation_profile.show", rpc="GetAutomationProfile")
     @handles("invariant.show", rpc="GetInvariant")
     async def show(self, request: Any, ctx: CallContext) -> message.Message:
-        return self._verbs.show(ctx, request)
+        return await self._verbs.show(ctx, request)
 
     @handles("actor.add", rpc="AddActor")
     @handles("skill.add", rpc="AddSkill")
@@ -56,7 +56,7 @@ class RegistryHandlers:
     @handles("automation_profile.add", rpc="AddAutomationProfile")
     @handles("invariant.add", rpc="AddInvariant")
     async def add(self, request: Any, ctx: CallContext) -> message.Message:
-        return self._verbs.add(ctx, request)
+        return await self._verbs.add(ctx, request)
 
     @handles("actor.update", rpc="UpdateActor")
     @handles("skill.update", rpc="UpdateSkill")
@@ -69,7 +69,7 @@ class RegistryHandlers:
     @handles("automation_profile.update", rpc="UpdateAutomationProfile")
     @handles("invariant.update", rpc="UpdateInvariant")
     async def update(self, request: Any, ctx: CallContext) -> message.Message:
-        return self._verbs.update(ctx, request)
+        return await self._verbs.update(ctx, request)
 
     @handles("actor.remove", rpc="RemoveActor")
     @handles("skill.remove", rpc="RemoveSkill")
@@ -82,4 +82,4 @@ class RegistryHandlers:
     @handles("automation_profile.remove", rpc="RemoveAutomationProfile")
     @handles("invariant.remove", rpc="RemoveInvariant")
     async def remove(self, request: Any, ctx: CallContext) -> message.Message:
-        return self._verbs.remove(ctx, request)
+        return await self._verbs.remove(ctx, request)

@@ -30,22 +30,41 @@ def _respond(kind: Kind, verb: str, entry: message.Message) -> message.Message:
 
 
 class RegistryVerbs:
+    """Each verb runs on a store thread in one transaction: reads in one snapshot, writes
+    (checks included) on the writer thread, so the event loop never waits for the store."""
+
     def __init__(self, registries: Registries) -> None:
         self.registries = registries
+        self.store = registries.store
 
-    def list(self, ctx: CallContext, request: Any) -> message.Message:
+    async def list(self, ctx: CallContext, request: Any) -> message.Message:
+        return await self.store.read(lambda _store: self._list(ctx, request))
+
+    async def show(self, ctx: CallContext, request: Any) -> message.Message:
+        return await self.store.read(lambda _store: self._show(ctx, request))
+
+    async def add(self, ctx: CallContext, request: Any) -> message.Message:
+        return await self.store.write(lambda _store: self._add(ctx, request))
+
+    async def update(self, ctx: CallContext, request: Any) -> message.Message:
+        return await self.store.write(lambda _store: self._update(ctx, request))
+
+    async def remove(self, ctx: CallContext, request: Any) -> message.Message:
+        return await self.store.write(lambda _store: self._remove(ctx, request))
+
+    def _list(self, ctx: CallContext, request: Any) -> message.Message:
         kind = _kind(request)
         namespaces = ctx.visible_namespaces(request.namespace)
         entries, token = self.registries.list_page(kind.name, namespaces, request.labels, request)
         return kind.operations["list"].response_type(**{kind.list_field: entries, "next_page_token": token})
 
-    def show(self, ctx: CallContext, request: Any) -> message.Message:
+    def _show(self, ctx: CallContext, request: Any) -> message.Message:
         kind = _kind(request)
         namespace = ctx.namespace(request.namespace)
         check_name(request.name)
         return _respond(kind, "show", self.registries.get(kind.name, namespace, request.name))
 
-    def add(self, ctx: CallContext, request: Any) -> message.Message:
+    def _add(self, ctx: CallContext, request: Any) -> message.Message:
         kind = _kind(request)
         entry = self.registries.add(
             kind.name,
@@ -57,7 +76,7 @@ class RegistryVerbs:
         )
         return _respond(kind, "add", entry)
 
-    def update(self, ctx: CallContext, request: Any) -> message.Message:
+    def _update(self, ctx: CallContext, request: Any) -> message.Message:
         kind = _kind(request)
         entry = self.registries.update(
             kind.name,
@@ -71,7 +90,7 @@ class RegistryVerbs:
         )
         return _respond(kind, "update", entry)
 
-    def remove(self, ctx: CallContext, request: Any) -> message.Message:
+    def _remove(self, ctx: CallContext, request: Any) -> message.Message:
         kind = _kind(request)
         namespace = ctx.namespace(request.namespace)
         entry = self.registries.remove(kind.name, namespace, request.name, revision=request.revision)

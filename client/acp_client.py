@@ -116,7 +116,8 @@ class ACPClient:
         return await self.transport.call(op, request_for(op, params, fields), self._options())
 
     async def subscribe(self, params: Params = None, **fields: Any) -> AsyncIterator[events_pb2.Event]:
-        op = resolve("events.subscribe")
+        major = self.major
+        op = major.operations.get("events.subscribe") or resolve("events.subscribe", major)
         items = await self.transport.open_stream(op, request_for(op, params, fields), self._options())
         try:
             async for item in items:

@@ -1,12 +1,13 @@
-"""The handler of ACP 2's one operation, and the ``agents`` entry point that serves it.
+"""The handlers of ACP 2's operations, and how a process's handler tables get them.
 
 ``session.show`` of ACP 2 is ACP 1's, reshaped: the same domain call (through ACP 1's
 handler), the latest message and the count instead of the whole history.
+``events.subscribe`` of ACP 2 is ACP 1's stream as it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 from google.protobuf import message
@@ -14,6 +15,7 @@ from google.protobuf import message
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.catalog import Catalog
 from cleveragents.acp.facade.handlers import table
+from cleveragents.acp.facade.handlers.events import EventHandlers
 from cleveragents.acp.facade.handlers.sessions import SessionHandlers
 from cleveragents.acp.facade.handlers.table import Handler, handles
 from cleveragents.acp.v1 import session_pb2 as v1
@@ -35,11 +37,21 @@ class SessionHandlersV2:
         return response
 
 
+class EventHandlersV2:
+    def __init__(self, v1_events: EventHandlers) -> None:
+        self._v1 = v1_events
+
+    @handles("events.subscribe", major=2)
+    def SubscribeEvents(self, request: Any, ctx: CallContext) -> AsyncIterator[message.Message]:
+        return self._v1.SubscribeEvents(request, ctx)
+
+
 def with_v2(groups: Iterable[object]) -> list[object]:
-    """``groups`` and the ACP 2 group over the ACP 1 session handlers among them."""
+    """``groups`` and the ACP 2 groups over the ACP 1 handlers among them."""
     groups = list(groups)
     sessions = next(group for group in groups if isinstance(group, SessionHandlers))
-    return [*groups, SessionHandlersV2(sessions)]
+    events = next(group for group in groups if isinstance(group, EventHandlers))
+    return [*groups, SessionHandlersV2(sessions), EventHandlersV2(events)]
 
 
 def serve_v2(

@@ -49,7 +49,10 @@ def test_the_catalog_holds_both_majors_each_with_its_prefix_package_and_versions
         ("1.2", "1.1"),
     )
     assert (v2.prefix, v2.package, v2.version_table.supported) == ("/api/v2", "cleveragents.acp.v2", ("2.0",))
-    assert list(v2.operations) == ["session.show"]
+    assert list(v2.operations) == ["events.subscribe", "session.show"]
+    assert (
+        v2.operations["events.subscribe"].full_method == "/cleveragents.acp.v2.EventService/SubscribeEvents"
+    )
     show = v2.operations["session.show"]
     assert show.key == "session.show@v2"
     assert show.full_method == "/cleveragents.acp.v2.SessionService/GetSession"
@@ -86,6 +89,19 @@ async def test_each_version_gets_its_majors_shape(facade: ServiceFacade, v1_and_
     assert isinstance(
         await v1.call("session.show", session_id=session.meta.id), session_pb2.GetSessionResponse
     )
+
+
+async def test_a_stream_of_the_second_major(facade: ServiceFacade, v1_and_v2: Catalog) -> None:
+    v1 = _client(facade, None, v1_and_v2)
+    session = (await v1.call("session.create", title="stream")).session  # type: ignore[attr-defined]
+    await v1.call("session.tell", session_id=session.meta.id, content="/help")
+    v2 = _client(facade, "2.0", v1_and_v2)
+    events = v2.subscribe(session_id=session.meta.id)
+    try:
+        first = await anext(events)
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+    assert first.session_id == session.meta.id
 
 
 async def test_bad_calls_of_the_second_major_get_acp_errors(

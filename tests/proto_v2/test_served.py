@@ -195,6 +195,45 @@ async def test_clients_speaking_2_0_over_each_transport(
         await transport.close()
 
 
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+async def test_streams_of_the_second_major(served: Served, v1_and_v2: Catalog, kind: str) -> None:
+    """SSE (the HTTP transport reads /api/v2/events/stream) and a gRPC server stream."""
+    if kind == "http":
+        transport: HTTPTransport | GrpcTransport = HTTPTransport.connect(served.server.http)
+    else:
+        transport = GrpcTransport.connect(served.server.grpc_target)
+    v2 = ACPClient(transport, acp_version="2.0", token=served.alice, contract=v1_and_v2)
+    try:
+        events = v2.subscribe(session_id=served.session_id)
+        try:
+            first = await anext(events)
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+        assert first.session_id == served.session_id
+        refused = ACPClient(transport, acp_version="2.1", token=served.alice, contract=v1_and_v2).subscribe()
+        with pytest.raises(ACPError) as caught:
+            await anext(refused)
+        assert caught.value.code == "VERSION_MISMATCH"
+    finally:
+        await transport.close()
+
+
+async def test_sse_of_the_second_major(served: Served, http: httpx.AsyncClient) -> None:
+    url = "/api/v2/events/stream"
+    async with http.stream("GET", url, params={"session_id": served.session_id}) as answer:
+        assert (answer.status_code, answer.headers["ACP-Version"]) == (200, "2.0")
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        data = None
+        async for line in answer.aiter_lines():
+            if line.startswith("data:"):
+                data = json.loads(line.removeprefix("data:"))
+                break
+    assert data is not None
+    assert data["session_id"] == served.session_id
+    older = await http.get(url, headers={"ACP-Version": "1.2"})
+    assert older.json()["error"]["code"] == "VERSION_MISMATCH"
+
+
 async def test_grpc_serves_the_second_package_and_refuses_unknown_methods(served: Served) -> None:
     async with grpc.aio.insecure_channel(served.server.grpc_target) as channel:
         unknown: Any = channel.unary_unary("/cleveragents.acp.v2.SessionService/ListSessions", None, None)

@@ -2,7 +2,8 @@
 
 ``store`` mode writes records, items and events through the store and the event log;
 ``facade`` mode makes ACP calls (session.create, session.tell) through the facade;
-``concurrent`` mode makes them from many tasks at once, so commits are grouped."""
+``concurrent`` mode makes them from many tasks at once, so commits are grouped; ``traced``
+mode (see test_durability) prints ``start`` and ``ack`` around each call and then exits."""
 
 from __future__ import annotations
 
@@ -75,10 +76,28 @@ async def call_concurrently(path: str, limit: int, writers: int = 16) -> None:
     await asyncio.gather(*(writer(w) for w in range(writers)))
 
 
+async def call_traced(path: str, limit: int, writers: int = 4) -> None:
+    async with ACPClient(LocalTransport(open_facade(path), owns_facade=True)) as client:
+
+        async def writer(w: int) -> None:
+            for i in range(limit):
+                ack(f"start {w}-{i}-create")
+                created = await client.call("session.create", title=f"traced {w}-{i}")
+                ack(f"ack {w}-{i}-create")
+                assert isinstance(created, session_pb2.CreateSessionResponse)
+                ack(f"start {w}-{i}-tell")
+                await client.call("session.tell", session_id=created.session.meta.id, content="hi")
+                ack(f"ack {w}-{i}-tell")
+
+        await asyncio.gather(*(writer(w) for w in range(writers)))
+
+
 if __name__ == "__main__":
     mode, db, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if mode == "store":
         write_store(db, count)
+    elif mode == "traced":
+        asyncio.run(call_traced(db, count))
     elif mode == "concurrent":
         asyncio.run(call_concurrently(db, count))
     else:

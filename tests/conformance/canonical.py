@@ -2,13 +2,16 @@
 
 What necessarily differs between two runs is normalized, consistently across the whole
 run: each distinct ULID becomes ``<id1>``, ``<id2>``... in order of first appearance
-(dict keys walked in sorted order), each distinct page token or stream ticket ``<token1>``..., RFC 3339
-times ``<time>``, durations ``<duration>``, and each backend's scratch folder ``<root>``.
-Everything else, event sequences included, must match exactly.
+(dict keys walked in sorted order), each distinct page token or stream ticket ``<token1>``...,
+each distinct RFC 3339 time ``<time1>``... (so which values are the same instant must match
+across transports, and a transport that loses a time, or answers the epoch for all, differs),
+durations ``<duration>``, and each backend's scratch folder ``<root>``. A time outside the
+run's day is an error at once. Everything else, event sequences included, must match exactly.
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -18,6 +21,7 @@ TIME = re.compile(r"\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2
 # Page tokens, and stream tickets (random, secret: every run issues others).
 TOKEN_KEYS = frozenset({"next_page_token", "page_token", "ticket"})
 DURATION_KEYS = frozenset({"duration_ms"})
+PLAUSIBLE = datetime.timedelta(days=1)
 
 
 class Canonicalizer:
@@ -26,6 +30,18 @@ class Canonicalizer:
         self.roots = sorted((r for r in roots if r), key=len, reverse=True)
         self.ids: dict[str, str] = {}
         self.tokens: dict[str, str] = {}
+        self.times: dict[datetime.datetime, str] = {}
+
+    def _time(self, match: re.Match[str]) -> str:
+        """The same instant gets the same label however it is written (``Z``, an offset,
+        more or fewer fraction digits)."""
+        instant = datetime.datetime.fromisoformat(match.group(0).replace("Z", "+00:00"))
+        now = datetime.datetime.now(datetime.UTC)
+        if abs(now - instant) > PLAUSIBLE:
+            raise AssertionError(f"time {match.group(0)} is not of this run (now {now.isoformat()})")
+        if instant not in self.times:
+            self.times[instant] = f"<time{len(self.times) + 1}>"
+        return self.times[instant]
 
     def _id(self, match: re.Match[str]) -> str:
         value = match.group(0)
@@ -36,7 +52,7 @@ class Canonicalizer:
     def text(self, value: str) -> str:
         for root in self.roots:
             value = value.replace(root, "<root>")
-        value = TIME.sub("<time>", value)
+        value = TIME.sub(self._time, value)
         return ULID.sub(self._id, value)
 
     def token(self, value: str) -> str:

@@ -205,6 +205,7 @@ def started(plan: plan_pb2.Plan) -> Reply:
     state = _enum_word(plan_pb2.PlanState.Name(plan.state), "PLAN_STATE_")
     return Reply(
         f"Started plan {plan.meta.id} from action {plan.action!r} on project {plan.project!r} "
-        f"(phase {phase}, state {state}). Follow it with plan.status or events for this plan.",
+        f"(phase {phase}, state {state}). Follow it with `agents events watch --plan {plan.meta.id} "
+        f"--until-done`, or `agents plan status {plan.meta.id}`.",
         plan_id=plan.meta.id,
     )

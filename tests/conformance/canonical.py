@@ -5,7 +5,8 @@ run: each distinct ULID becomes ``<id1>``, ``<id2>``... in order of first appear
 (dict keys walked in sorted order), each distinct page token or stream ticket ``<token1>``...,
 each distinct RFC 3339 time ``<time1>``... (so which values are the same instant must match
 across transports, and a transport that loses a time, or answers the epoch for all, differs),
-durations ``<duration>``, and each backend's scratch folder ``<root>``. A time outside the
+durations ``<duration>``, booleans ``<true>``/``<false>`` (``True == 1`` in Python), and each
+backend's scratch folder ``<root>``. A time outside the
 run's day is an error at once. Everything else, event sequences included, must match exactly.
 """
 
@@ -67,6 +68,9 @@ class Canonicalizer:
             return {k: self(value[k], str(k)) for k in sorted(value, key=str)}
         if isinstance(value, list | tuple):
             return [self(item, key) for item in value]
+        if isinstance(value, bool):
+            # Python's True == 1: a transport answering 1 for true must not compare equal.
+            return "<true>" if value else "<false>"
         if key in DURATION_KEYS and isinstance(value, int | float):
             return "<duration>"
         if isinstance(value, str):

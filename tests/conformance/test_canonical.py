@@ -36,3 +36,9 @@ def test_a_transport_with_one_time_for_all_no_longer_matches() -> None:
 def test_a_time_not_of_this_run_is_an_error() -> None:
     with pytest.raises(AssertionError, match="not of this run"):
         Canonicalizer()({"time": "1970-01-01T00:00:00Z"})
+
+
+def test_details_compare_types_not_only_values() -> None:
+    """``{"retryable": True} == {"retryable": 1}`` in Python; the canonical form tells them apart."""
+    assert Canonicalizer()({"details": {"retryable": True}}) != Canonicalizer()({"details": {"retryable": 1}})
+    assert Canonicalizer()({"n": 2.0}) == Canonicalizer()({"n": 2})

@@ -74,6 +74,9 @@ class ACPError(Exception):
     category's status and travels in ``details["refinement"]``.
     """
 
+    # The gRPC status it arrived with, when a client read it off gRPC (else None).
+    grpc_status: str | None = None
+
     def __init__(
         self,
         code: ErrorCode.ValueType | str,

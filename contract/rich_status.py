@@ -89,7 +89,14 @@ def _struct_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
 
 
 def from_status(code: grpc.StatusCode, message: str, details_bin: bytes | None) -> ACPError:
-    """The ``ACPError`` a failed call carries; a status without ACP details maps by code."""
+    """The ``ACPError`` a failed call carries, remembering the status it came with (so the
+    contract suite can hold that to the error table); a status without ACP details maps by code."""
+    error = _from_status(code, message, details_bin)
+    error.grpc_status = code.name
+    return error
+
+
+def _from_status(code: grpc.StatusCode, message: str, details_bin: bytes | None) -> ACPError:
     info = None
     if details_bin:
         try:

@@ -22,7 +22,7 @@ from google.protobuf import message
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.contract import codec
 from cleveragents.acp.contract.catalog import Operation
-from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.contract.errors import ACPError, grpc_code
 from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.v1 import events_pb2
 from tests.conformance.backends import KINDS, Backend, open_backend
@@ -66,7 +66,11 @@ COVERAGE = Coverage()
 
 
 def error_json(err: ACPError) -> Entry:
-    return {"code": err.code, "message": err.message, "details": err.details}
+    """The error as the trace keeps it, with its gRPC status: the one it crossed gRPC with,
+    or the one the error table gives its code (so a gRPC server answering another status
+    than the table's makes the gRPC trace differ)."""
+    grpc_status = err.grpc_status or grpc_code(err.code).name
+    return {"code": err.code, "message": err.message, "details": err.details, "grpc_status": grpc_status}
 
 
 class RecordingTransport:

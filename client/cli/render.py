@@ -163,9 +163,28 @@ def readable(data: Any, desc: descriptor.Descriptor) -> dict[str, Any]:
     return result
 
 
+class _Dumper(yaml.SafeDumper):
+    """Text with line breaks as a literal block (``|``), as written, instead of a quoted
+    scalar folded over several lines (``'Hello!\n\n  '``)."""
+
+
+def _text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value and value.strip() and not value[0].isspace() else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _text)
+
+
 def _yaml(data: Any, out: TextIO) -> None:
     out.write(
-        yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=shutil.get_terminal_size().columns)
+        yaml.dump(
+            data,
+            Dumper=_Dumper,
+            sort_keys=False,
+            allow_unicode=True,
+            width=shutil.get_terminal_size().columns,
+        )
     )
 
 

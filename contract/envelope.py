@@ -22,7 +22,8 @@ REQUEST_FIELDS = frozenset({"acp_version", "request_id", "operation", "params", 
 @dataclass(frozen=True)
 class Request:
     acp_version: str | None
-    request_id: str
+    # None when the envelope names none: the server makes the call's one id, once.
+    request_id: str | None
     operation: str
     params: dict[str, Any]
     token: str | None
@@ -120,7 +121,7 @@ def parse_request(body: Any) -> Request:
         token = _optional_str(auth, "token")
     return Request(
         acp_version=_optional_str(body, "acp_version"),
-        request_id=_optional_str(body, "request_id") or new_request_id(),
+        request_id=_optional_str(body, "request_id") or None,
         operation=operation,
         params=params,
         token=token,

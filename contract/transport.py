@@ -1,7 +1,11 @@
-"""The transport interface of ``ACPClient``: one call, one stream, close.
+"""The two seams of a call: ``Transport`` (what ``ACPClient`` calls: one call, one stream,
+close) and ``Service`` (what every server calls: ``ServiceFacade`` in one process).
 
 Transports never interpret results: they carry a request message to the service and
-bring back the response message, or raise the service's ``ACPError``.
+bring back the response message, or raise the service's ``ACPError``. A transport takes
+``CallOptions`` (what a caller says); a service takes the ``CallContext`` it fills in (the
+principal and the served version, once checked). ``ServiceTransport`` is a transport over
+any service, in the same process.
 
 ``open_stream`` admits a stream (authentication, version, parameters) and returns its
 items without waiting for the first one, so a gateway can answer an early error with a
@@ -10,12 +14,13 @@ real status before it sends any stream headers; ``stream`` is the same as one it
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from google.protobuf import message
 
+from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.catalog import Operation
 
 # gRPC metadata carrying a stream ticket (a gateway passes a browser's upstream).
@@ -45,6 +50,49 @@ class Transport(Protocol):
         """Admit the stream (auth, version, filters: errors raise here) and return its items."""
 
     async def close(self) -> None: ...
+
+
+class Service(Protocol):
+    """The one seam below every server: the gRPC servicer and the HTTP gateway both call
+    ``invoke`` and ``stream`` (``ServiceFacade``; in gateway-only mode, its upstream)."""
+
+    async def invoke(self, op: Operation, request: message.Message, ctx: CallContext) -> message.Message: ...
+
+    async def stream(
+        self, op: Operation, request: message.Message, ctx: CallContext
+    ) -> AsyncIterator[message.Message]:
+        """Admit the stream (errors raise here, before any item) and return its items."""
+
+
+def context_of(options: CallOptions) -> CallContext:
+    """What a caller's options say, as the context a service fills in."""
+    return CallContext(
+        token=options.token,
+        acp_version=options.acp_version,
+        request_id=options.request_id,
+        ticket=options.ticket,
+    )
+
+
+class ServiceTransport:
+    """A ``Transport`` over a ``Service`` in the same process: no serialization, no network."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def call(
+        self, op: Operation, request: message.Message, options: CallOptions
+    ) -> Coroutine[Any, Any, message.Message]:
+        """The service's own awaitable: no frame of this transport's between caller and service."""
+        return self.service.invoke(op, request, context_of(options))
+
+    async def open_stream(
+        self, op: Operation, request: message.Message, options: CallOptions
+    ) -> AsyncIterator[message.Message]:
+        return await self.service.stream(op, request, context_of(options))
+
+    async def close(self) -> None:
+        """The service is its owner's to close."""
 
 
 class StreamItems:

@@ -1,6 +1,8 @@
-"""Server mode: one process, one event loop, a grpc.aio server and uvicorn sharing one facade.
+"""Server mode: one process, one event loop, a grpc.aio server and uvicorn sharing one facade,
+both entering it through the same seam (``ServiceFacade.invoke`` and ``stream``).
 
-Also the gateway-only mode: uvicorn alone, its transport a ``GrpcTransport`` to an upstream.
+Also the gateway-only mode: uvicorn alone, its service an upstream server reached over a
+client ``Transport`` (``upstream.TransportService``).
 
 Start-up refuses a port already in use (gRPC's SO_REUSEPORT is off, the HTTP socket is
 bound here) and plain text on a non-loopback address unless ``insecure``. SIGTERM/SIGINT
@@ -24,12 +26,13 @@ import grpc
 import uvicorn
 from grpc_health.v1._async import HealthServicer
 
-from cleveragents.acp.contract.transport import Transport
+from cleveragents.acp.contract.transport import Service, Transport
 from cleveragents.acp.facade.service_facade import Closeable, ServiceFacade
 from cleveragents.acp.gateway.grpc import server as grpc_server
 from cleveragents.acp.gateway.http import protocol
 from cleveragents.acp.gateway.http.app import GatewaySettings, build_app
 from cleveragents.acp.gateway.http.protocol import ConnectionLimits
+from cleveragents.acp.gateway.upstream import TransportService
 
 log = logging.getLogger(__name__)
 
@@ -124,16 +127,23 @@ class Server:
         self,
         config: ServerConfig,
         *,
-        transport: Transport,
         facade: ServiceFacade | None = None,
+        upstream: Transport | None = None,
         resources: Sequence[Closeable] = (),
     ) -> None:
-        """``transport`` carries the HTTP gateway's calls; ``facade``, when given, is
-        served over gRPC too and closed at the end, after ``resources``."""
+        """Serves ``facade`` over HTTP and gRPC, closing it at the end after ``resources``;
+        or, gateway-only, HTTP in front of ``upstream`` (a transport to another server)."""
+        self.service: Service
+        if facade is not None and upstream is None:
+            self.service = facade
+        elif upstream is not None and facade is None:
+            self.service = TransportService(upstream)
+        else:
+            raise ServeError("serve a facade or an upstream, one of them")
         if facade is None and config.grpc_port is not None:
             raise ServeError("a gRPC port needs a facade to serve")
         self.config = config
-        self.transport = transport
+        self.upstream = upstream
         self.facade = facade
         self.resources = list(resources)
         self.closing = asyncio.Event()
@@ -162,7 +172,7 @@ class Server:
         self._socket = bind_socket(config.host, config.http_port)
         try:
             grpc_target = await self._start_grpc()
-            app = build_app(self.transport, config.http, closing=self.closing)
+            app = build_app(self.service, config.http, closing=self.closing)
             uv_config = uvicorn.Config(
                 app,
                 lifespan="off",
@@ -259,6 +269,7 @@ class Server:
     async def _close_backend(self) -> None:
         for resource in reversed(self.resources):
             await resource.close()
-        await self.transport.close()
+        if self.upstream is not None:
+            await self.upstream.close()
         if self.facade is not None:
             await self.facade.close()

@@ -1,22 +1,34 @@
 """Bypass detection: the import-linter contracts of pyproject.toml hold on the code, and each
 one catches a deliberate violation (an import added to the real import graph), so none of
-them passes for a wrong reason (a misspelt module, a source that imports nothing)."""
+them passes for a wrong reason (a misspelt module, a source that imports nothing, an
+exception wider than meant)."""
 
 from __future__ import annotations
 
+import itertools
 import pathlib
+import re
 import tomllib
+from collections.abc import Iterator
 from typing import Any
 
 import grimp
 import pytest
 from importlinter import configuration
 from importlinter.contracts.forbidden import ForbiddenContract
+from importlinter.contracts.independence import IndependenceContract
+from importlinter.contracts.layers import LayersContract
+from importlinter.domain.contract import Contract
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
 CONTRACTS: list[dict[str, Any]] = CONFIG["contracts"]
 PROBE = "layer_probe"
+KINDS: dict[str, type[Contract]] = {
+    "forbidden": ForbiddenContract,
+    "layers": LayersContract,
+    "independence": IndependenceContract,
+}
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +37,8 @@ def graph() -> Any:
     return grimp.build_graph(*CONFIG["root_packages"], include_external_packages=False)
 
 
-def contract(options: dict[str, Any]) -> ForbiddenContract:
-    return ForbiddenContract(
+def contract(options: dict[str, Any]) -> Contract:
+    return KINDS[options["type"]](
         options["name"],
         session_options={"root_packages": CONFIG["root_packages"]},
         # As the TOML reader hands them over: booleans as strings.
@@ -38,27 +50,71 @@ def contract(options: dict[str, Any]) -> ForbiddenContract:
     )
 
 
+def layer_modules(layer: str) -> list[str]:
+    return [name.strip() for name in re.split(r"[:|]", layer)]
+
+
+def violations(options: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(importer package, imported module) pairs the contract must refuse."""
+    if options["type"] == "forbidden":
+        for source in options["source_modules"]:
+            for forbidden in options["forbidden_modules"]:
+                yield source, forbidden
+    elif options["type"] == "layers":
+        layers = [layer_modules(layer) for layer in options["layers"]]
+        for higher, lower in itertools.pairwise(layers):
+            for below in lower:
+                for above in higher:
+                    yield below, above
+        # The bottom layer reaches the top one, skipping every layer between.
+        yield layers[-1][0], layers[0][0]
+    else:
+        modules = options["modules"]
+        for importer in modules:
+            for imported in modules:
+                if importer != imported:
+                    yield importer, imported
+        for ignored in options.get("ignore_imports", ()):
+            importer, imported = (part.strip() for part in ignored.split("->"))
+            # The exception covers its one importer: a sibling module making the same import
+            # is caught.
+            yield importer.rsplit(".", 1)[0], imported
+
+
 def test_the_contracts_cover_the_layers() -> None:
-    assert {c["type"] for c in CONTRACTS} == {"forbidden"}
-    sources = {m for c in CONTRACTS for m in c["source_modules"]}
+    kinds = {c["type"] for c in CONTRACTS}
+    assert kinds == set(KINDS)
+    sources = {m for c in CONTRACTS if c["type"] == "forbidden" for m in c["source_modules"]}
     assert {"cleveragents.acp.gateway", "cleveragents.acp.client", "cleveragents.acp.facade"} <= sources
-    assert "cleveragents.acp.facade.domain" in sources
+    layered = [
+        m for c in CONTRACTS if c["type"] == "layers" for layer in c["layers"] for m in layer_modules(layer)
+    ]
+    # Domain and store below everything but the contract runtime, which is below all.
+    assert layered[-3:] == [
+        "cleveragents.acp.facade.domain",
+        "cleveragents.acp.facade.store",
+        "cleveragents.acp.contract",
+    ]
+    independent = [c["modules"] for c in CONTRACTS if c["type"] == "independence"]
+    assert ["cleveragents.acp.gateway", "cleveragents.acp.client"] in independent
 
 
 @pytest.mark.parametrize("options", CONTRACTS, ids=[c["name"][:40] for c in CONTRACTS])
 def test_each_contract_holds_and_catches_a_violation(graph: Any, options: dict[str, Any]) -> None:
     assert contract(options).check(graph, verbose=False).kept
-    for source in options["source_modules"]:
-        assert source in graph.modules, f"{source} names no module"
-        for forbidden in options["forbidden_modules"]:
-            assert forbidden in graph.modules, f"{forbidden} names no module"
-            importer = f"{source}.{PROBE}"
-            graph.add_module(importer)
-            graph.add_import(
-                importer=importer, imported=forbidden, line_number=1, line_contents=f"import {forbidden}"
-            )
-            try:
-                assert not contract(options).check(graph, verbose=False).kept, (source, forbidden)
-            finally:
-                graph.remove_module(importer)
-            assert contract(options).check(graph, verbose=False).kept
+    caught = 0
+    for package, imported in violations(options):
+        assert package in graph.modules, f"{package} names no module"
+        assert imported in graph.modules, f"{imported} names no module"
+        importer = f"{package}.{PROBE}"
+        graph.add_module(importer)
+        graph.add_import(
+            importer=importer, imported=imported, line_number=1, line_contents=f"import {imported}"
+        )
+        try:
+            assert not contract(options).check(graph, verbose=False).kept, (importer, imported)
+        finally:
+            graph.remove_module(importer)
+        assert contract(options).check(graph, verbose=False).kept
+        caught += 1
+    assert caught

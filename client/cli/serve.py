@@ -1,5 +1,8 @@
 """``agents serve`` (gRPC and the HTTP gateway over one facade) and ``agents gateway``
-(the HTTP gateway alone, in front of an upstream gRPC server).
+(the HTTP gateway alone, in front of an upstream gRPC server): their options. The server
+itself is assembled by ``gateway.assembly``, the one module of the gateway the client
+imports (an import-linter contract allows that import and no other); the gateway-only
+mode's upstream is a ``GrpcTransport`` made here.
 
 Once listening, both print the addresses and then one machine-readable line,
 ``acp-ready {"http": ..., "grpc": ...}``, which scripts and tests wait for (ports given as
@@ -9,17 +12,10 @@ Once listening, both print the addresses and then one machine-readable line,
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import logging
-import os
 import pathlib
-import shlex
-import sys
 from typing import Any
 
-DEV_PRINCIPAL = "dev"
-DEV_NAMESPACE = "default"
+from cleveragents.acp.contract.transport import Transport
 
 
 def _common_options(parser: argparse.ArgumentParser) -> None:
@@ -179,234 +175,19 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     gateway.set_defaults(handler=gateway_command)
 
 
-def _fail(command: str, message: str) -> int:
-    print(f"agents {command}: {message}", file=sys.stderr)
-    return 2
-
-
-def _settings(args: argparse.Namespace, model: Any) -> Any:
-    """The command's settings: its flags over the environment over the config file."""
-    from cleveragents.acp.gateway.settings import load
-
-    flags = {name: getattr(args, name, None) for name in model.model_fields}
-    settings = load(model, flags, config=args.config)
-    logging.getLogger().setLevel(settings.log_level.upper())
-    return settings
-
-
-def _config(settings: Any, grpc_port: int | None) -> Any:
-    from cleveragents.acp.facade.handlers.meta import server_build
-    from cleveragents.acp.gateway.http.app import GatewaySettings
-    from cleveragents.acp.gateway.http.protocol import ConnectionLimits
-    from cleveragents.acp.gateway.server import ServerConfig, TLSFiles
-
-    if (settings.tls_cert is None) != (settings.tls_key is None):
-        raise ValueError("give both --tls-cert and --tls-key, or neither")
-    tls = TLSFiles(settings.tls_cert, settings.tls_key) if settings.tls_cert is not None else None
-    return ServerConfig(
-        host=settings.host,
-        http_port=settings.http_port,
-        grpc_port=grpc_port,
-        tls=tls,
-        insecure=settings.insecure,
-        http=GatewaySettings(
-            max_body_bytes=settings.max_body_bytes,
-            keepalive_seconds=settings.sse_keepalive,
-            cors_origins=settings.cors_origins,
-            server_build=server_build(),
-        ),
-        connections=ConnectionLimits(
-            max_header_bytes=settings.max_header_bytes,
-            header_timeout=settings.header_timeout,
-            body_timeout=settings.body_timeout,
-            idle_timeout=settings.idle_timeout,
-            max_connections=settings.max_connections,
-            max_connections_per_client=settings.max_connections_per_client,
-        ),
-        grace_seconds=settings.grace_seconds,
-        log_level=settings.log_level,
-    )
-
-
-def _ready_line(http_url: str, grpc_target: str | None) -> str:
-    return "acp-ready " + json.dumps({"http": http_url, "grpc": grpc_target, "pid": os.getpid()})
-
-
-def example_curl(http_url: str, token: str, operation: str, *, cacert: pathlib.Path | None = None) -> str:
-    parts = ["curl", "-sS"]
-    if cacert is not None:
-        parts += ["--cacert", str(cacert)]
-    parts += [
-        "-H",
-        f"Authorization: Bearer {token}",
-        "-H",
-        "Content-Type: application/json",
-        "-d",
-        json.dumps({"operation": operation, "params": {}}),
-        f"{http_url}/api/v1/acp",
-    ]
-    return shlex.join(parts)
-
-
-def _example_operation(served: frozenset[str]) -> str:
-    """A served operation that needs the token and no parameters, to show the token works."""
-    from cleveragents.acp.contract import catalog
-    from cleveragents.acp.contract.required import required_fields
-
-    preferred = ["session.list", "actor.list", "plan.list"]
-    candidates = [
-        op.name
-        for op in catalog.OPERATIONS.values()
-        if op.name in served
-        and not op.anonymous
-        and not op.server_streaming
-        and not required_fields(op.request_type.DESCRIPTOR)
-        and op.verb == "list"
-    ]
-    for name in preferred:
-        if name in candidates:
-            return name
-    return candidates[0] if candidates else "meta.version"
-
-
 def serve_command(args: argparse.Namespace) -> int:
-    from cleveragents.acp.gateway.settings import ServeSettings, SettingsError
+    from cleveragents.acp.gateway import assembly
 
-    try:
-        settings = _settings(args, ServeSettings)
-    except SettingsError as exc:
-        return _fail("serve", str(exc))
-    state_dir: pathlib.Path | None = settings.state_dir
-    tokens: pathlib.Path | None = settings.tokens
-    db: pathlib.Path | None = settings.db
-    if state_dir is not None:
-        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tokens = tokens or state_dir / "tokens.toml"
-        db = db or state_dir / "acp.db"
-    if tokens is None:
-        return _fail(
-            "serve",
-            "server mode needs a token file: give --tokens FILE (create one with "
-            "`agents token create --tokens FILE --name NAME --namespace NS`) or --state-dir DIR",
-        )
-    if state_dir is None and not tokens.exists():
-        return _fail(
-            "serve",
-            f"token file {tokens} does not exist; create it with "
-            f"`agents token create --tokens {tokens} --name NAME --namespace NS`",
-        )
-    from cleveragents.acp.facade import auth
-
-    try:
-        config = _config(settings, settings.grpc_port)
-        if tokens.exists():
-            auth.load(tokens)
-    except (ValueError, auth.TokenFileError) as exc:
-        return _fail("serve", str(exc))
-    from cleveragents.acp.facade.factory import server_policy
-
-    try:
-        policy = server_policy(
-            settings.resource_roots,
-            allow_commands=settings.allow_commands,
-            command_user=settings.command_user,
-        )
-    except ValueError as exc:
-        return _fail("serve", str(exc))
-    first_start = state_dir is not None and not tokens.exists()
-    return asyncio.run(_serve(config, db, tokens, policy, dev=state_dir is not None, first_start=first_start))
+    return assembly.serve(vars(args), args.config)
 
 
-async def _serve(
-    config: Any, db: pathlib.Path | None, tokens: pathlib.Path, policy: Any, *, dev: bool, first_start: bool
-) -> int:
-    from cleveragents.acp.client.local import LocalTransport
-    from cleveragents.acp.facade import auth
-    from cleveragents.acp.facade.factory import default_db_path, open_facade
-    from cleveragents.acp.gateway.server import ServeError, Server
+def _connect(target: str, tls: bool, root: bytes | None) -> Transport:
+    from cleveragents.acp.client.grpc_transport import GrpcTransport
 
-    authenticator = auth.TokenAuthenticator(tokens)
-    db = db or default_db_path()
-    facade = open_facade(db, authenticator=authenticator, policy=policy)
-    server = Server(config, transport=LocalTransport(facade), facade=facade)
-    try:
-        addresses = await server.start()
-    except ServeError as exc:
-        return _fail("serve", str(exc))
-    server.install_signal_handlers()
-    try:
-        token = None
-        if first_start:
-            token = auth.create_token(tokens, DEV_PRINCIPAL, [DEV_NAMESPACE])
-        lines = [
-            "ACP server listening",
-            f"  HTTP    {addresses.http_url}   (agents --server {addresses.http_url}; "
-            f"envelope: POST {addresses.http_url}/api/v1/acp)",
-            f"  console {addresses.http_url}/   (API docs: {addresses.http_url}/api/v1/docs)",
-            f"  gRPC    {addresses.grpc_target}   (reflection and health on)",
-            f"  store   {db}",
-            f"  tokens  {tokens}",
-        ]
-        if token is not None:
-            operation = _example_operation(facade.served_operations)
-            cacert = config.tls.cert if config.tls is not None else None
-            lines += [
-                "",
-                f"A token for namespace {DEV_NAMESPACE!r} (principal {DEV_PRINCIPAL!r}), shown only now:",
-                f"  {token}",
-                "Try it:",
-                f"  {example_curl(addresses.http_url, token, operation, cacert=cacert)}",
-            ]
-        elif dev:
-            lines += [
-                "",
-                f"Tokens are in {tokens}, as hashes: a token is printed only when it is created.",
-                f"A new one: agents token create --tokens {tokens} --name NAME --namespace {DEV_NAMESPACE}",
-            ]
-        print("\n".join(lines), flush=True)
-        print(_ready_line(addresses.http_url, addresses.grpc_target), flush=True)
-        await server.wait()
-    finally:
-        await server.stop()
-    return 0
+    return GrpcTransport.connect(target, tls=tls, root_certificates=root)
 
 
 def gateway_command(args: argparse.Namespace) -> int:
-    from cleveragents.acp.gateway.server import ServeError, check_exposure
-    from cleveragents.acp.gateway.settings import GatewayCommandSettings
+    from cleveragents.acp.gateway import assembly
 
-    try:
-        settings = _settings(args, GatewayCommandSettings)
-        config = _config(settings, None)
-        host = settings.upstream.rsplit(":", 1)[0]
-        tls = settings.upstream_tls or settings.upstream_ca is not None
-        check_exposure(host, True if tls else None, settings.insecure, "reach the upstream over")
-        root = settings.upstream_ca.read_bytes() if settings.upstream_ca is not None else None
-    except (ValueError, ServeError, OSError) as exc:
-        return _fail("gateway", str(exc))
-    return asyncio.run(_gateway(config, settings.upstream, tls, root))
-
-
-async def _gateway(config: Any, upstream: str, tls: bool, root: bytes | None) -> int:
-    from cleveragents.acp.client.grpc_transport import GrpcTransport
-    from cleveragents.acp.gateway.server import ServeError, Server
-
-    transport = GrpcTransport.connect(upstream, tls=tls, root_certificates=root)
-    server = Server(config, transport=transport)
-    try:
-        addresses = await server.start()
-    except ServeError as exc:
-        return _fail("gateway", str(exc))
-    server.install_signal_handlers()
-    try:
-        print(
-            f"ACP gateway listening\n"
-            f"  HTTP    {addresses.http_url}   (agents --server {addresses.http_url})\n"
-            f"  console {addresses.http_url}/\n  upstream {upstream}",
-            flush=True,
-        )
-        print(_ready_line(addresses.http_url, None), flush=True)
-        await server.wait()
-    finally:
-        await server.stop()
-    return 0
+    return assembly.gateway(vars(args), args.config, _connect)

@@ -3,11 +3,11 @@
 Handlers are generic (built from the catalog, never per operation) and take the raw
 request bytes, so a malformed or oversized message is an INVALID_PARAMS in the ACP form
 instead of the runtime's own error. The wrappers read the credentials, version and request
-id from the metadata into a ``CallContext`` and hand the call to the facade, which does
-every check; an ``ACPError`` goes back as a ``google.rpc.Status`` (``rich_status``).
-Unknown methods of an ACP package answer NOT_FOUND the same way. Reflection and health are on.
-Every major of the catalog is served, each under its own package (``cleveragents.acp.v1``,
-``cleveragents.acp.v2``).
+id from the metadata into a ``CallContext`` and hand the call to the facade through the
+``Service`` seam the HTTP gateway calls too; it does every check. An ``ACPError`` goes back
+as a ``google.rpc.Status`` (``rich_status``). Unknown methods of an ACP package answer
+NOT_FOUND the same way. Reflection and health are on. Every major of the catalog is served,
+each under its own package (``cleveragents.acp.v1``, ``cleveragents.acp.v2``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from cleveragents.acp.contract import catalog, limits, rich_status, versions
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.catalog import Catalog, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, grpc_code, internal_error
-from cleveragents.acp.contract.transport import TICKET_METADATA
-from cleveragents.acp.facade.service_facade import ServiceFacade
+from cleveragents.acp.contract.transport import TICKET_METADATA, Service
 from cleveragents.acp.gateway import common
 from cleveragents.acp.gateway.streams import Tick, until_stopped
 
@@ -77,7 +76,7 @@ class GrpcHandlers:
 
     def __init__(
         self,
-        facade: ServiceFacade,
+        facade: Service,
         *,
         closing: asyncio.Event,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
@@ -261,7 +260,7 @@ def service_names(contract: Catalog | None = None) -> list[str]:
 
 
 def build_server(
-    facade: ServiceFacade,
+    facade: Service,
     *,
     closing: asyncio.Event,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,

@@ -1,10 +1,11 @@
 """The JSON/HTTP gateway's hot paths: the envelope endpoint, REST routes from the catalog,
-SSE and health, over any client ``Transport``, as one raw ASGI endpoint.
+SSE and health, over a ``Service`` (the seam the gRPC server calls too), as one raw ASGI
+endpoint.
 
-In one process the transport is ``LocalTransport(facade)``; in gateway-only mode it is a
-``GrpcTransport`` to the upstream server. Either way the gateway only translates: it
-reads the token, version and request id, binds JSON to the request message, and the
-facade below the transport does every check.
+In one process the service is the ``ServiceFacade`` itself; in gateway-only mode it is
+``upstream.TransportService`` over a gRPC transport to the upstream server. Either way the
+gateway only translates: it reads the token, version and request id into a
+``CallContext``, binds JSON to the request message, and the facade does every check.
 
 No web framework's routing or validation runs on these paths: the proto descriptors are
 the schema, so the endpoint dispatches through a route table built from the catalog, and
@@ -25,9 +26,10 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from cleveragents.acp.contract import catalog, codec, envelope, sse
+from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.catalog import Catalog, Major, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
-from cleveragents.acp.contract.transport import CallOptions, Transport
+from cleveragents.acp.contract.transport import Service
 from cleveragents.acp.gateway import common
 from cleveragents.acp.gateway.http import binding, redaction
 from cleveragents.acp.gateway.http.application import GatewayApp
@@ -83,13 +85,13 @@ class Gateway:
 
     def __init__(
         self,
-        transport: Transport,
+        service: Service,
         settings: GatewaySettings | None = None,
         *,
         closing: asyncio.Event | None = None,
         contract: Catalog | None = None,
     ) -> None:
-        self.transport = transport
+        self.service = service
         self.settings = settings or GatewaySettings()
         self.closing = closing or asyncio.Event()
         self.routes = RouteTable(contract=contract)
@@ -115,7 +117,9 @@ class Gateway:
         exchange = Exchange()
         try:
             exchange.acp_version = binding.header(request, _VERSION_HEADER) or None
-            exchange.request_id = common.request_id(binding.header(request, _REQUEST_ID_HEADER))
+            # Validated when given; made once, when the answer needs it, when not.
+            given_id = binding.header(request, _REQUEST_ID_HEADER)
+            exchange.request_id = common.request_id(given_id) if given_id else None
             route, variables = found or self.routes.match(request.method, route_path(request.scope))
             exchange.version_table = route.version_table
             return await self._dispatch(route, variables, request, exchange)
@@ -146,7 +150,7 @@ class Gateway:
         body = binding.parse_json(await binding.read_body(request, self.settings.max_body_bytes))
         parsed = envelope.parse_request(body)
         exchange.acp_version = parsed.acp_version or exchange.acp_version
-        if isinstance(body, dict) and body.get("request_id"):
+        if parsed.request_id:
             exchange.request_id = common.request_id(parsed.request_id)
         op = major.operations.get(parsed.operation)
         if op is None:
@@ -161,16 +165,19 @@ class Gateway:
             raise binding.invalid("auth.token and the Authorization header name different tokens", "auth")
         return await self._call(op, parsed.params, parsed.token or header_token, exchange)
 
-    def _options(self, token: str | None, exchange: Exchange) -> CallOptions:
-        return CallOptions(
-            acp_version=exchange.acp_version, token=token, request_id=exchange.ensure_request_id()
+    @staticmethod
+    def _context(token: str | None, exchange: Exchange) -> CallContext:
+        return CallContext(
+            token=token, acp_version=exchange.acp_version, request_id=exchange.ensure_request_id()
         )
 
     async def _call(
         self, op: Operation, params: dict[str, Any], token: str | None, exchange: Exchange
     ) -> Response:
         request = codec.from_dict(params, op.request_type)
-        response = await self.transport.call(op, request, self._options(token, exchange))
+        ctx = self._context(token, exchange)
+        response = await self.service.invoke(op, request, ctx)
+        exchange.served = ctx.served_version
         return exchange.ok(codec.to_dict(response))
 
     async def _stream(
@@ -181,13 +188,14 @@ class Gateway:
         request: Request,
         exchange: Exchange,
     ) -> SSEResponse:
-        options = self._options(token, exchange)
-        options.ticket = _ticket(request, token)
+        ctx = self._context(token, exchange)
+        ctx.ticket = _ticket(request, token)
         resume = _resume_from(request)
         if resume is not None and sse.RESUME_FIELD in op.request_type.DESCRIPTOR.fields_by_name:
             params = {**params, sse.RESUME_FIELD: str(resume)}
         message = codec.from_dict(params, op.request_type)
-        items = await self.transport.open_stream(op, message, options)
+        items = await self.service.stream(op, message, ctx)
+        exchange.served = ctx.served_version
         return SSEResponse(
             op,
             items,
@@ -198,8 +206,7 @@ class Gateway:
 
     async def _health(self, exchange: Exchange) -> Response:
         op = catalog.OPERATIONS["meta.version"]
-        options = CallOptions(acp_version=None, token=None, request_id=exchange.ensure_request_id())
-        await self.transport.call(op, op.request_type(), options)
+        await self.service.invoke(op, op.request_type(), CallContext(request_id=exchange.ensure_request_id()))
         return exchange.ok({"status": "SERVING"})
 
     def refuse(self, err: ACPError) -> Response:
@@ -207,7 +214,7 @@ class Gateway:
 
 
 def build_app(
-    transport: Transport,
+    service: Service,
     settings: GatewaySettings | None = None,
     *,
     closing: asyncio.Event | None = None,
@@ -216,7 +223,7 @@ def build_app(
     dependencies as to any other (docs/server.md, "Extending the gateway")."""
     settings = settings or GatewaySettings()
     redaction.install()
-    app = GatewayApp(Gateway(transport, settings, closing=closing))
+    app = GatewayApp(Gateway(service, settings, closing=closing))
     if settings.cors_origins:
         app.add_middleware(
             EnvelopeCORSMiddleware,

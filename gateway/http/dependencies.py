@@ -7,19 +7,20 @@ from typing import Annotated
 from fastapi import Depends
 from starlette.requests import Request
 
-from cleveragents.acp.client.acp_client import ACPClient
+from cleveragents.acp.contract.acp_client import ACPClient
+from cleveragents.acp.contract.transport import ServiceTransport
 from cleveragents.acp.gateway import common
 from cleveragents.acp.gateway.http import binding
 
 
 def caller_client(request: Request) -> ACPClient:
     """An ``ACPClient`` that calls ACP as the request's caller: its bearer token and
-    ``ACP-Version`` header, over the gateway's own transport. Authentication and every
-    other check happen below, as for any ACP call. Not to be closed: the transport is the
-    gateway's."""
+    ``ACP-Version`` header, over the gateway's own service (the seam both servers call).
+    Authentication and every other check happen below, as for any ACP call. Nothing to
+    close: the service is the gateway's."""
     gateway = request.app.state.gateway
     return ACPClient(
-        gateway.transport,
+        ServiceTransport(gateway.service),
         acp_version=binding.header(request, b"acp-version") or None,
         token=common.bearer_token(binding.header(request, b"authorization")),
     )

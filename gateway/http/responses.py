@@ -48,6 +48,9 @@ class Exchange:
     started: float = field(default_factory=time.perf_counter)
     request_id: str | None = None
     acp_version: str | None = None
+    # The version the service negotiated for the call (its ``CallContext.served_version``);
+    # empty until then, and the label is negotiated here once, only when it never was.
+    served: str = ""
     extra_headers: dict[str, str] = field(default_factory=dict)
     # The major the request's path names (/api/v2/...): its versions label the answer.
     version_table: versions.VersionTable = versions.V1
@@ -58,7 +61,9 @@ class Exchange:
 
     @property
     def served_version(self) -> str:
-        return common.served_version(self.acp_version, self.version_table)
+        if not self.served:
+            self.served = common.served_version(self.acp_version, self.version_table)
+        return self.served
 
     def ensure_request_id(self) -> str:
         if self.request_id is None:

@@ -92,7 +92,7 @@ async def open_backend(
         http=GatewaySettings(keepalive_seconds=keepalive_seconds),
         grace_seconds=1.0,
     )
-    server = Server(config, transport=LocalTransport(facade), facade=facade)
+    server = Server(config, facade=facade)
     addresses = await server.start()
     assert addresses.grpc_target is not None
     backend = Backend(kind, root, tokens, LocalTransport(facade), addresses.http_url, addresses.grpc_target)
@@ -106,7 +106,7 @@ async def open_backend(
     else:
         upstream = GrpcTransport.connect(addresses.grpc_target, timeout=TIMEOUT)
         gateway_config = dataclasses.replace(config, grpc_port=None)
-        gateway = Server(gateway_config, transport=upstream)
+        gateway = Server(gateway_config, upstream=upstream)
         backend.http_url = (await gateway.start()).http_url
         backend.transport = HTTPTransport(backend.http_client(), owns_client=True)
     try:

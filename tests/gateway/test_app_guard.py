@@ -11,7 +11,6 @@ import orjson
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.gateway.http.app import GatewayApp, build_app
 from cleveragents.acp.gateway.http.application import EnvelopeGuard
@@ -20,7 +19,7 @@ from cleveragents.acp.gateway.http.application import EnvelopeGuard
 @pytest.fixture
 async def app(tmp_path: pathlib.Path) -> AsyncIterator[GatewayApp]:
     facade = open_facade(tmp_path / "acp.db")
-    yield build_app(LocalTransport(facade))
+    yield build_app(facade)
     await facade.close()
 
 

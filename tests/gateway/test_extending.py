@@ -17,7 +17,6 @@ import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.facade import auth
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
@@ -42,7 +41,7 @@ def client(app: ASGIApp) -> httpx.AsyncClient:
 async def test_mounted_under_a_prefix_every_path_answers(facade: tuple[ServiceFacade, str]) -> None:
     service, token = facade
     outer = FastAPI()
-    outer.mount("/acp", build_app(LocalTransport(service)))
+    outer.mount("/acp", build_app(service))
 
     @outer.get("/mine")
     async def mine() -> dict[str, str]:
@@ -69,7 +68,7 @@ async def test_mounted_under_a_prefix_every_path_answers(facade: tuple[ServiceFa
 
 async def test_routes_and_dependencies_added_by_users(facade: tuple[ServiceFacade, str]) -> None:
     service, token = facade
-    app = build_app(LocalTransport(service))
+    app = build_app(service)
     seen: list[str] = []
 
     def audit(request: Request) -> None:
@@ -108,7 +107,7 @@ async def test_routes_and_dependencies_added_by_users(facade: tuple[ServiceFacad
 
 async def test_user_middleware_wraps_the_hot_paths_too(facade: tuple[ServiceFacade, str]) -> None:
     service, _ = facade
-    app = build_app(LocalTransport(service))
+    app = build_app(service)
     seen: list[str] = []
 
     class Stamp:
@@ -139,7 +138,7 @@ async def test_user_middleware_wraps_the_hot_paths_too(facade: tuple[ServiceFaca
 
 async def test_pages_carry_a_strict_policy(facade: tuple[ServiceFacade, str]) -> None:
     service, _ = facade
-    async with client(build_app(LocalTransport(service))) as http:
+    async with client(build_app(service)) as http:
         for path in ("/", "/console/main.js", "/api/v1/docs", "/api/v1/docs/assets/swagger-ui-bundle.js"):
             response = await http.get(path)
             assert response.status_code == 200, path
@@ -162,7 +161,7 @@ async def test_an_access_log_never_shows_a_ticket(
     facade: tuple[ServiceFacade, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     service, token = facade
-    app: GatewayApp = build_app(LocalTransport(service))
+    app: GatewayApp = build_app(service)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, access_log=True, log_config=None, lifespan="off")

@@ -1,0 +1,269 @@
+"""The server assembled: what ``agents serve`` and ``agents gateway`` run.
+
+The CLI parses its flags and hands them here; this reads the settings (flags over the
+environment over the config file, ``gateway.settings``), opens the facade and its store,
+starts ``gateway.server.Server`` and prints the addresses, then one machine-readable line,
+``acp-ready {"http": ..., "grpc": ...}``, which scripts and tests wait for (ports given as
+0 are chosen by the system and reported there). The gateway-only mode's upstream transport
+comes from the caller (``connect``): the gateway never imports a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import pathlib
+import shlex
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract.required import required_fields
+from cleveragents.acp.contract.transport import Transport
+from cleveragents.acp.facade import auth
+from cleveragents.acp.facade.factory import default_db_path, open_facade, server_policy
+from cleveragents.acp.facade.handlers.meta import server_build
+from cleveragents.acp.facade.service_facade import ServiceFacade
+from cleveragents.acp.gateway.http.app import GatewaySettings
+from cleveragents.acp.gateway.http.protocol import ConnectionLimits
+from cleveragents.acp.gateway.server import ServeError, Server, ServerConfig, TLSFiles, check_exposure
+from cleveragents.acp.gateway.settings import (
+    GatewayCommandSettings,
+    HTTPSettings,
+    ServeSettings,
+    SettingsError,
+    load,
+)
+
+DEV_PRINCIPAL = "dev"
+DEV_NAMESPACE = "default"
+
+# (target, tls, root certificates) -> a transport to the upstream gRPC server.
+Connect = Callable[[str, bool, bytes | None], Transport]
+S = TypeVar("S", bound=HTTPSettings)
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"agents {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def _settings(flags: Mapping[str, Any], config: pathlib.Path | None, model: type[S]) -> S:
+    """The command's settings: its flags over the environment over the config file."""
+    settings = load(model, {name: flags.get(name) for name in model.model_fields}, config=config)
+    logging.getLogger().setLevel(settings.log_level.upper())
+    return settings
+
+
+def server_config(settings: HTTPSettings, grpc_port: int | None) -> ServerConfig:
+    if (settings.tls_cert is None) != (settings.tls_key is None):
+        raise ValueError("give both --tls-cert and --tls-key, or neither")
+    tls = TLSFiles(settings.tls_cert, settings.tls_key) if settings.tls_cert is not None else None
+    return ServerConfig(
+        host=settings.host,
+        http_port=settings.http_port,
+        grpc_port=grpc_port,
+        tls=tls,
+        insecure=settings.insecure,
+        http=GatewaySettings(
+            max_body_bytes=settings.max_body_bytes,
+            keepalive_seconds=settings.sse_keepalive,
+            cors_origins=settings.cors_origins,
+            server_build=server_build(),
+        ),
+        connections=ConnectionLimits(
+            max_header_bytes=settings.max_header_bytes,
+            header_timeout=settings.header_timeout,
+            body_timeout=settings.body_timeout,
+            idle_timeout=settings.idle_timeout,
+            max_connections=settings.max_connections,
+            max_connections_per_client=settings.max_connections_per_client,
+        ),
+        grace_seconds=settings.grace_seconds,
+        log_level=settings.log_level,
+    )
+
+
+def _ready_line(http_url: str, grpc_target: str | None) -> str:
+    return "acp-ready " + json.dumps({"http": http_url, "grpc": grpc_target, "pid": os.getpid()})
+
+
+def example_curl(http_url: str, token: str, operation: str, *, cacert: pathlib.Path | None = None) -> str:
+    parts = ["curl", "-sS"]
+    if cacert is not None:
+        parts += ["--cacert", str(cacert)]
+    parts += [
+        "-H",
+        f"Authorization: Bearer {token}",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        json.dumps({"operation": operation, "params": {}}),
+        f"{http_url}/api/v1/acp",
+    ]
+    return shlex.join(parts)
+
+
+def _example_operation(served: frozenset[str]) -> str:
+    """A served operation that needs the token and no parameters, to show the token works."""
+    preferred = ["session.list", "actor.list", "plan.list"]
+    candidates = [
+        op.name
+        for op in catalog.OPERATIONS.values()
+        if op.name in served
+        and not op.anonymous
+        and not op.server_streaming
+        and not required_fields(op.request_type.DESCRIPTOR)
+        and op.verb == "list"
+    ]
+    for name in preferred:
+        if name in candidates:
+            return name
+    return candidates[0] if candidates else "meta.version"
+
+
+def serve(flags: Mapping[str, Any], config: pathlib.Path | None) -> int:
+    """``agents serve``: gRPC and the HTTP gateway over one facade; the exit code."""
+    try:
+        settings = _settings(flags, config, ServeSettings)
+    except SettingsError as exc:
+        return _fail("serve", str(exc))
+    state_dir: pathlib.Path | None = settings.state_dir
+    tokens: pathlib.Path | None = settings.tokens
+    db: pathlib.Path | None = settings.db
+    if state_dir is not None:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tokens = tokens or state_dir / "tokens.toml"
+        db = db or state_dir / "acp.db"
+    if tokens is None:
+        return _fail(
+            "serve",
+            "server mode needs a token file: give --tokens FILE (create one with "
+            "`agents token create --tokens FILE --name NAME --namespace NS`) or --state-dir DIR",
+        )
+    if state_dir is None and not tokens.exists():
+        return _fail(
+            "serve",
+            f"token file {tokens} does not exist; create it with "
+            f"`agents token create --tokens {tokens} --name NAME --namespace NS`",
+        )
+    try:
+        server = server_config(settings, settings.grpc_port)
+        if tokens.exists():
+            auth.load(tokens)
+    except (ValueError, auth.TokenFileError) as exc:
+        return _fail("serve", str(exc))
+    try:
+        policy = server_policy(
+            settings.resource_roots,
+            allow_commands=settings.allow_commands,
+            command_user=settings.command_user,
+        )
+    except ValueError as exc:
+        return _fail("serve", str(exc))
+    first_start = state_dir is not None and not tokens.exists()
+    store = db or default_db_path()
+    token_file = tokens
+
+    def opened() -> ServiceFacade:
+        authenticator = auth.TokenAuthenticator(token_file)
+        return open_facade(store, authenticator=authenticator, policy=policy)
+
+    return asyncio.run(
+        _serve(server, opened, store, tokens, dev=state_dir is not None, first_start=first_start)
+    )
+
+
+async def _serve(
+    config: ServerConfig,
+    opened: Callable[[], ServiceFacade],
+    db: pathlib.Path,
+    tokens: pathlib.Path,
+    *,
+    dev: bool,
+    first_start: bool,
+) -> int:
+    facade = opened()
+    server = Server(config, facade=facade)
+    try:
+        addresses = await server.start()
+    except ServeError as exc:
+        return _fail("serve", str(exc))
+    server.install_signal_handlers()
+    try:
+        token = None
+        if first_start:
+            token = auth.create_token(tokens, DEV_PRINCIPAL, [DEV_NAMESPACE])
+        lines = [
+            "ACP server listening",
+            f"  HTTP    {addresses.http_url}   (agents --server {addresses.http_url}; "
+            f"envelope: POST {addresses.http_url}/api/v1/acp)",
+            f"  console {addresses.http_url}/   (API docs: {addresses.http_url}/api/v1/docs)",
+            f"  gRPC    {addresses.grpc_target}   (reflection and health on)",
+            f"  store   {db}",
+            f"  tokens  {tokens}",
+        ]
+        if token is not None:
+            operation = _example_operation(facade.served_operations)
+            cacert = config.tls.cert if config.tls is not None else None
+            lines += [
+                "",
+                f"A token for namespace {DEV_NAMESPACE!r} (principal {DEV_PRINCIPAL!r}), shown only now:",
+                f"  {token}",
+                "Try it:",
+                f"  {example_curl(addresses.http_url, token, operation, cacert=cacert)}",
+            ]
+        elif dev:
+            lines += [
+                "",
+                f"Tokens are in {tokens}, as hashes: a token is printed only when it is created.",
+                f"A new one: agents token create --tokens {tokens} --name NAME --namespace {DEV_NAMESPACE}",
+            ]
+        print("\n".join(lines), flush=True)
+        print(_ready_line(addresses.http_url, addresses.grpc_target), flush=True)
+        await server.wait()
+    finally:
+        await server.stop()
+    return 0
+
+
+def gateway(flags: Mapping[str, Any], config: pathlib.Path | None, connect: Connect) -> int:
+    """``agents gateway``: the HTTP gateway alone, in front of the upstream ``connect``
+    reaches; the exit code."""
+    try:
+        settings = _settings(flags, config, GatewayCommandSettings)
+        server = server_config(settings, None)
+        host = settings.upstream.rsplit(":", 1)[0]
+        tls = settings.upstream_tls or settings.upstream_ca is not None
+        check_exposure(host, True if tls else None, settings.insecure, "reach the upstream over")
+        root = settings.upstream_ca.read_bytes() if settings.upstream_ca is not None else None
+    except (ValueError, ServeError, OSError) as exc:
+        return _fail("gateway", str(exc))
+    return asyncio.run(_gateway(server, settings.upstream, connect, tls, root))
+
+
+async def _gateway(
+    config: ServerConfig, upstream: str, connect: Connect, tls: bool, root: bytes | None
+) -> int:
+    # Inside the loop: a grpc.aio channel belongs to the loop it is made in.
+    server = Server(config, upstream=connect(upstream, tls, root))
+    try:
+        addresses = await server.start()
+    except ServeError as exc:
+        return _fail("gateway", str(exc))
+    server.install_signal_handlers()
+    try:
+        print(
+            f"ACP gateway listening\n"
+            f"  HTTP    {addresses.http_url}   (agents --server {addresses.http_url})\n"
+            f"  console {addresses.http_url}/\n  upstream {upstream}",
+            flush=True,
+        )
+        print(_ready_line(addresses.http_url, None), flush=True)
+        await server.wait()
+    finally:
+        await server.stop()
+    return 0

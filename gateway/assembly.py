@@ -59,9 +59,10 @@ def _settings(flags: Mapping[str, Any], config: pathlib.Path | None, model: type
 
 
 def server_config(settings: HTTPSettings, grpc_port: int | None) -> ServerConfig:
-    if (settings.tls_cert is None) != (settings.tls_key is None):
+    cert, key = settings.tls_cert, settings.tls_key
+    if (cert is None) != (key is None):
         raise ValueError("give both --tls-cert and --tls-key, or neither")
-    tls = TLSFiles(settings.tls_cert, settings.tls_key) if settings.tls_cert is not None else None
+    tls = TLSFiles(cert, key) if cert is not None and key is not None else None
     return ServerConfig(
         host=settings.host,
         http_port=settings.http_port,

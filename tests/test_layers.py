@@ -5,6 +5,7 @@ exception wider than meant)."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 import pathlib
 import re
@@ -48,6 +49,11 @@ def contract(options: dict[str, Any]) -> Contract:
             if k not in ("name", "type")
         },
     )
+
+
+def kept(options: dict[str, Any], graph: Any) -> bool:
+    """The contract's verdict on a copy: a check removes the imports it ignores from the graph."""
+    return bool(contract(options).check(copy.deepcopy(graph), verbose=False).kept)
 
 
 def layer_modules(layer: str) -> list[str]:
@@ -101,7 +107,7 @@ def test_the_contracts_cover_the_layers() -> None:
 
 @pytest.mark.parametrize("options", CONTRACTS, ids=[c["name"][:40] for c in CONTRACTS])
 def test_each_contract_holds_and_catches_a_violation(graph: Any, options: dict[str, Any]) -> None:
-    assert contract(options).check(graph, verbose=False).kept
+    assert kept(options, graph)
     caught = 0
     for package, imported in violations(options):
         assert package in graph.modules, f"{package} names no module"
@@ -112,9 +118,9 @@ def test_each_contract_holds_and_catches_a_violation(graph: Any, options: dict[s
             importer=importer, imported=imported, line_number=1, line_contents=f"import {imported}"
         )
         try:
-            assert not contract(options).check(graph, verbose=False).kept, (importer, imported)
+            assert not kept(options, graph), (importer, imported)
         finally:
             graph.remove_module(importer)
-        assert contract(options).check(graph, verbose=False).kept
+        assert kept(options, graph)
         caught += 1
     assert caught

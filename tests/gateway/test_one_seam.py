@@ -78,7 +78,7 @@ async def test_an_envelope_call_negotiates_once_and_makes_at_most_one_id(
     made: int,
 ) -> None:
     _, http = served
-    negotiations = counting(monkeypatch, versions, "negotiate")
+    negotiations = counting(monkeypatch, versions.VersionTable, "negotiate")
     ids = counting(monkeypatch, envelope, "new_request_id")
     ids_in_common = counting(monkeypatch, common, "new_request_id")
     answer = await http.post("/api/v1/acp", json={**body, "acp_version": "1.2"}, headers=headers)
@@ -93,7 +93,7 @@ async def test_an_unsupported_version_is_still_labelled_and_refused_once(
     served: tuple[ServiceFacade, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, http = served
-    negotiations = counting(monkeypatch, versions, "negotiate")
+    negotiations = counting(monkeypatch, versions.VersionTable, "negotiate")
     answer = await http.post("/api/v1/acp", json={"operation": "meta.version", "acp_version": "9.9"})
     assert answer.status_code == 400
     assert answer.json()["error"]["code"] == "VERSION_MISMATCH"

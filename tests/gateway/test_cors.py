@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.gateway.http.app import GatewaySettings, build_app
 
@@ -20,7 +19,7 @@ ALLOWED = "https://app.example"
 @pytest.fixture
 async def client(tmp_path: pathlib.Path) -> AsyncIterator[httpx.AsyncClient]:
     facade = open_facade(tmp_path / "acp.db")
-    app = build_app(LocalTransport(facade), GatewaySettings(cors_origins=(ALLOWED,)))
+    app = build_app(facade, GatewaySettings(cors_origins=(ALLOWED,)))
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://acp") as http:
             yield http

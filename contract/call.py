@@ -7,6 +7,7 @@ once, so no wire can skip them.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -15,18 +16,40 @@ from cleveragents.acp.contract.errors import ACPError, ErrorCode
 DEFAULT_NAMESPACE = "default"
 
 
+class Role(enum.StrEnum):
+    """What a principal may do (docs/security.md): a reader calls the read-only operations,
+    a writer every operation but those that make the server run a process, an admin all."""
+
+    READER = "reader"
+    WRITER = "writer"
+    ADMIN = "admin"
+
+
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling and which namespaces it may use (``None``: all of them)."""
+    """Who is calling, which namespaces it may use (``None``: all of them) and its role."""
 
     name: str
     namespaces: frozenset[str] | None
+    role: Role = Role.WRITER
 
     def may_use(self, namespace: str) -> bool:
         return self.namespaces is None or namespace in self.namespaces
 
 
-LOCAL_PRINCIPAL = Principal("local", None)
+def ambiguous_credentials(what: str) -> ACPError:
+    """Two credentials on one call (two Authorization headers, a header and ``auth.token``,
+    a token and a stream ticket): refused on every wire alike, never one picked."""
+    return ACPError(
+        ErrorCode.AUTH_REQUIRED,
+        f"give exactly one credential, not {what}",
+        {"scheme": "Bearer"},
+        refinement="AMBIGUOUS_CREDENTIALS",
+    )
+
+
+# In local mode the user is the operator.
+LOCAL_PRINCIPAL = Principal("local", None, Role.ADMIN)
 
 
 @dataclass

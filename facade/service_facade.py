@@ -8,6 +8,7 @@ correlation id. Authorization is the domain's, on the call's ``CallContext``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Protocol, cast
@@ -15,14 +16,19 @@ from typing import Protocol, cast
 from google.protobuf import message
 
 from cleveragents.acp.contract import surface
-from cleveragents.acp.contract.call import LOCAL_PRINCIPAL, CallContext, Principal
+from cleveragents.acp.contract.call import LOCAL_PRINCIPAL, CallContext, Principal, ambiguous_credentials
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
 from cleveragents.acp.contract.limits import check_bounds
 from cleveragents.acp.contract.required import check_required
+from cleveragents.acp.facade.domain import roles
+from cleveragents.acp.facade.domain.tickets import PrincipalLookup
 from cleveragents.acp.facade.handlers.table import Handler, Streaming, Unary
 
 log = logging.getLogger(__name__)
+
+# How often an open stream checks that its caller is still admitted (revoked, expired).
+RECHECK_SECONDS = 0.5
 
 
 class Authenticator(Protocol):
@@ -69,6 +75,7 @@ class ServiceFacade:
             ctx.principal = LOCAL_PRINCIPAL
         else:
             ctx.principal = self.authenticator.authenticate(ctx.token)
+        roles.check_operation(ctx.principal, op)
         table = op.version_table
         ctx.served_version = table.negotiate(ctx.acp_version)
         table.check_operation(ctx.served_version, op.name, op.since)
@@ -92,11 +99,7 @@ class ServiceFacade:
 
     def _redeem(self, op: Operation, request: message.Message, ctx: CallContext) -> Principal:
         if ctx.token is not None:
-            raise ACPError(
-                ErrorCode.INVALID_PARAMS,
-                "give a bearer token or a stream ticket, not both",
-                {"field": "ticket"},
-            )
+            raise ambiguous_credentials("a bearer token and a stream ticket")
         if self.tickets is None:
             raise ACPError(
                 ErrorCode.AUTH_REQUIRED, "this server issues no stream tickets", {"scheme": "Bearer"}
@@ -131,22 +134,63 @@ class ServiceFacade:
             raise
         except Exception as exc:
             raise internal_error(exc, op.name) from exc
-        return self._guarded(items, op, ctx.served_version)
+        return self._guarded(items, op, ctx)
 
-    @staticmethod
     async def _guarded(
-        items: AsyncIterator[message.Message], op: Operation, version: str
+        self, items: AsyncIterator[message.Message], op: Operation, ctx: CallContext
     ) -> AsyncIterator[message.Message]:
-        """Items as the client's version may see them; faults as INTERNAL_ERROR."""
+        """Items as the client's version may see them; faults as INTERNAL_ERROR. In server
+        mode the caller's credential is checked again every ``RECHECK_SECONDS`` while the
+        stream is open, items or not: a revoked or expired principal's stream ends with
+        AUTH_REQUIRED (issue 17, finding 5)."""
         where = op.name
-        older = version != op.version_table.current
+        older = ctx.served_version != op.version_table.current
+        iterator = aiter(items)
+        pending: asyncio.Future[message.Message] | None = None
         try:
-            async for item in items:
-                yield surface.strip(item, version) if older else item
+            while True:
+                if self.authenticator is None:
+                    try:
+                        item = await anext(iterator)
+                    except StopAsyncIteration:
+                        return
+                else:
+                    if pending is None:
+                        pending = asyncio.ensure_future(anext(iterator))
+                    done, _ = await asyncio.wait((pending,), timeout=RECHECK_SECONDS)
+                    self._recheck(ctx)
+                    if not done:
+                        continue
+                    finished, pending = pending, None
+                    try:
+                        item = finished.result()
+                    except StopAsyncIteration:
+                        return
+                yield surface.strip(item, ctx.served_version) if older else item
         except ACPError:
             raise
         except Exception as exc:
             raise internal_error(exc, where) from exc
+        finally:
+            if pending is not None:
+                pending.cancel()
+                await asyncio.wait((pending,))
+
+    def _recheck(self, ctx: CallContext) -> None:
+        """Raise AUTH_REQUIRED when the stream's principal is no longer admitted."""
+        if self.authenticator is None or ctx.principal is None:
+            return
+        if ctx.ticket is None:
+            self.authenticator.authenticate(ctx.token)
+            return
+        lookup = self.authenticator
+        if isinstance(lookup, PrincipalLookup) and lookup.principal_named(ctx.principal.name) is None:
+            raise ACPError(
+                ErrorCode.AUTH_REQUIRED,
+                f"principal {ctx.principal.name!r} is no longer known (revoked, removed or expired)",
+                {"scheme": "Bearer", "principal": ctx.principal.name},
+                refinement="PRINCIPAL_REVOKED",
+            )
 
     async def close(self) -> None:
         for resource in reversed(self._resources):

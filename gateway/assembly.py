@@ -197,7 +197,7 @@ async def _serve(
     try:
         token = None
         if first_start:
-            token = auth.create_token(tokens, DEV_PRINCIPAL, [DEV_NAMESPACE])
+            token = auth.create_token(tokens, DEV_PRINCIPAL, [DEV_NAMESPACE], role="admin")
         lines = [
             "ACP server listening",
             f"  HTTP    {addresses.http_url}   (agents --server {addresses.http_url}; "

@@ -6,8 +6,10 @@ Reading is all they do here: the checks themselves run once, in the facade.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from cleveragents.acp.contract import versions
+from cleveragents.acp.contract.call import ambiguous_credentials
 from cleveragents.acp.contract.envelope import new_request_id
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
@@ -15,6 +17,14 @@ REQUEST_ID_HEADER = "x-request-id"
 VERSION_HEADER = "acp-version"
 # Printable ASCII without spaces, so an id travels unchanged in HTTP headers and gRPC metadata.
 _REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+def single_bearer(values: Sequence[str]) -> str | None:
+    """The token of the one ``Authorization`` value a request carries; two of them are
+    AMBIGUOUS_CREDENTIALS (HTTP and gRPC used to take different ones)."""
+    if len(values) > 1:
+        raise ambiguous_credentials(f"{len(values)} Authorization values")
+    return bearer_token(values[0] if values else None)
 
 
 def bearer_token(authorization: str | None) -> str | None:

@@ -26,7 +26,8 @@ STOP_TIMEOUT = 15.0
 
 @dataclass
 class Tokens:
-    """A token file with principals for the auth matrix."""
+    """A token file with principals for the auth matrix (admins: the contract suite
+    registers command tools; tests/security holds the role matrix)."""
 
     path: pathlib.Path
     tokens: dict[str, str] = field(default_factory=dict)
@@ -35,9 +36,9 @@ class Tokens:
     def create(cls, directory: pathlib.Path) -> Tokens:
         path = directory / "tokens.toml"
         made = cls(path)
-        made.tokens["alice"] = auth.create_token(path, "alice", ["default"])
-        made.tokens["bob"] = auth.create_token(path, "bob", ["other"])
-        made.tokens["root"] = auth.create_token(path, "root", None)
+        made.tokens["alice"] = auth.create_token(path, "alice", ["default"], role="admin")
+        made.tokens["bob"] = auth.create_token(path, "bob", ["other"], role="admin")
+        made.tokens["root"] = auth.create_token(path, "root", None, role="admin")
         return made
 
 

@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 
 import orjson
 
-from cleveragents.acp.contract.call import CallContext, Principal
+from cleveragents.acp.contract.call import CallContext, Principal, Role
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.events import check_event_types
 from cleveragents.acp.facade.store.base import Record, StaleRevisionError, Store
@@ -133,6 +133,7 @@ class StreamTickets:
                 attrs={
                     "principal": principal.name,
                     "namespaces": _namespaces_text(principal.namespaces),
+                    "role": str(principal.role),
                     "operation": STREAM_OPERATION,
                     "filters": orjson.dumps(_filters_of(request)).decode(),
                     "expires": repr(expires),
@@ -192,7 +193,9 @@ class StreamTickets:
         mode, or an authenticator that cannot: as it was when the ticket was issued)."""
         name = attrs.get("principal", "")
         if self._principals is None:
-            return Principal(name, _namespaces(attrs.get("namespaces", "")))
+            return Principal(
+                name, _namespaces(attrs.get("namespaces", "")), Role(attrs.get("role", Role.READER))
+            )
         principal = self._principals.principal_named(name)
         if principal is None:
             raise _refused(

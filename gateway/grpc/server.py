@@ -25,7 +25,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from cleveragents.acp.contract import catalog, limits, rich_status, versions
-from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.call import CallContext, ambiguous_credentials
 from cleveragents.acp.contract.catalog import Catalog, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, grpc_code, internal_error
 from cleveragents.acp.contract.transport import TICKET_METADATA, Service
@@ -88,12 +88,16 @@ class GrpcHandlers:
         self._contract = contract or catalog.CATALOG
 
     def _context(self, context: grpc.aio.ServicerContext[Any, Any]) -> CallContext:
-        metadata = {
-            key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)
-        }
+        entries = [
+            (key, value) for key, value in context.invocation_metadata() or () if isinstance(value, str)
+        ]
+        metadata = dict(entries)
+        tickets = [value for key, value in entries if key == TICKET_METADATA]
+        if len(tickets) > 1:
+            raise ambiguous_credentials(f"{len(tickets)} stream tickets")
         return CallContext(
-            token=common.bearer_token(metadata.get("authorization")),
-            ticket=metadata.get(TICKET_METADATA) or None,
+            token=common.single_bearer([value for key, value in entries if key == "authorization"]),
+            ticket=tickets[0] if tickets and tickets[0] else None,
             acp_version=metadata.get(common.VERSION_HEADER) or None,
             request_id=common.request_id(metadata.get(common.REQUEST_ID_HEADER)),
         )

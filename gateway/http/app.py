@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from cleveragents.acp.contract import catalog, codec, envelope, sse
-from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.call import CallContext, ambiguous_credentials
 from cleveragents.acp.contract.catalog import Catalog, Major, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
 from cleveragents.acp.contract.transport import Service
@@ -63,9 +63,9 @@ def _ticket(request: Request, token: str | None) -> str | None:
     if not given:
         return None
     if len(given) > 1:
-        raise binding.invalid("give one stream ticket", "ticket")
+        raise ambiguous_credentials(f"{len(given)} stream tickets")
     if token is not None:
-        raise binding.invalid("give a bearer token or a stream ticket, not both", "ticket")
+        raise ambiguous_credentials("a bearer token and a stream ticket")
     return given[0]
 
 
@@ -134,7 +134,7 @@ class Gateway:
         self, route: Route, variables: dict[str, str], request: Request, exchange: Exchange
     ) -> Response | SSEResponse:
         if route.op is not None:
-            token = common.bearer_token(binding.header(request, b"authorization"))
+            token = common.single_bearer(binding.header_values(request, b"authorization"))
             if route.op.server_streaming:
                 data = await binding.bind_rest(
                     route.op, request, variables, self.settings.max_body_bytes, skip=TICKET_PARAMETER
@@ -160,9 +160,10 @@ class Gateway:
                 + ("" if major.number == 1 else f" in ACP {major.number}"),
                 {"operation": parsed.operation},
             )
-        header_token = common.bearer_token(binding.header(request, b"authorization"))
-        if parsed.token and header_token and parsed.token != header_token:
-            raise binding.invalid("auth.token and the Authorization header name different tokens", "auth")
+        authorization = binding.header_values(request, b"authorization")
+        header_token = common.single_bearer(authorization)
+        if parsed.token and authorization:
+            raise ambiguous_credentials("auth.token and an Authorization header")
         return await self._call(op, parsed.params, parsed.token or header_token, exchange)
 
     @staticmethod

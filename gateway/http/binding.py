@@ -55,6 +55,11 @@ def header(request: Request, name: bytes) -> str | None:
     return None
 
 
+def header_values(request: Request, name: bytes) -> list[str]:
+    """Every value of a request header, by its lower-case name, in order."""
+    return [cast(bytes, value).decode("latin-1") for key, value in request.scope["headers"] if key == name]
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused once it passes ``limit`` bytes (without reading the rest)."""
     declared = header(request, b"content-length")

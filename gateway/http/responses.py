@@ -43,6 +43,22 @@ class EnvelopeResponse(Response):
         return orjson.dumps(content, default=str, option=orjson.OPT_NON_STR_KEYS)
 
 
+# RFC 6750 section 3.1: the error of a credential that was given but cannot be used.
+_BEARER_ERRORS = {
+    "TOKEN_EXPIRED": "invalid_token",
+    "TOKEN_TOO_LONG": "invalid_token",
+    "PRINCIPAL_REVOKED": "invalid_token",
+    "AMBIGUOUS_CREDENTIALS": "invalid_request",
+}
+
+
+def www_authenticate(err: ACPError) -> str:
+    """The challenge of an AUTH_REQUIRED answer: ``Bearer realm="acp"``, with the RFC 6750
+    error when the caller's credential was refused for a stated reason."""
+    error = _BEARER_ERRORS.get(str(err.details.get("refinement", "")))
+    return 'Bearer realm="acp"' if error is None else f'Bearer realm="acp", error="{error}"'
+
+
 @dataclass
 class Exchange:
     started: float = field(default_factory=time.perf_counter)
@@ -88,7 +104,7 @@ class Exchange:
     def error(self, err: ACPError) -> Response:
         headers = self.headers()
         if err.code == "AUTH_REQUIRED":
-            headers["WWW-Authenticate"] = 'Bearer realm="acp"'
+            headers["WWW-Authenticate"] = www_authenticate(err)
         if "allowed_methods" in err.details:
             headers["Allow"] = ", ".join(err.details["allowed_methods"])
         return EnvelopeResponse(self.error_envelope(err), http_status(err.code), headers)

@@ -107,11 +107,18 @@ def test_create_refuses_bad_input(tmp_path: pathlib.Path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_remembered_digests_are_bounded(tmp_path: pathlib.Path) -> None:
+def test_nothing_is_remembered_per_presented_token(tmp_path: pathlib.Path) -> None:
+    """Issue 17 finding 6: unknown tokens were kept as dict keys (up to 1,024 of up to 4 MiB
+    each); now a token over MAX_TOKEN_CHARS is refused unhashed and none is kept."""
     path = tmp_path / "tokens.toml"
     token = auth.create_token(path, "a", ["default"])
     authenticator = auth.TokenAuthenticator(path)
-    for index in range(1500):
+    before = set(vars(authenticator))
+    for index in range(200):
         assert refused(authenticator, f"acp_wrong{index}").code == "AUTH_REQUIRED"
-    assert len(authenticator._seen) <= 1024
+    huge = refused(authenticator, "acp_" + "x" * 3_000_000)
+    assert huge.code == "AUTH_REQUIRED"
+    assert huge.details["refinement"] == "TOKEN_TOO_LONG"
+    assert set(vars(authenticator)) == before
+    assert not any(isinstance(value, dict) for value in vars(authenticator).values())
     assert authenticator.authenticate(token).name == "a"

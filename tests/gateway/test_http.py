@@ -198,8 +198,10 @@ def test_a_malformed_authorization_header_is_no_token(http: httpx.Client, served
 def test_token_in_the_envelope(http: httpx.Client, served: Served) -> None:
     body = {"operation": "session.list", "auth": {"token": served.token()}}
     assert "sessions" in data_of(envelope(http, body))
-    conflicting = envelope(http, body, served.token("bob"))
-    assert error_of(conflicting, "INVALID_PARAMS")["field"] == "auth"
+    for header in (served.token("bob"), served.token()):
+        both = envelope(http, body, header)
+        assert error_of(both, "AUTH_REQUIRED")["refinement"] == "AMBIGUOUS_CREDENTIALS"
+        assert both.headers["www-authenticate"] == 'Bearer realm="acp", error="invalid_request"'
 
 
 def test_namespaces_are_enforced(http: httpx.Client, served: Served) -> None:

@@ -102,7 +102,7 @@ def test_token_commands(tmp_path: pathlib.Path) -> None:
         "token", "create", "--name", "admin", "--all-namespaces", cwd=tmp_path, env={"ACP_TOKENS": str(path)}
     )
     listed = agents("token", "list", "--tokens", str(path), cwd=tmp_path)
-    assert listed.stdout.splitlines() == ["ci\ta,b", "admin\t*"]
+    assert listed.stdout.splitlines() == ["ci\ta,b\twriter\texpires=never", "admin\t*\twriter\texpires=never"]
     bad = agents(
         "token", "create", "--tokens", str(path), "--name", "no spaces", "--namespace", "a", cwd=tmp_path
     )

@@ -64,8 +64,8 @@ def test_a_ticket_opens_the_stream_once_and_resumes_with_a_new_one(
     ("params", "headers", "status", "field_or_refinement"),
     [
         ({"plan_id": "other"}, {}, 401, "TICKET_FILTERS_DIFFER"),
-        ({}, {"Authorization": "Bearer x"}, 422, "ticket"),
-        ({"ticket": "acpt_second"}, {}, 422, "ticket"),
+        ({}, {"Authorization": "Bearer x"}, 401, "AMBIGUOUS_CREDENTIALS"),
+        ({"ticket": "acpt_second"}, {}, 401, "AMBIGUOUS_CREDENTIALS"),
     ],
 )
 def test_refusals_are_envelopes_before_any_stream_header(

@@ -24,7 +24,7 @@ from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import json_schemas, paging
+from cleveragents.acp.facade.domain import json_schemas, paging, roles
 from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.plans import (
@@ -252,14 +252,29 @@ class PlanEngine:
     # plan.use ---------------------------------------------------------------------------
 
     async def use(self, ctx: CallContext, request: plan_pb2.UsePlanRequest) -> plan_pb2.Plan:
+        namespace = ctx.namespace(request.namespace)
+        if request.automation_profile:
+            self._check_profile_override(ctx, namespace, request.action, request.automation_profile)
         return await self._use(
-            namespace=ctx.namespace(request.namespace),
+            namespace=namespace,
             action=request.action,
             project=request.project,
             inputs=json_format.MessageToDict(request.inputs),
             session_id=request.session_id,
             automation_profile=request.automation_profile,
         )
+
+    def _check_profile_override(self, ctx: CallContext, namespace: str, action: str, profile: str) -> None:
+        """A profile named on plan.use allows no command the action's own profile does not,
+        unless an admin asks (roles.check_profile_override)."""
+        action_entry = self.registries.fetch(registry_pb2.Action, namespace, action)
+        chosen = self.registries.fetch(registry_pb2.AutomationProfile, namespace, profile).spec
+        own = None
+        if action_entry.spec.automation_profile:
+            own = self.registries.fetch(
+                registry_pb2.AutomationProfile, namespace, action_entry.spec.automation_profile
+            ).spec
+        roles.check_profile_override(ctx, chosen, own, profile)
 
     async def _use(
         self,

@@ -12,6 +12,7 @@ from typing import Any
 from google.protobuf import message
 
 from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.facade.domain import roles
 from cleveragents.acp.facade.domain.registries.kinds import KINDS, Kind
 from cleveragents.acp.facade.domain.registries.registry import Registries, check_name
 
@@ -66,9 +67,11 @@ class RegistryVerbs:
 
     def _add(self, ctx: CallContext, request: Any) -> message.Message:
         kind = _kind(request)
+        namespace = ctx.namespace(request.namespace)
+        roles.check_entry(ctx, kind.name, "add", request.spec)
         entry = self.registries.add(
             kind.name,
-            ctx.namespace(request.namespace),
+            namespace,
             request.name,
             spec=request.spec,
             description=request.description,
@@ -78,12 +81,18 @@ class RegistryVerbs:
 
     def _update(self, ctx: CallContext, request: Any) -> message.Message:
         kind = _kind(request)
+        namespace = ctx.namespace(request.namespace)
+        spec = request.spec if request.HasField("spec") else None
+        if spec is not None and (not request.update_mask.paths or "spec" in request.update_mask.paths):
+            roles.check_entry(
+                ctx, kind.name, "update", spec, self._stored_spec(kind, namespace, request.name)
+            )
         entry = self.registries.update(
             kind.name,
-            ctx.namespace(request.namespace),
+            namespace,
             request.name,
             revision=request.revision,
-            spec=request.spec if request.HasField("spec") else None,
+            spec=spec,
             description=request.description,
             labels=dict(request.labels),
             mask=list(request.update_mask.paths),
@@ -93,5 +102,11 @@ class RegistryVerbs:
     def _remove(self, ctx: CallContext, request: Any) -> message.Message:
         kind = _kind(request)
         namespace = ctx.namespace(request.namespace)
+        roles.check_entry(ctx, kind.name, "remove", self._stored_spec(kind, namespace, request.name))
         entry = self.registries.remove(kind.name, namespace, request.name, revision=request.revision)
         return _respond(kind, "remove", entry)
+
+    def _stored_spec(self, kind: Kind, namespace: str, name: str) -> message.Message | None:
+        """The spec of the entry as stored (None: none, or a built-in one)."""
+        entry: Any = self.registries.find(kind.name, namespace, name) if name else None
+        return None if entry is None else entry.spec

@@ -16,7 +16,8 @@ import httpx
 import orjson
 import pytest
 
-from cleveragents.acp.contract import catalog, rich_status
+from cleveragents.acp.client.grpc_transport import error_from_rpc
+from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.contract.transport import TICKET_METADATA
 from cleveragents.acp.facade import auth
@@ -187,10 +188,8 @@ async def grpc_refusal(target: str, metadata: list[tuple[str, str]]) -> ACPError
         )
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await call(session_pb2.ListSessionsRequest(), metadata=tuple(metadata), timeout=10)
-    found = [v for k, v in info.value.trailing_metadata() or () if k == rich_status.DETAILS_KEY]
-    details = found[0] if found and isinstance(found[0], bytes) else None
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    return rich_status.from_status(info.value.code(), info.value.details() or "", details)
+    return error_from_rpc(info.value)
 
 
 async def test_two_credentials_are_refused_alike_on_every_wire(tmp_path: pathlib.Path) -> None:

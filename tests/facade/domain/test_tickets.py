@@ -269,7 +269,7 @@ async def test_a_ticket_is_no_token_and_no_token_goes_with_it(served: Served) ->
         await served.transport.open_stream(
             SUBSCRIBE, events_pb2.SubscribeEventsRequest(), options(alice, ticket)
         )
-    assert (both.value.code, both.value.details["field"]) == ("INVALID_PARAMS", "ticket")
+    assert (both.value.code, both.value.details["refinement"]) == ("AUTH_REQUIRED", "AMBIGUOUS_CREDENTIALS")
     with pytest.raises(ACPError) as as_token:
         await served.transport.call(
             catalog.OPERATIONS["session.list"], session_pb2.ListSessionsRequest(), options(ticket)

@@ -28,7 +28,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         (roots / namespace / "repo").mkdir(parents=True)
         (roots / namespace / "repo" / "secret.txt").write_text(f"{namespace} only\n")
     tokens = directory / "tokens.toml"
-    token = auth.create_token(tokens, "alice", ["team-a"])
+    token = auth.create_token(tokens, "alice", ["team-a"], role="admin")
     server = start_server(directory, tokens=tokens, roots=[pathlib.Path(f"{roots}/{{namespace}}")])
     yield server, token, roots
     assert server.stop() == 0, server.stderr()

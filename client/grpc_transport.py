@@ -83,6 +83,8 @@ class GrpcTransport:
             metadata.append((TICKET_METADATA, options.ticket))
         if options.acp_version:
             metadata.append(("acp-version", options.acp_version))
+        if options.traceparent:
+            metadata.append(("traceparent", options.traceparent))
         return tuple(metadata)
 
     async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:

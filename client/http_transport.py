@@ -109,6 +109,8 @@ class HTTPTransport:
             headers["Authorization"] = f"Bearer {options.token}"
         if options.acp_version:
             headers["ACP-Version"] = options.acp_version
+        if options.traceparent:
+            headers["traceparent"] = options.traceparent
         return headers
 
     async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:

@@ -63,6 +63,10 @@ class CallContext:
     principal: Principal | None = None
     # The version the call is served at, after negotiation.
     served_version: str = field(default="")
+    # Which wire brought the call (a bounded set: metrics label it): local, envelope, rest, grpc.
+    transport: str = "local"
+    # The caller's W3C trace context, continued by the server's spans, logs and events.
+    traceparent: str | None = None
 
     def authorize(self, namespace: str) -> None:
         """Refuse an entity or namespace outside the principal's namespaces."""

@@ -37,6 +37,10 @@ class CallOptions:
     request_id: str
     # A stream ticket (events.ticket) instead of a token: a browser's EventSource has one.
     ticket: str | None = None
+    # The wire the call came in on, when a gateway passes it on (``CallContext.transport``).
+    transport: str = "local"
+    # W3C ``traceparent`` to continue (a gateway passes its caller's, or its own span's).
+    traceparent: str | None = None
 
 
 class Transport(Protocol):
@@ -71,6 +75,8 @@ def context_of(options: CallOptions) -> CallContext:
         acp_version=options.acp_version,
         request_id=options.request_id,
         ticket=options.ticket,
+        transport=options.transport,
+        traceparent=options.traceparent,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pathlib
 import pwd
+from collections import Counter
 from collections.abc import Sequence
 
 from cleveragents.acp.facade.domain.context import Context
@@ -15,6 +16,7 @@ from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.models.settings import ModelSettings
 from cleveragents.acp.facade.domain.plans.engine import PlanEngine
+from cleveragents.acp.facade.domain.plans.records import KIND as PLAN_KIND
 from cleveragents.acp.facade.domain.policy import CommandUser, Policy, check_root_template
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs
@@ -162,4 +164,26 @@ def open_facade(
         _ModelsResource(models),
         plans,
     ]
-    return ServiceFacade(handlers, authenticator=authenticator, tickets=tickets, resources=resources)
+    return ServiceFacade(
+        handlers,
+        authenticator=authenticator,
+        tickets=tickets,
+        resources=resources,
+        inspector=_Inspector(store),
+    )
+
+
+class _Inspector:
+    """What the server's readiness and metrics read from the store."""
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self._store = store
+
+    async def probe(self) -> None:
+        self._store.last_sequence()
+
+    async def census(self) -> tuple[int, dict[tuple[str, str], int]]:
+        plans = Counter(
+            (record.attrs.get("phase", ""), record.state) for record in self._store.iter_kind(PLAN_KIND)
+        )
+        return self._store.last_sequence(), dict(plans)

@@ -23,7 +23,9 @@ from cleveragents.acp.contract.limits import check_bounds
 from cleveragents.acp.contract.required import check_required
 from cleveragents.acp.facade.domain import roles
 from cleveragents.acp.facade.domain.tickets import PrincipalLookup
+from cleveragents.acp.facade import observer as observing
 from cleveragents.acp.facade.handlers.table import Handler, Streaming, Unary
+from cleveragents.acp.facade.observer import CallObserver
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,16 @@ class Closeable(Protocol):
     async def close(self) -> None: ...
 
 
+class Inspector(Protocol):
+    """What a server reads of the backend for readiness and metrics."""
+
+    async def probe(self) -> None:
+        """Raises when the store cannot answer."""
+
+    async def census(self) -> tuple[int, dict[tuple[str, str], int]]:
+        """The event log's head sequence, and plans counted by (phase, state)."""
+
+
 class ServiceFacade:
     def __init__(
         self,
@@ -55,8 +67,12 @@ class ServiceFacade:
         authenticator: Authenticator | None = None,
         tickets: TicketRedeemer | None = None,
         resources: Iterable[Closeable] = (),
+        observer: CallObserver | None = None,
+        inspector: Inspector | None = None,
     ) -> None:
         """``handlers`` is a table from ``handlers.table.build``, checked against the catalog."""
+        self.observer = observer
+        self.inspector = inspector
         self.authenticator = authenticator
         self.tickets = tickets
         self._resources = list(resources)
@@ -107,6 +123,21 @@ class ServiceFacade:
         return self.tickets.redeem(ctx.ticket or "", op.name, request)
 
     async def invoke(self, op: Operation, request: message.Message, ctx: CallContext) -> message.Message:
+        if self.observer is None:
+            return await self._invoke(op, request, ctx)
+        observed = self.observer.start(op, request, ctx)
+        code = observing.CANCELLED
+        try:
+            response = await self._invoke(op, request, ctx)
+            code = observing.OK
+            return response
+        except ACPError as err:
+            code = err.code
+            raise
+        finally:
+            observed.finish(code)
+
+    async def _invoke(self, op: Operation, request: message.Message, ctx: CallContext) -> message.Message:
         if op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is a stream; subscribe to it")
         handler = cast(Unary, self._admit(op, request, ctx))
@@ -125,6 +156,23 @@ class ServiceFacade:
     ) -> AsyncIterator[message.Message]:
         """Admission happens before the first item, so early errors surface before any
         response headers are sent."""
+        if self.observer is None:
+            return self._open(op, request, ctx)
+        observed = self.observer.start(op, request, ctx)
+        code = observing.CANCELLED
+        try:
+            items = self._open(op, request, ctx)
+            code = observing.OK
+        except ACPError as err:
+            code = err.code
+            raise
+        finally:
+            observed.finish(code)
+        return self._watched(items, self.observer, op, ctx)
+
+    def _open(
+        self, op: Operation, request: message.Message, ctx: CallContext
+    ) -> AsyncIterator[message.Message]:
         if not op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is not a stream")
         handler = cast(Streaming, self._admit(op, request, ctx))
@@ -191,6 +239,31 @@ class ServiceFacade:
                 {"scheme": "Bearer", "principal": ctx.principal.name},
                 refinement="PRINCIPAL_REVOKED",
             )
+
+    @staticmethod
+    async def _watched(
+        items: AsyncIterator[message.Message], observer: CallObserver, op: Operation, ctx: CallContext
+    ) -> AsyncIterator[message.Message]:
+        """The stream's items; tells the observer once it is read, and once why it ended (a
+        stream closed before its first item was asked for was never open)."""
+        observed = observer.stream_opened(op, ctx)
+        reason = observing.STREAM_CLOSED
+        try:
+            async for item in items:
+                yield item
+        except ACPError as err:
+            reason = observing.stream_end_reason(err)
+            raise
+        except Exception:
+            reason = observing.STREAM_ERROR
+            raise
+        finally:
+            try:
+                aclose = getattr(items, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            finally:
+                observed.ended(reason)
 
     async def close(self) -> None:
         for resource in reversed(self._resources):

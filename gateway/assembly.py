@@ -85,6 +85,10 @@ def server_config(settings: HTTPSettings, grpc_port: int | None) -> ServerConfig
         ),
         grace_seconds=settings.grace_seconds,
         log_level=settings.log_level,
+        manage_logging=True,
+        log_format=settings.log_format,
+        access_log=settings.access_log,
+        metrics_port=settings.metrics_port,
     )
 
 

@@ -30,9 +30,12 @@ from cleveragents.acp.contract.transport import Service, Transport
 from cleveragents.acp.facade.service_facade import Closeable, ServiceFacade
 from cleveragents.acp.gateway.grpc import server as grpc_server
 from cleveragents.acp.gateway.http import protocol
-from cleveragents.acp.gateway.http.app import GatewaySettings, build_app
+from cleveragents.acp.gateway.http.app import GatewayApp, GatewaySettings, build_app
 from cleveragents.acp.gateway.http.protocol import ConnectionLimits
 from cleveragents.acp.gateway.upstream import TransportService
+from cleveragents.acp.gateway.observe import endpoints, setup
+from cleveragents.acp.gateway.observe.setup import Observability
+from cleveragents.acp.gateway.observe.upstream import ObservedTransport
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,12 @@ class ServerConfig:
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     grace_seconds: float = 10.0
     log_level: str = "warning"
+    # The server owns the process's logging (a command does; an embedder or a test keeps its own).
+    manage_logging: bool = False
+    log_format: str = "auto"
+    access_log: bool = True
+    # None: /metrics on the HTTP port for loopback clients only.
+    metrics_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -130,18 +139,31 @@ class Server:
         facade: ServiceFacade | None = None,
         upstream: Transport | None = None,
         resources: Sequence[Closeable] = (),
+        observability: Observability | None = None,
     ) -> None:
         """Serves ``facade`` over HTTP and gRPC, closing it at the end after ``resources``;
-        or, gateway-only, HTTP in front of ``upstream`` (a transport to another server)."""
+        or, gateway-only, HTTP in front of ``upstream`` (a transport to another server). Calls
+        are observed in the facade, or, gateway-only, as they go upstream."""
+        if facade is None and config.grpc_port is not None:
+            raise ServeError("a gRPC port needs a facade to serve")
+        self.observability = observability or setup.build(
+            log_level=config.log_level,
+            log_format=config.log_format,
+            access_log=config.access_log,
+            metrics_port=config.metrics_port,
+            manage_logging=config.manage_logging,
+        )
         self.service: Service
         if facade is not None and upstream is None:
             self.service = facade
+            facade.observer = self.observability.telemetry
+            if facade.inspector is not None:
+                self.observability.readiness.probe_with(facade.inspector.probe)
+                self.observability.metrics.sample_with(facade.inspector.census)
         elif upstream is not None and facade is None:
-            self.service = TransportService(upstream)
+            self.service = TransportService(ObservedTransport(upstream, self.observability.telemetry))
         else:
             raise ServeError("serve a facade or an upstream, one of them")
-        if facade is None and config.grpc_port is not None:
-            raise ServeError("a gRPC port needs a facade to serve")
         self.config = config
         self.upstream = upstream
         self.facade = facade
@@ -153,6 +175,10 @@ class Server:
         self._uvicorn: _Uvicorn | None = None
         self._uvicorn_task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
+        self._metrics_server: _Uvicorn | None = None
+        self._metrics_task: asyncio.Task[None] | None = None
+        self.app: GatewayApp | None = None
+        self.metrics_url: str | None = None
         self.addresses: Addresses | None = None
 
     def _grpc_credentials(self) -> grpc.ServerCredentials | None:
@@ -169,10 +195,14 @@ class Server:
             for path in (tls.cert, tls.key):
                 if not path.is_file():
                     raise ServeError(f"TLS file {path} does not exist")
+        observability = self.observability
+        if observability.logging is not None:
+            observability.logging.start()
         self._socket = bind_socket(config.host, config.http_port)
         try:
             grpc_target = await self._start_grpc()
-            app = build_app(self.service, config.http, closing=self.closing)
+            app = self.app = build_app(self.service, config.http, closing=self.closing)
+            endpoints.install(app, observability.metrics, observability.readiness)
             uv_config = uvicorn.Config(
                 app,
                 lifespan="off",
@@ -197,13 +227,39 @@ class Server:
                 if self._uvicorn_task.done():
                     raise ServeError("the HTTP server stopped during start-up")
                 await asyncio.sleep(0.01)
+            await self._start_metrics()
         except BaseException:
             await self._abandon()
             raise
         port = self._socket.getsockname()[1]
         scheme = "https" if tls else "http"
         self.addresses = Addresses(f"{scheme}://{_url_host(config.host)}:{port}", grpc_target)
+        await observability.readiness.ready()
         return self.addresses
+
+    async def _start_metrics(self) -> None:
+        """``--metrics-port``: /metrics on a listener of its own (plain HTTP, like any scrape
+        target: put it where only the monitoring network reaches)."""
+        port = self.observability.metrics_port
+        if port is None:
+            return
+        sock = bind_socket(self.config.host, port)
+        config = uvicorn.Config(
+            endpoints.metrics_app(self.observability.metrics),
+            lifespan="off",
+            log_level=self.config.log_level,
+            access_log=False,
+            server_header=False,
+        )
+        self._metrics_server = _Uvicorn(config)
+        self._metrics_task = asyncio.create_task(self._metrics_server.serve(sockets=[sock]))
+        while not self._metrics_server.started:
+            if self._metrics_task.done():
+                raise ServeError("the metrics listener stopped during start-up")
+            await asyncio.sleep(0.01)
+        self.metrics_url = (
+            f"http://{_url_host(self.config.host)}:{sock.getsockname()[1]}{endpoints.METRICS_PATH}"
+        )
 
     async def _start_grpc(self) -> str | None:
         if self.facade is None or self.config.grpc_port is None:
@@ -219,10 +275,12 @@ class Server:
         except OSError as exc:
             raise ServeError(str(exc)) from None
         await self._grpc.start()
-        await grpc_server.mark_serving(self._health, True)
+        health = self._health
+        self.observability.readiness.changed.append(lambda ready: grpc_server.mark_serving(health, ready))
         return f"{_url_host(self.config.host)}:{port}"
 
     async def _abandon(self) -> None:
+        await self._stop_metrics()
         if self._grpc is not None:
             await self._grpc.stop(None)
         if self._socket is not None:
@@ -253,6 +311,10 @@ class Server:
             stop.cancel()
 
     async def stop(self) -> None:
+        """Not ready first (load balancers and gRPC health see it), then streams end and
+        in-flight calls finish, then the store closes."""
+        self.observability.telemetry.draining = True
+        await self.observability.readiness.drain()
         self.closing.set()
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
@@ -267,9 +329,21 @@ class Server:
         await self._close_backend()
 
     async def _close_backend(self) -> None:
-        for resource in reversed(self.resources):
-            await resource.close()
-        if self.upstream is not None:
-            await self.upstream.close()
-        if self.facade is not None:
-            await self.facade.close()
+        try:
+            for resource in reversed(self.resources):
+                await resource.close()
+            if self.upstream is not None:
+                await self.upstream.close()
+            if self.facade is not None:
+                await self.facade.close()
+        finally:
+            await self._stop_metrics()
+            if self.observability.logging is not None:
+                self.observability.logging.stop()
+
+    async def _stop_metrics(self) -> None:
+        if self._metrics_server is not None and self._metrics_task is not None:
+            self._metrics_server.should_exit = True
+            with contextlib.suppress(Exception):
+                await self._metrics_task
+            self._metrics_server = None

@@ -55,6 +55,11 @@ class HTTPSettings(BaseModel):
     sse_keepalive: float = Field(default=15.0, gt=0)
     grace_seconds: float = Field(default=10.0, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    # auto: JSON when stdout is not a terminal, readable text on one.
+    log_format: Literal["auto", "json", "text"] = "auto"
+    access_log: bool = True
+    # None: /metrics on the HTTP port, to loopback clients only.
+    metrics_port: Port | None = None
 
     @field_validator("cors_origins", mode="before")
     @classmethod
@@ -64,7 +69,7 @@ class HTTPSettings(BaseModel):
             return tuple(item.strip() for item in value.split(",") if item.strip())
         return value
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value

@@ -19,7 +19,12 @@ from cleveragents.acp.contract.transport import CallOptions, Transport
 
 def options_of(ctx: CallContext) -> CallOptions:
     return CallOptions(
-        acp_version=ctx.acp_version, token=ctx.token, request_id=ctx.request_id, ticket=ctx.ticket
+        acp_version=ctx.acp_version,
+        token=ctx.token,
+        request_id=ctx.request_id,
+        ticket=ctx.ticket,
+        transport=ctx.transport,
+        traceparent=ctx.traceparent,
     )
 
 

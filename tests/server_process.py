@@ -14,6 +14,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -133,7 +134,33 @@ def wait_ready(process: subprocess.Popen[bytes], stderr_path: pathlib.Path) -> S
                 lines.append(line)
                 if line.startswith("acp-ready "):
                     ready = json.loads(line.removeprefix("acp-ready "))
+                    _drain(fd, buffer, lines)
                     return ServerProcess(process, ready["http"], ready["grpc"], lines, stderr_path)
+
+
+# Lines of a server's stdout (its access log) kept for a test to read; the rest are dropped.
+MAX_KEPT_LINES = 100_000
+
+
+def _drain(fd: int, buffer: bytes, lines: list[str]) -> None:
+    """Keep reading the server's stdout after its ready line (its access log goes there), so
+    a full pipe never holds up its log writer."""
+
+    def read() -> None:
+        rest = buffer
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            rest += chunk
+            *complete, rest = rest.split(b"\n")
+            if len(lines) < MAX_KEPT_LINES:
+                lines.extend(raw.decode(errors="replace") for raw in complete)
+
+    threading.Thread(target=read, daemon=True, name="server-stdout").start()
 
 
 def start_server(
@@ -158,9 +185,13 @@ def start_server(
 
 
 def start_gateway(
-    directory: pathlib.Path, upstream: str, *extra: str, name: str = "gateway"
+    directory: pathlib.Path,
+    upstream: str,
+    *extra: str,
+    name: str = "gateway",
+    env: dict[str, str] | None = None,
 ) -> ServerProcess:
     args = ["gateway", "--upstream", upstream, "--host", "127.0.0.1", "--http-port", "0"]
     args += ["--sse-keepalive", "0.3", "--grace-seconds", "3"]
-    process = run_agents([*args, *extra], directory, name=name)
+    process = run_agents([*args, *extra], directory, env=env, name=name)
     return wait_ready(process, directory / f"{name}.stderr")

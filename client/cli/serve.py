@@ -101,6 +101,25 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
         choices=["debug", "info", "warning", "error"],
         help="(ACP_LOG_LEVEL; default warning)",
     )
+    parser.add_argument(
+        "--log-format",
+        choices=["auto", "json", "text"],
+        help="log lines as JSON or text; auto: JSON unless stdout is a terminal (ACP_LOG_FORMAT)",
+    )
+    parser.add_argument(
+        "--no-access-log",
+        dest="access_log",
+        action="store_const",
+        const=False,
+        default=None,
+        help="no line per call and per stream (ACP_ACCESS_LOG=false)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        metavar="PORT",
+        help="serve /metrics on this port, to anyone who reaches it; without it /metrics is on "
+        "the HTTP port for loopback clients only (ACP_METRICS_PORT)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:

@@ -30,6 +30,7 @@ from cleveragents.acp.contract import surface
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.contract.recent import Recent
+from cleveragents.acp.facade.domain.tracing import current_trace_id
 from cleveragents.acp.facade.store.base import EventFilter, Store, StoredEvent
 from cleveragents.acp.v1 import events_pb2
 
@@ -138,6 +139,7 @@ class EventLog:
         prepared: list[events_pb2.Event] = []
         stored: list[StoredEvent] = []
         now_ns = time.time_ns()
+        trace_id = current_trace_id()
         for given in events:
             if not given.namespace:
                 raise ValueError("an event needs a namespace")
@@ -146,6 +148,8 @@ class EventLog:
             event.type = event_type(given)
             event.sequence = 0
             event.time.FromNanoseconds(now_ns)
+            if not event.trace_id and trace_id:
+                event.trace_id = trace_id
             prepared.append(event)
             stored.append(
                 StoredEvent(

@@ -100,6 +100,8 @@ class GrpcHandlers:
             ticket=tickets[0] if tickets and tickets[0] else None,
             acp_version=metadata.get(common.VERSION_HEADER) or None,
             request_id=common.request_id(metadata.get(common.REQUEST_ID_HEADER)),
+            transport="grpc",
+            traceparent=metadata.get("traceparent"),
         )
 
     def _decode(self, op: Operation, data: bytes) -> message.Message:

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 _VERSION_HEADER = common.VERSION_HEADER.encode()
 _REQUEST_ID_HEADER = common.REQUEST_ID_HEADER.encode()
+_TRACEPARENT_HEADER = b"traceparent"
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -120,6 +121,7 @@ class Gateway:
             # Validated when given; made once, when the answer needs it, when not.
             given_id = binding.header(request, _REQUEST_ID_HEADER)
             exchange.request_id = common.request_id(given_id) if given_id else None
+            exchange.traceparent = binding.header(request, _TRACEPARENT_HEADER)
             route, variables = found or self.routes.match(request.method, route_path(request.scope))
             exchange.version_table = route.version_table
             return await self._dispatch(route, variables, request, exchange)
@@ -134,6 +136,7 @@ class Gateway:
         self, route: Route, variables: dict[str, str], request: Request, exchange: Exchange
     ) -> Response | SSEResponse:
         if route.op is not None:
+            exchange.transport = "rest"
             token = common.single_bearer(binding.header_values(request, b"authorization"))
             if route.op.server_streaming:
                 data = await binding.bind_rest(
@@ -169,7 +172,11 @@ class Gateway:
     @staticmethod
     def _context(token: str | None, exchange: Exchange) -> CallContext:
         return CallContext(
-            token=token, acp_version=exchange.acp_version, request_id=exchange.ensure_request_id()
+            token=token,
+            acp_version=exchange.acp_version,
+            request_id=exchange.ensure_request_id(),
+            transport=exchange.transport,
+            traceparent=exchange.traceparent,
         )
 
     async def _call(

@@ -70,6 +70,9 @@ class Exchange:
     extra_headers: dict[str, str] = field(default_factory=dict)
     # The major the request's path names (/api/v2/...): its versions label the answer.
     version_table: versions.VersionTable = versions.V1
+    # The wire of the call, for metrics and logs: the envelope endpoint or a REST route.
+    transport: str = "envelope"
+    traceparent: str | None = None
 
     @property
     def elapsed_ms(self) -> float:

@@ -25,6 +25,7 @@ from cleveragents.acp.facade.auth import TokenAuthenticator
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.gateway.http.app import GatewaySettings
 from cleveragents.acp.gateway.server import Server, ServerConfig
+from tests.conformance import logged
 from tests.conformance.envelopes import EnvelopeChecker
 from tests.conformance.rest import RESTTransport
 from tests.server_process import Tokens
@@ -92,7 +93,7 @@ async def open_backend(
         http=GatewaySettings(keepalive_seconds=keepalive_seconds),
         grace_seconds=1.0,
     )
-    server = Server(config, facade=facade)
+    server = Server(config, facade=facade, observability=logged.observability())
     addresses = await server.start()
     assert addresses.grpc_target is not None
     backend = Backend(kind, root, tokens, LocalTransport(facade), addresses.http_url, addresses.grpc_target)
@@ -106,7 +107,7 @@ async def open_backend(
     else:
         upstream = GrpcTransport.connect(addresses.grpc_target, timeout=TIMEOUT)
         gateway_config = dataclasses.replace(config, grpc_port=None)
-        gateway = Server(gateway_config, upstream=upstream)
+        gateway = Server(gateway_config, upstream=upstream, observability=logged.observability())
         backend.http_url = (await gateway.start()).http_url
         backend.transport = HTTPTransport(backend.http_client(), owns_client=True)
     try:

@@ -31,6 +31,7 @@ from cleveragents.acp.facade.domain.models.deltas import DeltaPump, Emit
 from cleveragents.acp.facade.domain.models.failures import ModelCancelledError, ModelError
 from cleveragents.acp.facade.domain.models.settings import ModelSettings
 from cleveragents.acp.facade.domain.models.wire import SSEReader, StreamEndError, Turn, TurnBuilder
+from cleveragents.acp.facade.domain.tracing import traced
 from cleveragents.acp.v1 import specs_pb2
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,7 @@ class _Call:
         """Upstream text fit to quote: bounded, and with the key masked."""
         return self._mask(str(text or ""))[:QUOTED_CHARS]
 
+    @traced("model.call", lambda self: {"acp.model": self.spec.model})
     async def run(self) -> Turn:
         self.key = self.models._key(self.actor, self.spec)
         try:

@@ -49,6 +49,7 @@ from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
 from cleveragents.acp.facade.domain.policy import HOW_TO_ALLOW_COMMANDS
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.specs import DEFAULT_MAX_STEPS
+from cleveragents.acp.facade.domain.tracing import traced
 from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2, registry_pb2
 
 log = logging.getLogger(__name__)
@@ -364,6 +365,7 @@ class PlanEngine:
         self._tasks[plan.meta.id] = task
         return task
 
+    @traced("plan.run", lambda self, plan: {"acp.plan_id": plan.meta.id})
     async def _run(self, plan: plan_pb2.Plan) -> None:
         plan_id = plan.meta.id
         cancel = self._cancels[plan_id]
@@ -466,6 +468,9 @@ class PlanEngine:
                 )
             await self._step(plan, plan_setup, staging, steps, step, cancel, index=index)
 
+    @traced(
+        "plan.tool_call", lambda self, plan, setup, staging, steps, step, *_, **__: {"acp.tool": step.tool}
+    )
     async def _step(
         self,
         plan: plan_pb2.Plan,

@@ -352,6 +352,7 @@ class Event(_message.Message):
     PLAN_ID_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     TIME_FIELD_NUMBER: _builtins.int
+    TRACE_ID_FIELD_NUMBER: _builtins.int
     PLAN_CREATED_FIELD_NUMBER: _builtins.int
     PLAN_PHASE_CHANGED_FIELD_NUMBER: _builtins.int
     PLAN_STATE_CHANGED_FIELD_NUMBER: _builtins.int
@@ -371,6 +372,10 @@ class Event(_message.Message):
     namespace: _builtins.str
     plan_id: _builtins.str
     session_id: _builtins.str
+    trace_id: _builtins.str
+    """W3C trace id (32 lowercase hex digits) of the call that produced the event, when that
+    call was traced (a `traceparent` it carried, or the server's own tracing); else empty.
+    """
     @_builtins.property
     def time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -412,6 +417,7 @@ class Event(_message.Message):
         plan_id: _builtins.str = ...,
         session_id: _builtins.str = ...,
         time: _timestamp_pb2.Timestamp | None = ...,
+        trace_id: _builtins.str = ...,
         plan_created: Global___PlanCreated | None = ...,
         plan_phase_changed: Global___PlanPhaseChanged | None = ...,
         plan_state_changed: Global___PlanStateChanged | None = ...,
@@ -428,7 +434,7 @@ class Event(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["log_record", b"log_record", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "plan_text_delta", b"plan_text_delta", "session_message", b"session_message", "session_text_delta", b"session_text_delta", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "validation_completed", b"validation_completed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["log_record", b"log_record", "namespace", b"namespace", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_id", b"plan_id", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "plan_text_delta", b"plan_text_delta", "sequence", b"sequence", "session_id", b"session_id", "session_message", b"session_message", "session_text_delta", b"session_text_delta", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "type", b"type", "validation_completed", b"validation_completed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["log_record", b"log_record", "namespace", b"namespace", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_id", b"plan_id", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "plan_text_delta", b"plan_text_delta", "sequence", b"sequence", "session_id", b"session_id", "session_message", b"session_message", "session_text_delta", b"session_text_delta", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "trace_id", b"trace_id", "type", b"type", "validation_completed", b"validation_completed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["plan_created", "plan_phase_changed", "plan_state_changed", "plan_decision_made", "tool_invoked", "tool_completed", "validation_completed", "plan_apply_completed", "plan_error", "session_message", "log_record", "plan_text_delta", "session_text_delta"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015

@@ -1,15 +1,16 @@
-"""Logs that never hold up the event loop: every record goes through a queue to one writer
-thread. The access log is one line per ACP call and one per stream opened and closed:
-JSON when stdout is not a terminal (or ``--log-format json``), readable text on a terminal.
+"""Logs that never hold up the event loop: every record goes through one queue to one writer
+thread, which formats and writes them in batches. The access log is one line per ACP call and
+one per stream opened and closed: JSON when stdout is not a terminal (or ``--log-format
+json``), readable text on a terminal.
 
 Access lines carry only bounded fields the server chose (never a token, ticket, API key or
 header): time, request id, trace id, operation, transport, principal, namespace, ACP code and
-duration.
+duration. They skip ``logging.LogRecord`` (a tenth of a call's cost): the caller queues a
+dict, the writer formats it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import logging.handlers
 import queue
@@ -22,95 +23,88 @@ import orjson
 
 ACCESS_LOGGER = "cleveragents.acp.access"
 FORMATS = ("auto", "json", "text")
-_ACCESS_FIELDS = (
-    "request_id",
-    "trace_id",
-    "operation",
-    "transport",
-    "principal",
-    "namespace",
-    "code",
-    "duration_ms",
-    "event",
-    "reason",
-)
+# Records waiting for the writer; past this (a stdout nobody reads) new ones are dropped.
+MAX_QUEUED = 10_000
+# Lines written with one write and one flush.
+BATCH = 512
+STOP_SECONDS = 2.0
+
+Access = tuple[float, dict[str, Any]]
 
 
 def _iso(created: float) -> str:
     seconds = int(created)
-    return (
-        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int((created - seconds) * 1000):03d}Z"
-    )
+    millis = int((created - seconds) * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+
+
+def _json_access(created: float, fields: dict[str, Any]) -> str:
+    return orjson.dumps({"time": _iso(created), "level": "info", **fields}).decode()
+
+
+def _text_access(created: float, fields: dict[str, Any]) -> str:
+    parts = [_iso(created), f"{fields.get('operation', '-'):<18}", f"{fields.get('transport', '-'):<8}"]
+    parts.append(f"{fields.get('code', '-'):<16}")
+    if "duration_ms" in fields:
+        parts.append(f"{fields['duration_ms']:>9.3f} ms")
+    for key in ("event", "reason", "principal", "namespace", "request_id", "trace_id"):
+        if fields.get(key):
+            parts.append(f"{key}={fields[key]}")
+    return " ".join(parts)
 
 
 class JSONFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {"time": _iso(record.created), "level": record.levelname.lower()}
-        access = getattr(record, "acp", None)
-        if isinstance(access, dict):
-            line.update(access)
-        else:
-            line["logger"] = record.name
-            line["message"] = record.getMessage()
-            if record.exc_info:
-                line["exception"] = self.formatException(record.exc_info)
+        line: dict[str, Any] = {
+            "time": _iso(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         return orjson.dumps(line).decode()
 
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        access = getattr(record, "acp", None)
-        if not isinstance(access, dict):
-            return f"{_iso(record.created)} {record.levelname:<7} {record.name}: {super().format(record)}"
-        parts = [
-            _iso(record.created),
-            f"{access.get('operation', '-'):<18}",
-            f"{access.get('transport', '-'):<8}",
-        ]
-        parts.append(f"{access.get('code', '-'):<16}")
-        if "duration_ms" in access:
-            parts.append(f"{access['duration_ms']:>9.3f} ms")
-        for key in ("event", "reason", "principal", "namespace", "request_id", "trace_id"):
-            if access.get(key):
-                parts.append(f"{key}={access[key]}")
-        return " ".join(parts)
+        return f"{_iso(record.created)} {record.levelname:<7} {record.name}: {record.getMessage()}"
 
 
-def access(fields: dict[str, Any]) -> None:
-    """Queue one access line (the caller checks ``ACCESS.isEnabledFor(INFO)`` first)."""
-    ACCESS.handle(ACCESS.makeRecord(ACCESS_LOGGER, logging.INFO, "", 0, "", (), None, extra={"acp": fields}))
+class _Sink:
+    """Where the server's log lines go: the queue the writer thread empties."""
 
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[Access | logging.LogRecord | None] = queue.SimpleQueue()
+        self.enabled = False
+        self.dropped = 0
 
-ACCESS = logging.getLogger(ACCESS_LOGGER)
-
-
-# Records waiting for the writer; past this (a stalled stdout) new ones are dropped, counted.
-MAX_QUEUED = 10_000
-STOP_SECONDS = 2.0
-
-
-class _QueueHandler(logging.handlers.QueueHandler):
-    """Access records go to the queue as they are: their fields need no formatting on the
-    caller's thread (the event loop), only in the writer thread. A full queue drops the
-    record rather than wait: a reader that stopped reading the log never stalls a call."""
-
-    dropped = 0
-
-    def enqueue(self, record: logging.LogRecord) -> None:
-        try:
-            self.queue.put_nowait(record)
-        except queue.Full:
+    def put(self, item: Access | logging.LogRecord) -> None:
+        if self.queue.qsize() >= MAX_QUEUED:
             self.dropped += 1
+            return
+        self.queue.put(item)
 
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        if "acp" in record.__dict__:
-            return record
-        prepared: logging.LogRecord = super().prepare(record)
-        return prepared
+
+class _QueueHandler(logging.Handler):
+    """Other records: formatted (message and exception text) here, written by the writer."""
+
+    def __init__(self, sink: _Sink) -> None:
+        super().__init__()
+        self._sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            record.msg = record.getMessage()
+            if record.exc_info:
+                record.msg += "\n" + logging.Formatter().formatException(record.exc_info)
+            record.args = None
+            record.exc_info = None
+            self._sink.put(record)
+        except Exception:
+            self.handleError(record)
 
 
 class Logging:
-    """The server's logging set-up: root and access loggers into one queue, one writer thread."""
+    """The server's logging set-up: root logger and access lines into one queue, one writer."""
 
     def __init__(
         self,
@@ -131,36 +125,74 @@ class Logging:
         self.format = fmt
         self.level = level.upper()
         self.access_log = access_log
-        self._queue: queue.Queue[logging.LogRecord | None] = queue.Queue(MAX_QUEUED)
-        self._writer = logging.StreamHandler(self.stream)
-        self._writer.setFormatter(JSONFormatter() if fmt == "json" else TextFormatter("%(message)s"))
-        self._handler = _QueueHandler(self._queue)
+        self._formatter: logging.Formatter = JSONFormatter() if fmt == "json" else TextFormatter()
+        self._access_line = _json_access if fmt == "json" else _text_access
+        self._sink = _Sink()
+        self._handler = _QueueHandler(self._sink)
         self._thread: threading.Thread | None = None
-        self._saved: list[tuple[logging.Logger, list[logging.Handler], int, bool]] = []
+        self._saved: list[tuple[logging.Handler, ...] | int] = []
+
+    @property
+    def access_on(self) -> bool:
+        return self._sink.enabled
+
+    def access(self, fields: dict[str, Any]) -> None:
+        """Queue one access line (callers check ``access_on`` first)."""
+        self._sink.put((time.time(), fields))
+
+    @property
+    def dropped(self) -> int:
+        return self._sink.dropped
+
+    def _line(self, item: Access | logging.LogRecord) -> str:
+        if isinstance(item, logging.LogRecord):
+            return self._formatter.format(item)
+        return self._access_line(*item)
 
     def _write(self) -> None:
-        while (record := self._queue.get()) is not None:
-            self._writer.handle(record)
+        pending = self._sink.queue
+        while True:
+            item = pending.get()
+            lines: list[str] = []
+            while item is not None:
+                lines.append(self._line(item))
+                if len(lines) >= BATCH:
+                    break
+                try:
+                    item = pending.get_nowait()
+                except queue.Empty:
+                    break
+            if lines:
+                try:
+                    self.stream.write("\n".join(lines) + "\n")
+                    self.stream.flush()
+                except (OSError, ValueError):
+                    pass
+            if item is None:
+                return
 
     def start(self) -> None:
         root = logging.getLogger()
-        self._saved = [
-            (logger, list(logger.handlers), logger.level, logger.propagate) for logger in (root, ACCESS)
-        ]
+        self._saved = [tuple(root.handlers), root.level]
         root.handlers = [self._handler]
         root.setLevel(self.level)
-        ACCESS.handlers = [self._handler]
-        ACCESS.propagate = False
-        ACCESS.setLevel(logging.INFO if self.access_log else logging.CRITICAL + 1)
+        self._sink.enabled = self.access_log
         self._thread = threading.Thread(target=self._write, name="acp-log-writer", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Write what is queued, then give the loggers back their handlers (once)."""
+        """Write what is queued, then give the root logger back its handlers (once)."""
         if not self._saved:
             return
-        with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=STOP_SECONDS)
+        self._sink.enabled = False
+        root = logging.getLogger()
+        handlers, level = self._saved
+        assert isinstance(handlers, tuple)
+        assert isinstance(level, int)
+        root.handlers = list(handlers)
+        root.setLevel(level)
+        self._saved = []
+        self._sink.queue.put(None)
         if self._thread is not None:
             # A writer stuck on a stdout nobody reads is left behind (a daemon), not waited for.
             self._thread.join(STOP_SECONDS)
@@ -168,8 +200,3 @@ class Logging:
             self._thread = None
             if self._owns_stream and not stuck:
                 self.stream.close()
-        for logger, handlers, level, propagate in self._saved:
-            logger.handlers = handlers
-            logger.setLevel(level)
-            logger.propagate = propagate
-        self._saved = []

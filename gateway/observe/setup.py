@@ -23,7 +23,7 @@ class Observability:
     telemetry: CallTelemetry = field(init=False)
 
     def __post_init__(self) -> None:
-        self.telemetry = CallTelemetry(self.metrics)
+        self.telemetry = CallTelemetry(self.metrics, log=self.logging)
 
 
 def build(

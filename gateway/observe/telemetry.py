@@ -3,7 +3,6 @@ continues the caller's trace (a span when tracing is on) and writes one access l
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
@@ -16,15 +15,24 @@ from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.facade import observer as observing
 from cleveragents.acp.facade.observer import OK
-from cleveragents.acp.gateway.observe import logs, tracing
+from cleveragents.acp.gateway.observe import tracing
+from cleveragents.acp.gateway.observe.logs import Logging
 from cleveragents.acp.gateway.observe.metrics import Metrics
 
 TRACER = trace.get_tracer("cleveragents.acp.server")
 
 
-def _namespace(request: message.Message) -> str:
-    namespace = getattr(request, "namespace", "")
-    return namespace if isinstance(namespace, str) else ""
+_HAS_NAMESPACE: dict[str, bool] = {}
+
+
+def _namespace(op: Operation, request: message.Message) -> str:
+    """The request's ``namespace`` field, if its type has one (looked up once per operation:
+    a missing attribute on a message costs an exception)."""
+    has = _HAS_NAMESPACE.get(op.name)
+    if has is None:
+        field = op.request_type.DESCRIPTOR.fields_by_name.get("namespace")
+        has = _HAS_NAMESPACE[op.name] = field is not None and field.type == field.TYPE_STRING
+    return str(getattr(request, "namespace", "")) if has else ""
 
 
 def _trace_id(span_context: trace.SpanContext | None) -> str:
@@ -67,8 +75,9 @@ class _Call:
                 span.end()
         if self._token is not None:
             otel_context.detach(self._token)  # type: ignore[arg-type]
-        if logs.ACCESS.isEnabledFor(logging.INFO):
-            logs.access(
+        log = telemetry.log
+        if log is not None and log.access_on:
+            log.access(
                 {
                     "request_id": ctx.request_id,
                     "trace_id": _trace_id(span_context),
@@ -98,8 +107,9 @@ class _Stream:
         self._log("opened", "")
 
     def _log(self, event: str, reason: str) -> None:
-        if logs.ACCESS.isEnabledFor(logging.INFO):
-            logs.access({**self._fields, "event": f"stream {event}", "reason": reason})
+        log = self._telemetry.log
+        if log is not None and log.access_on:
+            log.access({**self._fields, "event": f"stream {event}", "reason": reason})
 
     def ended(self, reason: str) -> None:
         if reason == observing.STREAM_CLOSED and self._telemetry.draining:
@@ -111,16 +121,25 @@ class _Stream:
 
 
 class CallTelemetry:
-    def __init__(self, metrics: Metrics | None = None, *, tracer: trace.Tracer | None = None) -> None:
+    def __init__(
+        self,
+        metrics: Metrics | None = None,
+        *,
+        tracer: trace.Tracer | None = None,
+        log: Logging | None = None,
+    ) -> None:
+        """Spans come from ``tracer``, else from the global provider if one is installed now
+        (``tracing.configure`` runs before a server builds this); none otherwise."""
         self.metrics = metrics or Metrics()
-        self._tracer = tracer
+        self.log = log
+        self._tracer = tracer or (TRACER if tracing.enabled() else None)
         # Set when the server drains: streams it ends then end for "shutdown".
         self.draining = False
 
     def start(self, op: Operation, request: message.Message, ctx: CallContext) -> _Call:
-        namespace = _namespace(request)
+        namespace = _namespace(op, request)
         parent = tracing.remote_context(ctx.traceparent)
-        tracer = self._tracer or (TRACER if tracing.enabled() else None)
+        tracer = self._tracer
         span: Span | None = None
         token: object | None = None
         if tracer is not None:

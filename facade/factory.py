@@ -30,7 +30,7 @@ from cleveragents.acp.facade.handlers.plans import PlanHandlers
 from cleveragents.acp.facade.handlers.registries import RegistryHandlers
 from cleveragents.acp.facade.handlers.sessions import SessionHandlers
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
-from cleveragents.acp.facade.store.base import DEFAULT_WRITE_TIMEOUT
+from cleveragents.acp.facade.store.base import DEFAULT_WRITE_TIMEOUT, Store
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 
 
@@ -174,16 +174,19 @@ def open_facade(
 
 
 class _Inspector:
-    """What the server's readiness and metrics read from the store."""
+    """What the server's readiness and metrics read from the store (off the loop, on a
+    store reader thread, in one snapshot)."""
 
-    def __init__(self, store: SQLiteStore) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
 
     async def probe(self) -> None:
-        self._store.last_sequence()
+        await self._store.read(lambda store: store.last_sequence())
 
     async def census(self) -> tuple[int, dict[tuple[str, str], int]]:
-        plans = Counter(
-            (record.attrs.get("phase", ""), record.state) for record in self._store.iter_kind(PLAN_KIND)
-        )
-        return self._store.last_sequence(), dict(plans)
+        return await self._store.read(_census)
+
+
+def _census(store: Store) -> tuple[int, dict[tuple[str, str], int]]:
+    plans = Counter((record.attrs.get("phase", ""), record.state) for record in store.iter_kind(PLAN_KIND))
+    return store.last_sequence(), dict(plans)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import json
 import logging
 import pathlib
@@ -248,7 +249,9 @@ class SQLiteStore(Store):
     async def read(self, fn: Callable[[Store], T]) -> T:
         if self._closed:
             raise RuntimeError("the store is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._reader_pool, self._read_now, fn)
+        # The caller's context travels with fn (its trace, read by what fn records).
+        run = contextvars.copy_context().run
+        return await asyncio.get_running_loop().run_in_executor(self._reader_pool, run, self._read_now, fn)
 
     def _read_now(self, fn: Callable[[Store], T]) -> T:
         db = self._reader()
@@ -259,7 +262,13 @@ class SQLiteStore(Store):
             db.execute("COMMIT")
 
     async def write(self, fn: Callable[[Store], T]) -> T:
-        job = _Job(fn, asyncio.get_running_loop(), time.monotonic() + self.write_timeout)
+        # The caller's context travels with fn (the trace id an event it appends carries).
+        context = contextvars.copy_context()
+        job = _Job(
+            lambda store: context.run(fn, store),
+            asyncio.get_running_loop(),
+            time.monotonic() + self.write_timeout,
+        )
         with self._wake:
             if self._closing:
                 raise RuntimeError("the store is closed")

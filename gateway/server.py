@@ -32,10 +32,10 @@ from cleveragents.acp.gateway.grpc import server as grpc_server
 from cleveragents.acp.gateway.http import protocol
 from cleveragents.acp.gateway.http.app import GatewayApp, GatewaySettings, build_app
 from cleveragents.acp.gateway.http.protocol import ConnectionLimits
-from cleveragents.acp.gateway.upstream import TransportService
 from cleveragents.acp.gateway.observe import endpoints, setup
 from cleveragents.acp.gateway.observe.setup import Observability
 from cleveragents.acp.gateway.observe.upstream import ObservedTransport
+from cleveragents.acp.gateway.upstream import TransportService
 
 log = logging.getLogger(__name__)
 

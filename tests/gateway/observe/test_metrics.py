@@ -15,13 +15,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from cleveragents.acp.client.grpc_transport import GrpcTransport
-from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.facade import auth
 from cleveragents.acp.facade.factory import open_facade
-from cleveragents.acp.gateway.observe.setup import Observability
 from cleveragents.acp.gateway.server import Server, ServerConfig
 from cleveragents.acp.v1 import meta_pb2, session_pb2
 
@@ -43,7 +41,7 @@ async def running(tmp_path: pathlib.Path) -> AsyncIterator[Running]:
     token = auth.create_token(tokens, "alice", ["default"])
     facade = open_facade(tmp_path / "acp.db", authenticator=auth.TokenAuthenticator(tokens))
     config = ServerConfig(http_port=0, grpc_port=0, grace_seconds=2, metrics_port=0)
-    server = Server(config, transport=LocalTransport(facade), facade=facade)
+    server = Server(config, facade=facade)
     await server.start()
     try:
         yield Running(server, token)
@@ -200,13 +198,8 @@ async def test_an_unreachable_store_is_not_ready(tmp_path: pathlib.Path) -> None
     async def broken() -> None:
         raise OSError("disk gone")
 
-    observability = Observability()
-    observability.readiness.probe_with(broken)
-    server = Server(
-        ServerConfig(http_port=0, grpc_port=None),
-        transport=LocalTransport(facade),
-        observability=observability,
-    )
+    server = Server(ServerConfig(http_port=0, grpc_port=None), facade=facade)
+    server.observability.readiness.probe_with(broken)
     await server.start()
     try:
         assert server.addresses is not None
@@ -216,4 +209,3 @@ async def test_an_unreachable_store_is_not_ready(tmp_path: pathlib.Path) -> None
         assert answer.json()["error"]["details"]["status"] == "store_unreachable"
     finally:
         await server.stop()
-        await facade.close()

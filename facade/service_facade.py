@@ -21,9 +21,9 @@ from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
 from cleveragents.acp.contract.limits import check_bounds
 from cleveragents.acp.contract.required import check_required
+from cleveragents.acp.facade import observer as observing
 from cleveragents.acp.facade.domain import roles
 from cleveragents.acp.facade.domain.tickets import PrincipalLookup
-from cleveragents.acp.facade import observer as observing
 from cleveragents.acp.facade.handlers.table import Handler, Streaming, Unary
 from cleveragents.acp.facade.observer import CallObserver
 

@@ -20,6 +20,17 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return browser.header()
 
 
+WEB_TESTS = pathlib.Path(__file__).parent / "gateway" / "web"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The browser tests run last: Playwright's sync API leaves an event loop marked running in
+    the main thread, and every asyncio test after it would fail to start its own. (A stable
+    sort: the order other hooks chose is kept within each group.)"""
+    items.sort(key=lambda item: WEB_TESTS in item.path.parents)
+
+
 @pytest.fixture
 def db_path(tmp_path: pathlib.Path) -> pathlib.Path:
     return tmp_path / "acp.db"

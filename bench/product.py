@@ -30,6 +30,8 @@ class Product:
         self.db = db or folder / "acp.db"
         argv = [*agents_command(), "serve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0"]
         argv += ["--db", str(self.db), "--tokens", str(tokens), "--log-level", "warning"]
+        # The benchmarks' projects are folders under this one: the server's only resource root.
+        argv += ["--resource-root", str(folder)]
         self.server = ServerProcess(argv, ready_prefix=READY, log=folder / "server.log")
         self.http_url: str = self.server.info["http"]
         self.grpc_target: str = self.server.info["grpc"]

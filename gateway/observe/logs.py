@@ -21,6 +21,8 @@ from typing import IO, Any
 
 import orjson
 
+from cleveragents.acp.gateway.http import redaction
+
 ACCESS_LOGGER = "cleveragents.acp.access"
 FORMATS = ("auto", "json", "text")
 # Records waiting for the writer; past this (a stdout nobody reads) new ones are dropped.
@@ -93,9 +95,12 @@ class _QueueHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            record.msg = record.getMessage()
+            message = record.getMessage()
             if record.exc_info:
-                record.msg += "\n" + logging.Formatter().formatException(record.exc_info)
+                message += "\n" + logging.Formatter().formatException(record.exc_info)
+            # A library logging a URL (httpx: "HTTP Request: GET ...?ticket=...") never shows a
+            # stream ticket either.
+            record.msg = redaction.redact(message)
             record.args = None
             record.exc_info = None
             self._sink.put(record)

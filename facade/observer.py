@@ -7,6 +7,7 @@ tests run with ``NO_OBSERVER``, which costs one attribute test per call.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Protocol
 
 from google.protobuf import message
@@ -58,3 +59,28 @@ def stream_end_reason(err: ACPError) -> str:
     if refinement == "SERVER_SHUTTING_DOWN":
         return STREAM_SHUTDOWN
     return STREAM_ERROR
+
+
+async def watched(
+    items: AsyncIterator[message.Message], observer: CallObserver, op: Operation, ctx: CallContext
+) -> AsyncIterator[message.Message]:
+    """A stream's items; tells ``observer`` once it is read, and once why it ended (a stream
+    closed before its first item was asked for was never open). Closes ``items``."""
+    observed = observer.stream_opened(op, ctx)
+    reason = STREAM_CLOSED
+    try:
+        async for item in items:
+            yield item
+    except ACPError as err:
+        reason = stream_end_reason(err)
+        raise
+    except Exception:
+        reason = STREAM_ERROR
+        raise
+    finally:
+        try:
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        finally:
+            observed.ended(reason)

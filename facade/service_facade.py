@@ -168,7 +168,7 @@ class ServiceFacade:
             raise
         finally:
             observed.finish(code)
-        return self._watched(items, self.observer, op, ctx)
+        return observing.watched(items, self.observer, op, ctx)
 
     def _open(
         self, op: Operation, request: message.Message, ctx: CallContext
@@ -239,31 +239,6 @@ class ServiceFacade:
                 {"scheme": "Bearer", "principal": ctx.principal.name},
                 refinement="PRINCIPAL_REVOKED",
             )
-
-    @staticmethod
-    async def _watched(
-        items: AsyncIterator[message.Message], observer: CallObserver, op: Operation, ctx: CallContext
-    ) -> AsyncIterator[message.Message]:
-        """The stream's items; tells the observer once it is read, and once why it ended (a
-        stream closed before its first item was asked for was never open)."""
-        observed = observer.stream_opened(op, ctx)
-        reason = observing.STREAM_CLOSED
-        try:
-            async for item in items:
-                yield item
-        except ACPError as err:
-            reason = observing.stream_end_reason(err)
-            raise
-        except Exception:
-            reason = observing.STREAM_ERROR
-            raise
-        finally:
-            try:
-                aclose = getattr(items, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-            finally:
-                observed.ended(reason)
 
     async def close(self) -> None:
         for resource in reversed(self._resources):

@@ -57,28 +57,7 @@ class ObservedTransport:
             raise
         finally:
             observed.finish(code)
-        return _watched(items, self._telemetry, op, ctx)
+        return observing.watched(items, self._telemetry, op, ctx)
 
     async def close(self) -> None:
         await self._transport.close()
-
-
-async def _watched(
-    items: AsyncIterator[message.Message], telemetry: CallTelemetry, op: Operation, ctx: CallContext
-) -> AsyncIterator[message.Message]:
-    stream = telemetry.stream_opened(op, ctx)
-    reason = observing.STREAM_CLOSED
-    try:
-        async for item in items:
-            yield item
-    except ACPError as err:
-        reason = observing.stream_end_reason(err)
-        raise
-    except Exception:
-        reason = observing.STREAM_ERROR
-        raise
-    finally:
-        aclose = getattr(items, "aclose", None)
-        if aclose is not None:
-            await aclose()
-        stream.ended(reason)

@@ -13,11 +13,12 @@ expires and the digest of a rotated-out token with the end of its grace period::
     previous_sha256 = "1b4f0e..."        # optional: the token before `agents token rotate`
     previous_expires = 2026-12-01T12:00:00Z
 
-The server re-reads the file when it changes: a token created while it runs works at once
-(an unknown token makes it look at the file right away), and a removed principal stops
-working within ``CHECK_SECONDS`` (a known token makes it look at most once per interval,
-so a call costs no file system access). A file that cannot be read fails closed: every
-authenticated call is refused until it is fixed.
+The server re-reads the file when it changes: a token created while it runs works within
+``NEW_TOKEN_SECONDS`` (an unknown token makes it look at the file, but at most once per that
+interval, so a flood of wrong tokens costs at most a few ``stat`` calls a second, never one
+per request), and a removed principal stops working within ``CHECK_SECONDS`` (a known token
+makes it look at most once per interval, so a call costs no file system access). A file
+that cannot be read fails closed: every authenticated call is refused until it is fixed.
 
 Memory stays bounded whatever callers send: a token longer than ``MAX_TOKEN_CHARS`` is
 refused before it is hashed, and nothing is remembered per presented token.
@@ -59,6 +60,9 @@ _HEX64_PATTERN = r"^[0-9a-f]{64}$"
 _UNREAD = object()
 # How long a known token may outlive its removal from the file (seconds).
 CHECK_SECONDS = 1.0
+# How long a token added to the file may be refused as unknown (seconds): unknown tokens make
+# the server look at the file at most once per this interval.
+NEW_TOKEN_SECONDS = 0.5
 # How long the old token keeps working after `agents token rotate`, by default.
 DEFAULT_GRACE_SECONDS = 3600.0
 _DURATION = re.compile(r"^([1-9][0-9]{0,8})([smhd])$")
@@ -359,20 +363,29 @@ def _unknown() -> ACPError:
 class TokenAuthenticator:
     """``Authenticator`` over a token file, re-read whenever the file changes."""
 
-    def __init__(self, path: str | pathlib.Path, *, check_seconds: float = CHECK_SECONDS) -> None:
+    def __init__(
+        self,
+        path: str | pathlib.Path,
+        *,
+        check_seconds: float = CHECK_SECONDS,
+        new_token_seconds: float = NEW_TOKEN_SECONDS,
+    ) -> None:
         self.path = pathlib.Path(path)
         self.check_seconds = check_seconds
+        self.new_token_seconds = new_token_seconds
         self._lock = threading.Lock()
         self._stamp: object = _UNREAD
         self._checked = -math.inf
         # Entries and their digests (current, previous), replaced together.
         self._table: tuple[list[TokenEntry], list[tuple[bytes, bytes | None]]] = ([], [])
         self._broken: str | None = None
-        self._refresh(force=True)
+        self._refresh(0.0)
 
-    def _refresh(self, *, force: bool = False) -> None:
+    def _refresh(self, interval: float | None = None) -> None:
+        """Look at the file unless it was looked at within ``interval`` seconds (default
+        ``check_seconds``; 0: look now)."""
         now = time.monotonic()
-        if not force and now - self._checked < self.check_seconds:
+        if now - self._checked < (self.check_seconds if interval is None else interval):
             return
         self._checked = now
         try:
@@ -403,7 +416,7 @@ class TokenAuthenticator:
 
     @property
     def principals(self) -> list[Principal]:
-        self._refresh(force=True)
+        self._refresh(0.0)
         return [entry.principal for entry in self._table[0]]
 
     def principal_named(self, name: str) -> Principal | None:
@@ -448,8 +461,9 @@ class TokenAuthenticator:
         digest = hash_token(token).encode()
         found = self._match(digest) if self._broken is None else None
         if found is None:
-            # Perhaps created (or the file fixed) since the last look: look now.
-            self._refresh(force=True)
+            # Perhaps created (or the file fixed) since the last look: look, unless an
+            # unknown token made us look within the last ``new_token_seconds``.
+            self._refresh(self.new_token_seconds)
             if self._broken is not None:
                 raise ACPError(
                     ErrorCode.INTERNAL_ERROR,

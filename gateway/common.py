@@ -23,8 +23,13 @@ def single_bearer(values: Sequence[str]) -> str | None:
     """The token of the one ``Authorization`` value a request carries; two of them are
     AMBIGUOUS_CREDENTIALS (HTTP and gRPC used to take different ones)."""
     if len(values) > 1:
-        raise ambiguous_credentials(f"{len(values)} Authorization values")
+        raise authorizations(len(values))
     return bearer_token(values[0] if values else None)
+
+
+def authorizations(count: int) -> ACPError:
+    """AMBIGUOUS_CREDENTIALS for ``count`` Authorization values on one request."""
+    return ambiguous_credentials(f"{count} Authorization values")
 
 
 def bearer_token(authorization: str | None) -> str | None:

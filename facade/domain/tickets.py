@@ -11,6 +11,11 @@ ticket works against any process or replica over the same database, and "used" i
 atomic update there (two replicas presented the same ticket at once: one wins). At
 redemption the principal is looked up again, so a principal removed (revoked) since the
 ticket was issued is refused, and its namespaces are the current ones.
+
+Outstanding tickets (issued, not yet presented, not expired) are capped per principal
+(``MAX_PER_PRINCIPAL``) and in all (``MAX_OUTSTANDING``): a caller asking past the cap gets
+BUDGET_EXCEEDED (``TOO_MANY_TICKETS``) until one of its tickets is used or expires, so no
+caller can fill the store with tickets. The count is kept by the process that issued them.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
@@ -38,6 +44,9 @@ STREAM_OPERATION = "events.subscribe"
 _ISSUED, _USED = "issued", "used"
 # Records of tickets expired this long ago are removed, at most once per interval.
 PRUNE_SECONDS = 60.0
+# Outstanding tickets one principal may hold, and all principals together.
+MAX_PER_PRINCIPAL = 32
+MAX_OUTSTANDING = 4096
 
 
 @runtime_checkable
@@ -111,6 +120,10 @@ class StreamTickets:
         self.ttl_seconds = ttl_seconds
         self._clock = clock
         self._pruned = -PRUNE_SECONDS
+        # Outstanding tickets this process issued: principal -> ticket digest -> expiry.
+        self._outstanding: dict[str, dict[str, float]] = {}
+        self._count = 0
+        self._lock = threading.Lock()
 
     def issue(
         self, ctx: CallContext, request: events_pb2.CreateStreamTicketRequest
@@ -122,11 +135,70 @@ class StreamTickets:
         now = self._clock()
         self._prune(now)
         ticket = TICKET_PREFIX + secrets.token_urlsafe(32)
+        key = digest(ticket)
         expires = now + self.ttl_seconds
+        self._hold(principal.name, key, expires, now)
+        try:
+            self._insert(request, principal, key, now, expires)
+        except BaseException:
+            self._release(principal.name, key)
+            raise
+        response = events_pb2.CreateStreamTicketResponse(ticket=ticket)
+        response.expire_time.FromNanoseconds(int(expires * 1e9))
+        return response
+
+    def _hold(self, name: str, key: str, expires: float, now: float) -> None:
+        """Count a new ticket of ``name``, or refuse it past a cap (expired ones go first)."""
+        with self._lock:
+            if len(self._outstanding.get(name, ())) >= MAX_PER_PRINCIPAL:
+                self._drop_expired(name, now)
+            if self._count >= MAX_OUTSTANDING:
+                for other in list(self._outstanding):
+                    self._drop_expired(other, now)
+            for count, cap, whose in (
+                (len(self._outstanding.get(name, ())), MAX_PER_PRINCIPAL, f"principal {name!r} holds"),
+                (self._count, MAX_OUTSTANDING, "the server holds"),
+            ):
+                if count >= cap:
+                    raise ACPError(
+                        ErrorCode.BUDGET_EXCEEDED,
+                        f"{whose} {count} unused stream tickets, the most allowed; use one or "
+                        f"let one expire (they live {self.ttl_seconds:g} s)",
+                        {"max_tickets": cap, "retry_after_seconds": self.ttl_seconds},
+                        refinement="TOO_MANY_TICKETS",
+                    )
+            self._outstanding.setdefault(name, {})[key] = expires
+            self._count += 1
+
+    def _drop_expired(self, name: str, now: float) -> None:
+        held = self._outstanding[name]
+        for key in [key for key, expires in held.items() if expires <= now]:
+            del held[key]
+            self._count -= 1
+        if not held:
+            del self._outstanding[name]
+
+    def _release(self, name: str, key: str) -> None:
+        """The ticket is no longer outstanding (presented, or never stored)."""
+        with self._lock:
+            held = self._outstanding.get(name)
+            if held is not None and held.pop(key, None) is not None:
+                self._count -= 1
+                if not held:
+                    del self._outstanding[name]
+
+    def _insert(
+        self,
+        request: events_pb2.CreateStreamTicketRequest,
+        principal: Principal,
+        key: str,
+        now: float,
+        expires: float,
+    ) -> None:
         self._store.insert(
             Record(
                 kind=KIND,
-                id=digest(ticket),
+                id=key,
                 namespace=request.namespace,
                 body=b"",
                 state=_ISSUED,
@@ -142,9 +214,6 @@ class StreamTickets:
                 update_time=now,
             )
         )
-        response = events_pb2.CreateStreamTicketResponse(ticket=ticket)
-        response.expire_time.FromNanoseconds(int(expires * 1e9))
-        return response
 
     def redeem(self, ticket: str, operation: str, request: object) -> Principal:
         """The principal a ticket opens ``request`` for, using the ticket up; AUTH_REQUIRED
@@ -153,8 +222,10 @@ class StreamTickets:
         if not ticket.startswith(TICKET_PREFIX) or len(ticket) > 128:
             raise _refused("TICKET_UNKNOWN", "unknown stream ticket; ask events.ticket for one")
         now = self._clock()
-        record = self._use(digest(ticket), now)
+        key = digest(ticket)
+        record = self._use(key, now)
         attrs = record.attrs
+        self._release(attrs.get("principal", ""), key)
         if now >= float(attrs.get("expires", "0")):
             raise _refused("TICKET_EXPIRED", "the stream ticket expired; ask events.ticket for a new one")
         if operation != attrs.get("operation") or not isinstance(request, events_pb2.SubscribeEventsRequest):

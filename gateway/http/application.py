@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cleveragents.acp.contract import versions
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
+from cleveragents.acp.gateway import common
 from cleveragents.acp.gateway.http import openapi
 from cleveragents.acp.gateway.http.routing import OPENAPI_PATH, not_found, route_path
 from cleveragents.acp.gateway.web import pages
@@ -140,6 +141,13 @@ class HotPaths:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         found = scope.get(HOT_ROUTE)
         if found is None:
+            if scope["type"] == "http":
+                # Two Authorization headers are refused here as on the hot paths, so a user's
+                # route or a console page never sees one of them picked.
+                count = sum(1 for key, _ in scope["headers"] if key == b"authorization")
+                if count > 1:
+                    await self.gateway.refuse(common.authorizations(count))(scope, receive, send)
+                    return
             await self.framework(scope, receive, send)
         elif found is WRONG_METHOD:
             # A gateway path, another method: the gateway names the allowed ones.

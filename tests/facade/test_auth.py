@@ -39,14 +39,17 @@ def test_create_and_authenticate(tmp_path: pathlib.Path) -> None:
 
 
 def test_the_file_is_reread_when_it_changes(tmp_path: pathlib.Path) -> None:
-    """A new token works at once; a removed one stops working within the check interval
-    (the file is looked at once per interval while known tokens come, at once for others)."""
+    """A new token works within NEW_TOKEN_SECONDS; a removed one stops working within the
+    check interval (the file is looked at once per interval while known tokens come, and
+    once per NEW_TOKEN_SECONDS while unknown ones do)."""
     path = tmp_path / "tokens.toml"
     authenticator = auth.TokenAuthenticator(path, check_seconds=0.2)
     assert refused(authenticator, "acp_x").code == "AUTH_REQUIRED"
     token = auth.create_token(path, "late", ["default"])
+    time.sleep(authenticator.new_token_seconds + 0.05)
     assert authenticator.authenticate(token).name == "late"
     other = auth.create_token(path, "later", None)
+    time.sleep(authenticator.new_token_seconds + 0.05)
     assert authenticator.authenticate(other).name == "later"
     auth.write(path, [])
     time.sleep(0.25)
@@ -122,3 +125,34 @@ def test_nothing_is_remembered_per_presented_token(tmp_path: pathlib.Path) -> No
     assert set(vars(authenticator)) == before
     assert not any(isinstance(value, dict) for value in vars(authenticator).values())
     assert authenticator.authenticate(token).name == "a"
+
+
+def test_unknown_tokens_look_at_the_file_at_most_once_per_interval(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unknown token made the server stat the token file on every request (a flood of
+    wrong tokens was a flood of file system calls); now at most once per NEW_TOKEN_SECONDS,
+    and a token created meanwhile works once that interval has passed."""
+    path = tmp_path / "tokens.toml"
+    auth.create_token(path, "a", ["default"])
+    authenticator = auth.TokenAuthenticator(path, check_seconds=60, new_token_seconds=60)
+    looks: list[object] = []
+    real_stat = os.stat
+
+    def counting(target: object, *args: object, **kwargs: object) -> os.stat_result:
+        if target == path:
+            looks.append(target)
+        return real_stat(target, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", counting)
+    for index in range(500):
+        assert refused(authenticator, f"acp_wrong{index}").code == "AUTH_REQUIRED"
+    # Every one falls within both intervals of the look the authenticator made at start.
+    assert looks == [], len(looks)
+    late = auth.create_token(path, "late", ["default"])
+    assert refused(authenticator, late).code == "AUTH_REQUIRED"
+    authenticator.new_token_seconds = 0.1
+    time.sleep(0.15)
+    # The first unknown token after the interval looks at once.
+    assert authenticator.authenticate(late).name == "late"
+    assert auth.NEW_TOKEN_SECONDS <= 1.0

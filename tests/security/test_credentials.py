@@ -15,12 +15,16 @@ import grpc
 import httpx
 import orjson
 import pytest
+from starlette.requests import Request
 
 from cleveragents.acp.client.grpc_transport import error_from_rpc
 from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.contract.transport import TICKET_METADATA
 from cleveragents.acp.facade import auth
+from cleveragents.acp.facade.factory import open_facade
+from cleveragents.acp.gateway.http.app import build_app
+from cleveragents.acp.gateway.http.dependencies import CallerClient, caller_client
 from cleveragents.acp.v1 import session_pb2
 from tests.conformance.backends import Backend, open_backend
 from tests.conformance.harness import Run, run_everywhere
@@ -224,3 +228,44 @@ async def test_two_credentials_are_refused_alike_on_every_wire(tmp_path: pathlib
             assert err.code == "AUTH_REQUIRED", err
             assert err.details["refinement"] == "AMBIGUOUS_CREDENTIALS", err
         assert (await grpc_refusal(backend.grpc_target, two)).message in messages
+        # The console's and the docs' routes (FastAPI's side of the gateway) refuse alike.
+        async with backend.http_client() as http:
+            for path in ("/", "/console/main.js", "/api/v1/docs", "/api/v1/openapi.json", "/nothing"):
+                for headers in (two, same):
+                    assert refusal(await http.get(path, headers=headers))["message"] in messages, path
+
+
+async def test_routes_users_add_refuse_two_credentials(tmp_path: pathlib.Path) -> None:
+    """The ``CallerClient`` dependency of the routes users add took the first of two
+    Authorization headers; now it and every route of the application refuse them."""
+    tokens = Tokens.create(tmp_path)
+    alice, bob = tokens.tokens["alice"], tokens.tokens["bob"]
+    two = [("authorization", f"Bearer {alice}"), ("authorization", f"Bearer {bob}")]
+    facade = open_facade(tmp_path / "acp.db", authenticator=auth.TokenAuthenticator(tokens.path))
+    try:
+        app = build_app(facade)
+
+        @app.get("/api/v1/extra/sessions")
+        async def count(acp: CallerClient) -> dict[str, int]:
+            listed = await acp.call("session.list")
+            return {"sessions": len(listed.sessions)}  # type: ignore[attr-defined]
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            answered = await http.get("/api/v1/extra/sessions", headers=[two[0]])
+            assert answered.json() == {"sessions": 0}
+            refusal(await http.get("/api/v1/extra/sessions", headers=two))
+        # The dependency itself, wherever the application is mounted.
+        scope = {
+            "type": "http",
+            "app": app,
+            "method": "GET",
+            "path": "/",
+            "headers": [(k.encode(), v.encode()) for k, v in two],
+        }
+        with pytest.raises(ACPError) as refused:
+            caller_client(Request(scope))
+        assert refused.value.code == "AUTH_REQUIRED"
+        assert refused.value.details["refinement"] == "AMBIGUOUS_CREDENTIALS"
+    finally:
+        await facade.close()

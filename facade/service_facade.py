@@ -188,41 +188,38 @@ class ServiceFacade:
         self, items: AsyncIterator[message.Message], op: Operation, ctx: CallContext
     ) -> AsyncIterator[message.Message]:
         """Items as the client's version may see them; faults as INTERNAL_ERROR. In server
-        mode the caller's credential is checked again every ``RECHECK_SECONDS`` while the
+        mode a watchdog checks the caller's credential every ``RECHECK_SECONDS`` while the
         stream is open, items or not: a revoked or expired principal's stream ends with
-        AUTH_REQUIRED (issue 17, finding 5)."""
+        AUTH_REQUIRED (issue 17, finding 5). The watchdog runs beside the stream, so an item
+        costs nothing extra (a task and a timed wait per item cost 7x the SSE throughput)."""
         where = op.name
         older = ctx.served_version != op.version_table.current
         iterator = aiter(items)
-        pending: asyncio.Future[message.Message] | None = None
+        watch = _Watch(self, ctx) if self.authenticator is not None and ctx.principal is not None else None
         try:
             while True:
-                if self.authenticator is None:
-                    try:
-                        item = await anext(iterator)
-                    except StopAsyncIteration:
-                        return
-                else:
-                    if pending is None:
-                        pending = asyncio.ensure_future(anext(iterator))
-                    done, _ = await asyncio.wait((pending,), timeout=RECHECK_SECONDS)
-                    self._recheck(ctx)
-                    if not done:
-                        continue
-                    finished, pending = pending, None
-                    try:
-                        item = finished.result()
-                    except StopAsyncIteration:
-                        return
+                if watch is not None:
+                    watch.check()
+                    watch.waiting = True
+                try:
+                    item = await anext(iterator)
+                except StopAsyncIteration:
+                    return
+                except asyncio.CancelledError:
+                    if watch is not None:
+                        watch.cancelled()
+                    raise
+                finally:
+                    if watch is not None:
+                        watch.waiting = False
                 yield surface.strip(item, ctx.served_version) if older else item
         except ACPError:
             raise
         except Exception as exc:
             raise internal_error(exc, where) from exc
         finally:
-            if pending is not None:
-                pending.cancel()
-                await asyncio.wait((pending,))
+            if watch is not None:
+                watch.stop()
 
     def _recheck(self, ctx: CallContext) -> None:
         """Raise AUTH_REQUIRED when the stream's principal is no longer admitted."""
@@ -243,3 +240,43 @@ class ServiceFacade:
     async def close(self) -> None:
         for resource in reversed(self._resources):
             await resource.close()
+
+
+class _Watch:
+    """A stream's credential watchdog: every ``RECHECK_SECONDS`` it asks the facade whether
+    the caller is still admitted. Refused while the stream waits for its next item, it
+    cancels the stream's task and the stream raises the refusal instead (as
+    ``asyncio.timeout`` turns its cancellation into TimeoutError); refused while the
+    consumer holds an item, the stream raises it before asking for the next."""
+
+    def __init__(self, facade: ServiceFacade, ctx: CallContext) -> None:
+        self.waiting = False
+        self.refusal: ACPError | None = None
+        self._facade = facade
+        self._ctx = ctx
+        self._task = asyncio.current_task()
+        self._timer = asyncio.get_running_loop().call_later(RECHECK_SECONDS, self._tick)
+
+    def _tick(self) -> None:
+        try:
+            self._facade._recheck(self._ctx)
+        except ACPError as refusal:
+            self.refusal = refusal
+            if self.waiting and self._task is not None:
+                self._task.cancel()
+            return
+        self._timer = asyncio.get_running_loop().call_later(RECHECK_SECONDS, self._tick)
+
+    def check(self) -> None:
+        """Before the stream asks for its next item (in the task that will wait for it)."""
+        if self.refusal is not None:
+            raise self.refusal
+        self._task = asyncio.current_task()
+
+    def cancelled(self) -> None:
+        """The stream's wait was cancelled: by this watchdog, raise its refusal instead."""
+        if self.refusal is not None and self._task is not None and self._task.uncancel() == 0:
+            raise self.refusal from None
+
+    def stop(self) -> None:
+        self._timer.cancel()

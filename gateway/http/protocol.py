@@ -15,7 +15,10 @@ no request reaches the application:
   address: BUDGET_EXCEEDED (refinement ``TOO_MANY_CONNECTIONS``), then closed.
 
 After a refusal the connection reads and drops what the client still sends for a moment
-before closing, so the client sees the answer instead of a reset.
+before closing, so the client sees the answer instead of a reset. So does any close while the
+client is still sending its request body (nginx's "lingering close"): the application answers a
+body over ``--max-body-bytes`` at once, from its declared length, and a client that asked for
+``Connection: close`` (urllib does) would otherwise get a reset while it sends, before it reads.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 import h11
 import orjson
@@ -52,6 +55,30 @@ class ConnectionLimits:
     idle_timeout: int = limits.DEFAULT_IDLE_TIMEOUT
     max_connections: int = limits.DEFAULT_MAX_CONNECTIONS
     max_connections_per_client: int = limits.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+
+
+class _Lingering:
+    """The connection's transport as uvicorn sees it: a ``close`` while the client is still
+    sending its request body lingers instead (``GuardedH11Protocol._linger``)."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: GuardedH11Protocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        protocol = self._protocol
+        sending = protocol.conn.their_state is h11.SEND_BODY
+        if sending and not protocol._draining and not self._transport.is_closing():
+            protocol._linger()
+        else:
+            self._transport.close()
+
+    def is_closing(self) -> bool:
+        """Closing once lingering: uvicorn arms no keep-alive and reads no next request."""
+        return bool(self._protocol._draining) or self._transport.is_closing()
 
 
 def protocol_factory(bounds: ConnectionLimits) -> Callable[..., GuardedH11Protocol]:
@@ -101,7 +128,7 @@ class GuardedH11Protocol(H11Protocol):
     # connection ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(cast(asyncio.Transport, _Lingering(transport, self)))
         self._client_key = self.client[0] if self.client else ""
         self.per_client[self._client_key] += 1
         if len(self.connections) > self.bounds.max_connections:
@@ -218,6 +245,12 @@ class GuardedH11Protocol(H11Protocol):
             self.cycle.message_event.set()
         if not answered:
             self.transport.write(refusal(err))
+        self._linger()
+
+    def _linger(self) -> None:
+        """Drop what the client still sends, for ``_LINGER_SECONDS`` and ``_LINGER_BYTES`` at
+        most, then close: the client reads the answer instead of a reset."""
+        self._disarm()
         self._draining = 1
         self.flow.resume_reading()
         self.loop.call_later(_LINGER_SECONDS, self.transport.close)

@@ -24,8 +24,7 @@ from cleveragents.acp.contract.errors import ACPError
 from tests.gateway.conftest import Served
 from tests.gateway.test_http import data_of, envelope, error_of
 from tests.server_process import Tokens, agents_command, run_agents, start_gateway, start_server, wait_ready
-
-OPENSSL = shutil.which("openssl")
+from tests.tls import make_certificate
 
 
 def agents(
@@ -144,35 +143,7 @@ def test_refusals(tmp_path: pathlib.Path) -> None:
 
 @pytest.fixture
 def certificate(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
-    if OPENSSL is None:
-        pytest.skip("openssl is not installed")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            OPENSSL,
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
-    return cert, key
+    return make_certificate(tmp_path)
 
 
 async def _grpc_over_tls(target: str, root_certificates: bytes) -> None:

@@ -16,11 +16,21 @@ from google.protobuf import message
 
 from cleveragents.acp.contract import rich_status
 from cleveragents.acp.contract.catalog import Operation
-from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode, TransportError
+from cleveragents.acp.contract.retry import RetryPolicy, again
 from cleveragents.acp.contract.transport import TICKET_METADATA, CallOptions, StreamItems
 
-# Clients trust the server's replies to be as big as they need (long lists, exports).
-CHANNEL_OPTIONS: list[tuple[str, Any]] = [("grpc.max_receive_message_length", -1)]
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    # Clients trust the server's replies to be as big as they need (long lists, exports).
+    ("grpc.max_receive_message_length", -1),
+    # A channel that lost its server tries again within a second (gRPC's default backoff
+    # grows to two minutes), so a retried call finds a restarted server soon after it is up.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+# gRPC's words for a call that never left: no connection could be made.
+_NOT_SENT_MARKERS = ("failed to connect", "connection refused", "dns resolution failed", "name resolution")
 
 
 def open_channel(
@@ -44,7 +54,12 @@ def error_from_rpc(exc: grpc.aio.AioRpcError) -> ACPError:
         key, value = cast(tuple[str, str | bytes], item)
         if key == rich_status.DETAILS_KEY and isinstance(value, bytes):
             details_bin = value
-    return rich_status.from_status(exc.code(), exc.details() or "", details_bin)
+    error = rich_status.from_status(exc.code(), exc.details() or "", details_bin)
+    if isinstance(error, TransportError):
+        # Whether the call may have reached the server (retry.py): only gRPC's message says.
+        text = f"{exc.details() or ''} {exc.debug_error_string() or ''}".lower()
+        error.details["sent"] = not any(marker in text for marker in _NOT_SENT_MARKERS)
+    return error
 
 
 def _serialize(request: message.Message) -> bytes:
@@ -53,11 +68,19 @@ def _serialize(request: message.Message) -> bytes:
 
 class GrpcTransport:
     def __init__(
-        self, channel: grpc.aio.Channel, *, owns_channel: bool = False, timeout: float | None = None
+        self,
+        channel: grpc.aio.Channel,
+        *,
+        owns_channel: bool = False,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
-        """``timeout`` bounds each unary call (seconds); streams are unbounded."""
+        """``timeout`` bounds each unary call (seconds); streams are unbounded. ``retry``: how
+        a call the server never answered is retried (``CallOptions.retry`` overrides it per
+        call); ``RetryPolicy.OFF`` never retries."""
         self.channel = channel
         self.timeout = timeout
+        self.retry = retry if retry is not None else RetryPolicy()
         self._owns_channel = owns_channel
         self._unary: dict[str, grpc.aio.UnaryUnaryMultiCallable[Any, Any]] = {}
         self._streams: dict[str, grpc.aio.UnaryStreamMultiCallable[Any, Any]] = {}
@@ -70,9 +93,10 @@ class GrpcTransport:
         tls: bool = False,
         root_certificates: bytes | None = None,
         timeout: float | None = None,
+        retry: RetryPolicy | None = None,
     ) -> GrpcTransport:
         channel = open_channel(target, tls=tls, root_certificates=root_certificates)
-        return cls(channel, owns_channel=True, timeout=timeout)
+        return cls(channel, owns_channel=True, timeout=timeout, retry=retry)
 
     @staticmethod
     def _metadata(options: CallOptions) -> tuple[tuple[str, str], ...]:
@@ -88,6 +112,17 @@ class GrpcTransport:
         return tuple(metadata)
 
     async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
+        """One call; UNAVAILABLE (a ``TransportError``) is retried as the policy allows
+        (retry.py), with the same ``x-request-id``."""
+        try:
+            return await self._call(op, request, options)
+        except TransportError as exc:
+            policy = options.retry or self.retry
+            if not policy.enabled:
+                raise
+            return await again(policy, op, exc, lambda: self._call(op, request, options))
+
+    async def _call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
         if op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is a stream; subscribe to it")
         method = self._unary.get(op.full_method)
@@ -110,7 +145,19 @@ class GrpcTransport:
         self, op: Operation, request: message.Message, options: CallOptions
     ) -> AsyncIterator[message.Message]:
         """Returns once the server has admitted the stream: it sends its initial metadata
-        right after admission, and an admission error ends the call before any."""
+        right after admission, and an admission error ends the call before any. A server
+        that cannot be reached is retried as for calls."""
+        try:
+            return await self._open_stream(op, request, options)
+        except TransportError as exc:
+            policy = options.retry or self.retry
+            if not policy.enabled:
+                raise
+            return await again(policy, op, exc, lambda: self._open_stream(op, request, options))
+
+    async def _open_stream(
+        self, op: Operation, request: message.Message, options: CallOptions
+    ) -> AsyncIterator[message.Message]:
         if not op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is not a stream")
         method = self._streams.get(op.full_method)

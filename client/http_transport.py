@@ -10,6 +10,7 @@ this boundary with ``from``.
 from __future__ import annotations
 
 import base64
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import quote
@@ -21,17 +22,39 @@ from google.protobuf import descriptor, message
 from cleveragents.acp.contract import codec, envelope, sse
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, TransportError
+from cleveragents.acp.contract.retry import RetryPolicy, again
 from cleveragents.acp.contract.transport import CallOptions, StreamItems
 
 ENVELOPE_PATH = "/api/v1/acp"
 _FD = descriptor.FieldDescriptor
 
 
+# Failures before a request left: nothing reached the server, so any call may be retried.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
 def _unreachable(exc: Exception, url: httpx.URL | str) -> TransportError:
-    return TransportError(
-        f"cannot reach the ACP server at {url}: {exc}",
-        {"transport": "http", "cause": type(exc).__name__},
-    )
+    """``details["sent"]``: whether the request may have reached the server (retry.py);
+    a certificate the client refuses, or a timeout the caller chose, is not retried."""
+    details: dict[str, Any] = {
+        "transport": "http",
+        "cause": type(exc).__name__,
+        "sent": not isinstance(exc, _NOT_SENT),
+    }
+    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, _NOT_SENT):
+        details["retryable"] = False
+    if any(isinstance(cause, ssl.SSLError) for cause in _causes(exc)):
+        details["retryable"] = False
+    return TransportError(f"cannot reach the ACP server at {url}: {exc}", details)
 
 
 def _decode_envelope(response: httpx.Response, body: bytes) -> dict[str, Any]:
@@ -86,8 +109,13 @@ def rest_target(
 
 
 class HTTPTransport:
-    def __init__(self, client: httpx.AsyncClient, *, owns_client: bool = False) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, *, owns_client: bool = False, retry: RetryPolicy | None = None
+    ) -> None:
+        """``retry``: how a call the server never answered is retried (``CallOptions.retry``
+        overrides it per call); ``RetryPolicy.OFF`` never retries."""
         self.client = client
+        self.retry = retry if retry is not None else RetryPolicy()
         self._owns_client = owns_client
 
     @classmethod
@@ -97,10 +125,11 @@ class HTTPTransport:
         *,
         verify: bool | str = True,
         timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
     ) -> HTTPTransport:
         """A transport owning its client; ``verify`` is True, False or a CA bundle path."""
         client = httpx.AsyncClient(base_url=base_url, verify=verify, timeout=timeout)
-        return cls(client, owns_client=True)
+        return cls(client, owns_client=True, retry=retry)
 
     @staticmethod
     def _headers(options: CallOptions) -> dict[str, str]:
@@ -114,6 +143,17 @@ class HTTPTransport:
         return headers
 
     async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
+        """One call; a ``TransportError`` is retried as the policy allows (retry.py), with
+        the same request id, so a server that replays by request id does it once."""
+        try:
+            return await self._call(op, request, options)
+        except TransportError as exc:
+            policy = options.retry or self.retry
+            if not policy.enabled:
+                raise
+            return await again(policy, op, exc, lambda: self._call(op, request, options))
+
+    async def _call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
         payload: dict[str, Any] = {
             "request_id": options.request_id,
             "operation": op.name,
@@ -134,6 +174,18 @@ class HTTPTransport:
         return codec.response_from_dict(data, op.response_type)
 
     async def open_stream(
+        self, op: Operation, request: message.Message, options: CallOptions
+    ) -> AsyncIterator[message.Message]:
+        """Admits the stream; a server that cannot be reached is retried as for calls."""
+        try:
+            return await self._open_stream(op, request, options)
+        except TransportError as exc:
+            policy = options.retry or self.retry
+            if not policy.enabled:
+                raise
+            return await again(policy, op, exc, lambda: self._open_stream(op, request, options))
+
+    async def _open_stream(
         self, op: Operation, request: message.Message, options: CallOptions
     ) -> AsyncIterator[message.Message]:
         if not op.server_streaming:

@@ -24,6 +24,7 @@ from cleveragents.acp.contract import catalog, codec
 from cleveragents.acp.contract.catalog import Catalog, Major, Operation
 from cleveragents.acp.contract.envelope import new_request_id
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.retry import RetryPolicy
 from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.v1 import events_pb2
 
@@ -92,11 +93,14 @@ class ACPClient:
         acp_version: str | None = None,
         token: str | None = None,
         contract: Catalog | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
-        """``contract`` is the catalog whose majors the client may speak (default: the product's)."""
+        """``contract`` is the catalog whose majors the client may speak (default: the product's);
+        ``retry`` overrides the network transport's retry policy (``RetryPolicy.OFF``: none)."""
         self.transport = transport
         self.acp_version = acp_version
         self.token = token
+        self.retry = retry
         self.ops = _Operations(self)
         self._contract = contract or catalog.CATALOG
         self._major_of: tuple[str | None, Major] = (None, self._contract.default)
@@ -111,7 +115,9 @@ class ACPClient:
         return major
 
     def _options(self) -> CallOptions:
-        return CallOptions(acp_version=self.acp_version, token=self.token, request_id=new_request_id())
+        return CallOptions(
+            acp_version=self.acp_version, token=self.token, request_id=new_request_id(), retry=self.retry
+        )
 
     async def call(self, operation: str, params: Params = None, **fields: Any) -> message.Message:
         major = self.major

@@ -22,6 +22,7 @@ from google.protobuf import message
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.retry import RetryPolicy
 
 # gRPC metadata carrying a stream ticket (a gateway passes a browser's upstream).
 TICKET_METADATA = "acp-stream-ticket"
@@ -41,6 +42,8 @@ class CallOptions:
     transport: str = "local"
     # W3C ``traceparent`` to continue (a gateway passes its caller's, or its own span's).
     traceparent: str | None = None
+    # How a network transport retries this call (None: the transport's own policy).
+    retry: RetryPolicy | None = None
 
 
 class Transport(Protocol):

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from cleveragents.acp.facade import auth
 
@@ -72,7 +73,7 @@ class ServerProcess:
         return self.stderr_path.read_text(errors="replace")
 
 
-def kill_group(process: subprocess.Popen[bytes]) -> None:
+def kill_group(process: subprocess.Popen[Any]) -> None:
     """SIGKILL the child's process group (it has its own: ``start_new_session``), so what
     it started dies with it, and reap it."""
     with contextlib.suppress(ProcessLookupError):

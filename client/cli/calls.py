@@ -26,10 +26,18 @@ from google.protobuf import message
 
 from cleveragents.acp.client.acp_client import ACPClient, in_major
 from cleveragents.acp.client.cli import live, operations, render, value_path
-from cleveragents.acp.client.cli.connect import ConfigError, Connection, add_options, option, resolve
+from cleveragents.acp.client.cli.connect import (
+    ConfigError,
+    Connection,
+    add_options,
+    option,
+    resolve,
+    retry_policy,
+)
 from cleveragents.acp.contract import catalog, codec, envelope, errors, versions
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, TransportError
+from cleveragents.acp.contract.retry import Retrying, RetryPolicy
 from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.v1 import events_pb2, plan_pb2, session_pb2
 
@@ -47,6 +55,7 @@ def open_client(conn: Connection) -> ACPClient:
     """The client for the connection; each transport is imported only when used, which
     keeps the start of a command short."""
     ca = pathlib.Path(conn.ca_cert).read_bytes() if conn.ca_cert else None
+    retry = retry_policy(conn, _tell_retry)
     transport: Any
     if conn.server:
         import ssl
@@ -62,11 +71,11 @@ def open_client(conn: Connection) -> ACPClient:
             verify=verify,
             timeout=httpx.Timeout(None, connect=5.0),
         )
-        transport = HTTPTransport(http, owns_client=True)
+        transport = HTTPTransport(http, owns_client=True, retry=retry)
     elif conn.grpc:
         from cleveragents.acp.client.grpc_transport import GrpcTransport
 
-        transport = GrpcTransport.connect(conn.grpc, tls=ca is not None, root_certificates=ca)
+        transport = GrpcTransport.connect(conn.grpc, tls=ca is not None, root_certificates=ca, retry=retry)
     else:
         import sqlite3
 
@@ -81,6 +90,15 @@ def open_client(conn: Connection) -> ACPClient:
             ) from exc
         transport = LocalTransport(facade, owns_facade=True)
     return ACPClient(transport, acp_version=conn.acp_version, token=conn.token)
+
+
+def _tell_retry(retrying: Retrying) -> None:
+    """Say on stderr why the command is waiting (as curl's --retry does)."""
+    sys.stderr.write(
+        f"agents: no answer from the server ({_reason(retrying.error)}); retrying in "
+        f"{retrying.delay:.1f} s (attempt {retrying.attempt} of {retrying.attempts})\n"
+    )
+    sys.stderr.flush()
 
 
 class LocalStoreError(Exception):
@@ -116,7 +134,9 @@ def is_unreachable(exc: ACPError) -> bool:
 def fail(exc: BaseException, conn: Connection | None, err: TextIO) -> int:
     if isinstance(exc, ACPError):
         if conn is not None and (conn.server or conn.grpc) and is_unreachable(exc):
-            err.write(f"UNAVAILABLE: cannot reach the ACP server at {conn.where} ({_reason(exc)})\n")
+            attempts = exc.details.get("attempts", 1)
+            tried = f"; {attempts} attempts" if isinstance(attempts, int) and attempts > 1 else ""
+            err.write(f"UNAVAILABLE: cannot reach the ACP server at {conn.where} ({_reason(exc)}{tried})\n")
             return EXIT_UNREACHABLE
         err.write(f"{exc.code}: {exc.message}\n")
         return errors.exit_code(exc.code)
@@ -377,7 +397,10 @@ async def watch(client: ACPClient, conn: Connection, args: argparse.Namespace) -
             namespace=args.namespace or "",
         )
         try:
-            items = await client.transport.open_stream(subscribe, request, call_options(conn))
+            # This loop is the retrying (without end, once connected): the transport's is off.
+            options = call_options(conn)
+            options.retry = RetryPolicy.OFF
+            items = await client.transport.open_stream(subscribe, request, options)
             connected, delay = True, 0.2
             if lost:
                 sys.stderr.write(f"reconnected; resuming after sequence {last}\n")

@@ -9,6 +9,8 @@ a profile of the config file (``$XDG_CONFIG_HOME/cleveragents/acp.toml``)::
     # db = "/path/to/acp.db"             # or local mode
     # ca_cert = "/path/to/ca.pem"
     # acp_version = "1.1"
+    # retry_attempts = 6                 # calls the server never answered (1: no retry)
+    # retry_seconds = 20
 
 With neither a server nor a gRPC address the CLI runs in local mode, in-process, on
 ``--db`` / ``ACP_DB`` (default: the user's data directory).
@@ -17,13 +19,18 @@ With neither a server nor a gRPC address the CLI runs in local mode, in-process,
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import os
 import pathlib
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-SETTINGS = ("server", "token", "grpc", "db", "ca_cert", "acp_version")
+from cleveragents.acp.contract.retry import Retrying, RetryPolicy
+
+SETTINGS = ("server", "token", "grpc", "db", "ca_cert", "acp_version", "retry_attempts", "retry_seconds")
 
 
 class ConfigError(Exception):
@@ -43,6 +50,17 @@ _CONNECTION: tuple[tuple[str, str | None, str], ...] = (
     ("--ca-cert", "FILE", "CA certificate for TLS [ACP_CA_CERT]"),
     ("--acp-version", "X.Y", "ACP version to speak [ACP_VERSION]"),
     ("--profile", "NAME", "profile of the config file [ACP_PROFILE]"),
+    (
+        "--retry-attempts",
+        "N",
+        "attempts in all at a call the server never answered (connection refused or lost); "
+        "1 turns retrying off (default 6) [ACP_RETRY_ATTEMPTS]",
+    ),
+    (
+        "--retry-seconds",
+        "SECONDS",
+        "no retry starts later than this after the first failure (default 20) [ACP_RETRY_SECONDS]",
+    ),
 )
 _OUTPUT: tuple[tuple[str, str | None, str], ...] = (
     ("--json", None, "print the response data as JSON (for scripts)"),
@@ -97,6 +115,8 @@ class Connection:
     db: str | None
     ca_cert: str | None
     acp_version: str | None
+    retry_attempts: str | None = None
+    retry_seconds: str | None = None
 
     @property
     def where(self) -> str:
@@ -135,7 +155,8 @@ def resolve(args: argparse.Namespace) -> Connection:
     for key in SETTINGS:
         flag = option(args, key)
         env = os.environ.get(f"ACP_{key.upper()}")
-        values[key] = flag or env or profile.get(key)
+        given = flag or env or profile.get(key)
+        values[key] = None if given is None else str(given)
     if values["server"] and values["grpc"]:
         raise ConfigError("give either a server URL or a gRPC address, not both")
     server = values["server"]
@@ -143,7 +164,25 @@ def resolve(args: argparse.Namespace) -> Connection:
         raise ConfigError(f"server {server!r}: expected a URL such as http://127.0.0.1:8080")
     if server:
         values["server"] = server_origin(server)
-    return Connection(**values)
+    conn = Connection(**values)
+    retry_policy(conn)
+    return conn
+
+
+def retry_policy(conn: Connection, notify: Callable[[Retrying], None] | None = None) -> RetryPolicy:
+    """The retry policy the connection's settings ask for (``ConfigError`` when unusable)."""
+    default = RetryPolicy()
+    try:
+        attempts = int(conn.retry_attempts) if conn.retry_attempts else default.attempts
+        seconds = float(conn.retry_seconds) if conn.retry_seconds else default.deadline
+        if not math.isfinite(seconds):
+            raise ValueError("retry seconds must be finite")
+        return dataclasses.replace(default, attempts=attempts, deadline=seconds, notify=notify)
+    except ValueError as exc:
+        raise ConfigError(
+            f"retry settings: attempts {conn.retry_attempts!r}, seconds {conn.retry_seconds!r}: "
+            "expected a whole number of attempts of at least 1 and seconds of at least 0"
+        ) from exc
 
 
 _API_SUFFIXES = ("/api/v1/acp", "/api/v1")

@@ -165,6 +165,8 @@ def test_unreachable_server_is_one_line_and_exit_12(
 ) -> None:
     port = _free_port()
     cli = make_cli("local", tmp_path, None)
+    # Retrying (tests/client/cli/test_retry.py) would add a line per attempt: off here.
+    cli.env["ACP_RETRY_ATTEMPTS"] = "1"
     address = f"http://127.0.0.1:{port}" if mode == "http" else f"127.0.0.1:{port}"
     flag = "--server" if mode == "http" else "--grpc"
     result = cli(*command, flag, address, "--token", "t", expect=EXIT_UNREACHABLE)

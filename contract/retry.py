@@ -1,0 +1,124 @@
+"""Retrying a call whose server could not be reached or was lost, with the same request id.
+
+The client transports (HTTP and gRPC) call once; only a ``TransportError`` (no ACP server
+answered) is retried, and only when a second attempt cannot do harm:
+
+- the request never left (``details["sent"]`` is False: connection refused, name not
+  resolved, gRPC's "failed to connect"): nothing happened, so any operation is retried;
+- the operation is read-only (``option idempotency_level = NO_SIDE_EFFECTS``): retried;
+- a mutating request that may have reached the server (reset or closed after it was sent)
+  is retried only with ``after_send``: the server answers a repeated request id with the
+  first call's stored answer (docs/server.md, "Retries and request ids"), so the retry
+  learns what happened instead of doing it twice.
+
+Attempts are bounded (``attempts``, the first included), spaced by exponential backoff with
+jitter, and the retrying ends ``deadline`` seconds after the first failure. The last
+``TransportError`` is raised with ``details["attempts"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
+
+from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import TransportError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Retrying:
+    """One retry about to happen, for a caller that shows it (``RetryPolicy.notify``)."""
+
+    operation: str
+    error: TransportError
+    # The attempt about to start (2 is the first retry) and the bound.
+    attempt: int
+    attempts: int
+    delay: float
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a client transport retries a call it could not complete (module docstring)."""
+
+    # Attempts in all, the first included: 1 turns retrying off.
+    attempts: int = 6
+    # Seconds after the first failure after which no attempt starts.
+    deadline: float = 20.0
+    # The first delay; each next one doubles, up to ``max_backoff``; each is jittered
+    # between half and all of it, so clients a restart dropped together come back apart.
+    backoff: float = 0.25
+    max_backoff: float = 4.0
+    # Retry a mutating call that may have reached the server (safe: the server replays by
+    # request id).
+    after_send: bool = False
+    # Told before each retry (the CLI prints a line on a terminal).
+    notify: Callable[[Retrying], None] | None = None
+
+    OFF: ClassVar[RetryPolicy]
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be at least 1 (1: no retry), not {self.attempts}")
+        if self.deadline < 0 or self.backoff < 0 or self.max_backoff < 0:
+            raise ValueError("deadline, backoff and max_backoff must not be negative")
+
+    @property
+    def enabled(self) -> bool:
+        return self.attempts > 1
+
+    def delay(self, retry: int, rand: Callable[[], float] = random.random) -> float:
+        """The pause before retry number ``retry`` (0 for the first): equal jitter."""
+        ceiling = min(self.max_backoff, self.backoff * 2.0 ** min(retry, 62))
+        return ceiling / 2 + ceiling / 2 * rand()
+
+    def may_retry(self, op: Operation, error: TransportError) -> bool:
+        """Whether another attempt of ``op`` is harmless after ``error`` (module docstring)."""
+        if error.details.get("retryable") is False:
+            return False
+        if error.details.get("sent") is False or op.read_only:
+            return True
+        return self.after_send
+
+
+RetryPolicy.OFF = RetryPolicy(attempts=1)
+
+
+async def again(
+    policy: RetryPolicy,
+    op: Operation,
+    failed: TransportError,
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """Retry ``attempt`` after the first attempt failed with ``failed``: the caller's
+    success path pays nothing. Raises the last ``TransportError`` once the policy says stop."""
+    started = clock()
+    error = failed
+    made = 1
+    while made < policy.attempts and policy.may_retry(op, error):
+        pause = policy.delay(made - 1)
+        if clock() + pause - started > policy.deadline:
+            break
+        if policy.notify is not None:
+            policy.notify(Retrying(op.name, error, made + 1, policy.attempts, pause))
+        log.info("%s: %s; retrying in %.2f s (attempt %d)", op.name, error.message, pause, made + 1)
+        await sleep(pause)
+        made += 1
+        try:
+            return await attempt()
+        except TransportError as exc:
+            error = exc
+    error.details["attempts"] = made
+    raise error

@@ -1,0 +1,124 @@
+"""``RetryPolicy`` and ``again``: which failures are retried, and that retrying is bounded by
+attempts and by the deadline (a fake clock that the fake sleep advances, so nothing waits)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+
+from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract.errors import TransportError
+from cleveragents.acp.contract.retry import Retrying, RetryPolicy, again
+
+READ = catalog.OPERATIONS["session.list"]
+WRITE = catalog.OPERATIONS["session.create"]
+
+
+def lost(*, sent: bool, **more: object) -> TransportError:
+    return TransportError("connection lost", {"sent": sent, **more})
+
+
+class FakeTime:
+    """``sleep`` advances ``now``; every pause is recorded."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.pauses: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.now += seconds
+
+
+def test_what_may_be_retried() -> None:
+    policy = RetryPolicy()
+    assert policy.may_retry(WRITE, lost(sent=False))  # never left: nothing happened
+    assert not policy.may_retry(WRITE, lost(sent=True))  # may have happened
+    assert policy.may_retry(READ, lost(sent=True))  # read-only: harmless either way
+    assert dataclasses.replace(policy, after_send=True).may_retry(WRITE, lost(sent=True))
+    assert not policy.may_retry(READ, lost(sent=False, retryable=False))  # a refused certificate
+
+
+def test_delays_grow_with_jitter_up_to_the_ceiling() -> None:
+    policy = RetryPolicy(backoff=0.25, max_backoff=1.0)
+    assert [policy.delay(n, lambda: 0.0) for n in range(5)] == [0.125, 0.25, 0.5, 0.5, 0.5]
+    assert [policy.delay(n, lambda: 1.0) for n in range(5)] == [0.25, 0.5, 1.0, 1.0, 1.0]
+    assert policy.delay(10_000, lambda: 1.0) == 1.0
+
+
+@pytest.mark.parametrize("bad", [{"attempts": 0}, {"deadline": -1.0}, {"backoff": -0.1}])
+def test_nonsense_policies_are_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=r"attempts|negative"):
+        RetryPolicy(**bad)  # type: ignore[arg-type]
+
+
+async def test_a_call_that_keeps_failing_stops_after_the_attempts() -> None:
+    time = FakeTime()
+    told: list[Retrying] = []
+    policy = RetryPolicy(attempts=4, deadline=1000, notify=told.append)
+    calls = 0
+
+    async def attempt() -> str:
+        nonlocal calls
+        calls += 1
+        raise lost(sent=False)
+
+    with pytest.raises(TransportError) as raised:
+        await again(policy, WRITE, lost(sent=False), attempt, sleep=time.sleep, clock=time.clock)
+    assert calls == 3  # the first attempt was the caller's
+    assert raised.value.details["attempts"] == 4
+    assert [(t.attempt, t.attempts) for t in told] == [(2, 4), (3, 4), (4, 4)]
+    assert {t.operation for t in told} == {"session.create"}
+    assert [t.delay for t in told] == time.pauses
+
+
+async def test_the_deadline_ends_retrying_before_the_attempts_do() -> None:
+    time = FakeTime()
+    policy = RetryPolicy(attempts=1000, deadline=5.0, backoff=1.0, max_backoff=1.0)
+
+    async def attempt() -> str:
+        raise lost(sent=False)
+
+    with pytest.raises(TransportError) as raised:
+        await again(policy, READ, lost(sent=True), attempt, sleep=time.sleep, clock=time.clock)
+    assert sum(time.pauses) <= 5.0
+    assert 5 <= raised.value.details["attempts"] <= 11
+
+
+async def test_a_retry_that_gets_through_returns_its_answer() -> None:
+    time = FakeTime()
+    answers: Iterator[TransportError | str] = iter([lost(sent=False), "made"])
+
+    async def attempt() -> str:
+        answer = next(answers)
+        if isinstance(answer, TransportError):
+            raise answer
+        return answer
+
+    got = await again(RetryPolicy(), WRITE, lost(sent=False), attempt, sleep=time.sleep, clock=time.clock)
+    assert got == "made"
+    assert len(time.pauses) == 2
+
+
+async def test_a_mutating_call_lost_after_sending_is_not_retried_unless_allowed() -> None:
+    time = FakeTime()
+    calls = 0
+
+    async def attempt() -> str:
+        nonlocal calls
+        calls += 1
+        return "again"
+
+    with pytest.raises(TransportError) as raised:
+        await again(RetryPolicy(), WRITE, lost(sent=True), attempt, sleep=time.sleep, clock=time.clock)
+    assert (calls, raised.value.details["attempts"]) == (0, 1)
+    allowed = RetryPolicy(after_send=True)
+    answer = await again(allowed, WRITE, lost(sent=True), attempt, sleep=time.sleep, clock=time.clock)
+    assert answer == "again"
+    assert RetryPolicy.OFF.attempts == 1
+    assert not RetryPolicy.OFF.enabled

@@ -5,6 +5,7 @@ Presentation code opens a facade here and never touches the store or domain modu
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import pwd
@@ -12,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from cleveragents.acp.facade.domain.context import Context
-from cleveragents.acp.facade.domain.events import EventLog
+from cleveragents.acp.facade.domain.events import DEFAULT_POLL_INTERVAL, EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.models.settings import ModelSettings
 from cleveragents.acp.facade.domain.plans.engine import PlanEngine
@@ -32,6 +33,7 @@ from cleveragents.acp.facade.handlers.sessions import SessionHandlers
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
 from cleveragents.acp.facade.store.base import DEFAULT_WRITE_TIMEOUT, Store
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
+from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, PeerChannel
 
 
 def default_db_path() -> pathlib.Path:
@@ -52,28 +54,46 @@ def _env_number(name: str, kind: type[int] | type[float]) -> int | float | None:
         raise ValueError(f"${name} must be a {kind.__name__}, not {raw!r}") from None
 
 
-def open_event_log(store: SQLiteStore) -> EventLog:
+def open_event_log(store: SQLiteStore, *, follow: bool = False) -> EventLog:
     """The event log, configured from the environment: ``$ACP_EVENT_RETENTION_COUNT``
     (events kept) and ``$ACP_EVENT_RETENTION_SECONDS`` (maximum age; unset: keep all),
-    ``$ACP_EVENT_QUEUE_SIZE`` (events a live subscriber may lag before it is ended)."""
+    ``$ACP_EVENT_QUEUE_SIZE`` (events a live subscriber may lag before it is ended),
+    ``$ACP_EVENT_POLL_SECONDS`` (with ``follow``: how often the follower reads the store
+    without a wake-up; default 1)."""
     count = _env_number("ACP_EVENT_RETENTION_COUNT", int)
     seconds = _env_number("ACP_EVENT_RETENTION_SECONDS", float)
     queue_size = _env_number("ACP_EVENT_QUEUE_SIZE", int)
+    poll = _env_number("ACP_EVENT_POLL_SECONDS", float)
+    if poll is not None and not 0 < poll <= 60:
+        raise ValueError(f"$ACP_EVENT_POLL_SECONDS must be in (0, 60], not {poll}")
     return EventLog(
         store,
         queue_size=int(queue_size) if queue_size is not None else 1024,
         retention_count=int(count) if count is not None else None,
         retention_seconds=seconds,
+        follow=follow,
+        poll_interval=poll if poll is not None else DEFAULT_POLL_INTERVAL,
     )
 
 
-def open_store(db: str | pathlib.Path) -> SQLiteStore:
+def open_store(db: str | pathlib.Path, *, peers: PeerChannel | None = None) -> SQLiteStore:
     """The store; ``$ACP_STORE_WRITE_TIMEOUT_SECONDS`` bounds how long a write waits for a
-    lock another process holds on the file before it fails with STORE_BUSY."""
+    lock another process holds on the file before it fails with STORE_BUSY;
+    ``$ACP_EVENT_WAKEUP_MS`` is how often an event follower looks for other processes'
+    commits (default 20; the workers of one server also wake each other at once through
+    ``peers``)."""
     write_timeout = _env_number("ACP_STORE_WRITE_TIMEOUT_SECONDS", float)
     if write_timeout is not None and not 0 < write_timeout <= 3600:
         raise ValueError(f"$ACP_STORE_WRITE_TIMEOUT_SECONDS must be in (0, 3600], not {write_timeout}")
-    return SQLiteStore(db, write_timeout=DEFAULT_WRITE_TIMEOUT if write_timeout is None else write_timeout)
+    tick = _env_number("ACP_EVENT_WAKEUP_MS", float)
+    if tick is not None and not 0.1 <= tick <= 1000:
+        raise ValueError(f"$ACP_EVENT_WAKEUP_MS must be in [0.1, 1000], not {tick}")
+    return SQLiteStore(
+        db,
+        write_timeout=DEFAULT_WRITE_TIMEOUT if write_timeout is None else write_timeout,
+        wakeup_tick=DEFAULT_WAKEUP_TICK if tick is None else tick / 1000,
+        peers=peers,
+    )
 
 
 class _StoreResource:
@@ -97,7 +117,8 @@ class _EventLogResource:
         self.events = events
 
     async def close(self) -> None:
-        self.events.close()
+        # Off the loop: closing joins the follower thread.
+        await asyncio.to_thread(self.events.close)
 
 
 def server_policy(
@@ -130,14 +151,20 @@ def open_facade(
     *,
     authenticator: Authenticator | None = None,
     policy: Policy | None = None,
+    follow: bool = False,
+    peers: PeerChannel | None = None,
 ) -> ServiceFacade:
     """A facade over the SQLite file ``db`` (default: ``default_db_path()``).
+
+    ``follow``: its subscribers also get the events other processes commit to the file
+    (servers, workers, a local ``events watch``; see ``EventLog``). ``peers``: the other
+    workers of this server, which wake this one's follower at once (``--workers``).
 
     Without an authenticator the facade runs in local mode: every call acts as the
     local principal with access to all namespaces. ``policy`` is what the operator
     allows (resource roots, commands); by default the local one (``Policy.local``)."""
-    store = open_store(db if db is not None else default_db_path())
-    events = open_event_log(store)
+    store = open_store(db if db is not None else default_db_path(), peers=peers)
+    events = open_event_log(store, follow=follow)
     registries = Registries(store, policy if policy is not None else Policy.local())
     context = Context(store, registries)
     # Model servers: retries, backoff and timeouts from $ACP_MODEL_* (docs/actors.md).

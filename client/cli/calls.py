@@ -83,7 +83,7 @@ def open_client(conn: Connection) -> ACPClient:
         from cleveragents.acp.facade.factory import default_db_path, open_facade
 
         try:
-            facade = open_facade(conn.db)
+            facade = open_facade(conn.db, follow=True)
         except (sqlite3.Error, OSError, ValueError) as exc:
             raise LocalStoreError(
                 f"cannot open the local database {conn.db or default_db_path()}: {exc}"

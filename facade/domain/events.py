@@ -12,6 +12,18 @@ overflow ends it with BUDGET_EXCEEDED (refinement SUBSCRIBER_TOO_SLOW) naming th
 sequence it got, so it resubscribes with that ``after_sequence`` and misses nothing.
 Producers never wait for a subscriber.
 
+Several processes may share one store (``agents serve --workers N``, replicas on one
+PostgreSQL, a CLI writing the same SQLite file): the store is the truth for each of them.
+With ``follow``, a thread per log (the follower) reads the events committed after the last
+sequence this process delivered and hands them to its subscribers, so every subscriber sees
+every event of every process, in sequence order, with no gap and no duplicate. It is woken by
+the store's ``EventWakeups`` (SQLite: ``PRAGMA data_version``; PostgreSQL: LISTEN/NOTIFY),
+only a hint: it also reads every ``poll_interval``, so a lost wake-up costs latency, never an
+event. Events this process commits still go out at once from ``after_commit`` when they
+follow the last delivered sequence (the single-process fast path); when another process
+committed in between, they wait for the follower, which reads them in order with the gap.
+Everything is delivered under one lock, at most once per sequence, in increasing order.
+
 Retention (by count and/or age) prunes old events. A subscriber that asks for events
 older than what is retained gets what is retained: an unfiltered stream then starts
 above ``after_sequence + 1``, and ``Subscription.missed`` is true.
@@ -20,6 +32,7 @@ above ``after_sequence + 1``, and ``Subscription.missed`` is true.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -46,10 +59,17 @@ _TYPE_OF_FIELD: Mapping[str, str] = MappingProxyType(
 )
 EVENT_TYPES: frozenset[str] = frozenset(_TYPE_OF_FIELD.values())
 
+log = logging.getLogger(__name__)
+
 # Backlog rows read from the store per query.
 BACKLOG_BATCH = 256
 # Decoded backlog events kept (per generation) for the other subscribers reading them.
 DECODED_CACHE_SIZE = 2048
+# Rows the follower reads per query, and how often it reads without a wake-up.
+FOLLOW_BATCH = 256
+DEFAULT_POLL_INTERVAL = 1.0
+# How long close() waits for the follower thread (one wait slice and one read).
+_FOLLOWER_JOIN_SECONDS = 5.0
 
 
 def event_type(event: events_pb2.Event) -> str:
@@ -86,13 +106,20 @@ class EventLog:
         queue_size: int = 1024,
         retention_count: int | None = None,
         retention_seconds: float | None = None,
+        follow: bool = False,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
     ) -> None:
+        """``follow``: also deliver the events other processes commit to this store (a
+        follower thread, woken by ``store.event_wakeups()`` and reading at least every
+        ``poll_interval`` seconds)."""
         if queue_size < 1:
             raise ValueError("queue_size must be at least 1")
         if retention_count is not None and retention_count < 1:
             raise ValueError("retention_count must be at least 1")
         if retention_seconds is not None and retention_seconds <= 0:
             raise ValueError("retention_seconds must be positive")
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be positive")
         self._store = store
         self.queue_size = queue_size
         self.retention_count = retention_count
@@ -112,6 +139,15 @@ class EventLog:
         self._since_prune = 0
         self._last_prune = time.monotonic()
         self.prune()
+        # The newest sequence handed to subscribers (or skipped while there were none):
+        # delivery is in increasing order from here, under the lock.
+        self._delivered = store.last_sequence()
+        self.poll_interval = poll_interval
+        self._follower: threading.Thread | None = None
+        self._wakeups = store.event_wakeups() if follow else None
+        if follow:
+            self._follower = threading.Thread(target=self._follow, name="acp-event-follower", daemon=True)
+            self._follower.start()
 
     @property
     def store(self) -> Store:
@@ -173,14 +209,76 @@ class EventLog:
         return prepared
 
     def _fan_out(self, events: list[events_pb2.Event]) -> None:
-        """Runs after the commit, in commit (so sequence) order; only fills queues."""
+        """Runs after the commit, in commit (so sequence) order; only fills queues. Events
+        another process committed just before these are the follower's to read first
+        (with these); without a follower they are not delivered here at all."""
         with self._lock:
-            if not self._subscribers:
+            if self._follower is not None and events[0].sequence > self._delivered + 1:
                 return
-            subscribers = list(self._subscribers)
-            for event in events:
-                for subscriber in subscribers:
-                    subscriber._offer(event)
+            self._deliver(events)
+
+    def _deliver(self, events: Sequence[events_pb2.Event]) -> None:
+        """Offer the events above the last delivered sequence (called with the lock held;
+        ``events`` ascending and contiguous, as the store gives them)."""
+        delivered = self._delivered
+        if events[-1].sequence <= delivered:
+            return
+        self._delivered = events[-1].sequence
+        if not self._subscribers:
+            return
+        subscribers = list(self._subscribers)
+        for event in events:
+            if event.sequence <= delivered:
+                continue
+            for subscriber in subscribers:
+                subscriber._offer(event)
+
+    # following other processes ----------------------------------------------------------
+
+    def _follow(self) -> None:
+        """The follower thread: wait for a wake-up (or the poll interval), then deliver
+        what the store holds after the last delivered sequence."""
+        wakeups = self._wakeups
+        assert wakeups is not None
+        try:
+            while not self._closed:
+                wakeups.wait(self.poll_interval)
+                if self._closed:
+                    return
+                try:
+                    self._follow_once()
+                except Exception:
+                    # A store error (a locked or vanished file): the next wake-up or poll
+                    # reads again from the same sequence, so nothing is skipped.
+                    log.exception("the event follower could not read the store")
+        finally:
+            wakeups.close()
+
+    def _follow_once(self) -> None:
+        while not self._closed:
+            after = self._delivered
+            if not self._subscribers:
+                # Nobody to deliver to: move past the head without decoding. A subscriber
+                # that attaches after the check below reads everything up to ``head`` as
+                # its backlog (committed before it attached).
+                head = self._store.last_sequence()
+                with self._lock:
+                    if not self._subscribers:
+                        self._delivered = max(self._delivered, head)
+                        return
+            batch = self._store.read_events(after, FOLLOW_BATCH)
+            if not batch:
+                return
+            events = [_decode(stored) for stored in batch]
+            with self._lock:
+                self._deliver(events)
+            if len(batch) < FOLLOW_BATCH:
+                return
+
+    @property
+    def delivered_sequence(self) -> int:
+        """The newest sequence this process has handed to its subscribers."""
+        return self._delivered
 
     @property
     def fanning_out(self) -> bool:
@@ -275,7 +373,8 @@ class EventLog:
             return len(self._subscribers)
 
     def close(self) -> None:
-        """End every subscription (its reader stops iterating) and refuse new events."""
+        """End every subscription (its reader stops iterating), refuse new events and stop
+        the follower (blocks for its current read: call it off the loop)."""
         with self._lock:
             self._closed = True
             subscribers = list(self._subscribers)
@@ -283,6 +382,11 @@ class EventLog:
             for subscriber in subscribers:
                 subscriber._closed = True
                 subscriber._wake()
+        if self._wakeups is not None:
+            self._wakeups.close()
+        follower = self._follower
+        if follower is not None and follower is not threading.current_thread():
+            follower.join(_FOLLOWER_JOIN_SECONDS)
 
 
 def _copy(event: events_pb2.Event) -> events_pb2.Event:

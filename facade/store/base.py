@@ -17,6 +17,7 @@ tools, tests and the services not yet converted.
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -125,6 +126,29 @@ class ListQuery:
     after_name: tuple[str, str] | None = None
 
 
+class EventWakeups:
+    """Wakes a process's event follower when another process may have appended events.
+
+    Only a hint: the events table stays the truth, and the follower also reads it when a
+    wait times out, so a lost wake-up costs latency, never an event. ``wait`` runs on the
+    follower's own thread, never on an event loop. This default has no source: it sleeps
+    (a pure poll); a backend overrides it with what it has (SQLite's ``data_version``,
+    PostgreSQL's LISTEN)."""
+
+    def __init__(self) -> None:
+        self._closed = threading.Event()
+
+    def wait(self, timeout: float) -> bool:
+        """Block until events may have been appended since the previous wait (True; a
+        spurious True is allowed) or ``timeout`` seconds passed (False)."""
+        self._closed.wait(timeout)
+        return False
+
+    def close(self) -> None:
+        """Release what the wake-ups hold; a wait in progress returns soon."""
+        self._closed.set()
+
+
 class Store(abc.ABC):
     # the event loop's interface --------------------------------------------------------
 
@@ -216,6 +240,10 @@ class Store(abc.ABC):
         """Retention: drop events beyond the newest ``keep_last`` or older than a time
         (seconds since the epoch); returns how many went. The newest event always stays,
         so sequences never restart."""
+
+    def event_wakeups(self) -> EventWakeups:
+        """A wake-up source for one follower of the event log (see EventWakeups)."""
+        return EventWakeups()
 
     @abc.abstractmethod
     def close(self) -> None: ...

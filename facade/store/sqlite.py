@@ -36,6 +36,7 @@ from cleveragents.acp.facade.store import sqlite_lists as lists
 from cleveragents.acp.facade.store.base import (
     DEFAULT_WRITE_TIMEOUT,
     EventFilter,
+    EventWakeups,
     ListQuery,
     Record,
     SchemaTooNewError,
@@ -46,6 +47,7 @@ from cleveragents.acp.facade.store.base import (
     StoredEvent,
 )
 from cleveragents.acp.facade.store.migrations import MIGRATIONS
+from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, DataVersionWakeups, PeerChannel
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -154,12 +156,21 @@ class SQLiteStore(Store):
         synchronous: str = "FULL",
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
         readers: int = 4,
+        wakeup_tick: float = DEFAULT_WAKEUP_TICK,
+        peers: PeerChannel | None = None,
     ) -> None:
+        """``wakeup_tick``: how often an event follower looks at the file's data_version;
+        ``peers``: the other workers of this server, told at once of each commit that
+        appended events (``wakeups.PeerChannel``)."""
         self.path = pathlib.Path(path)
         if str(path) == ":memory:":
             raise ValueError("SQLiteStore needs a file: its readers open their own connections")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.write_timeout = write_timeout
+        self.wakeup_tick = wakeup_tick
+        self.peers = peers
+        # Set by append_events in a write transaction: tell the peers once it commits.
+        self._appended = False
         # The write connection: the writer thread's, or a blocking caller's under this lock.
         self._lock = threading.RLock()
         self._depth = 0
@@ -336,7 +347,9 @@ class SQLiteStore(Store):
                     self._db.execute("ROLLBACK TO job")
                 self._db.execute("RELEASE job")
             self._db.execute("COMMIT")
+            self._committed()
         except BaseException as exc:  # the commit failed: nothing is durable
+            self._appended = False
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             for job in batch:
@@ -429,7 +442,9 @@ class SQLiteStore(Store):
             try:
                 yield
                 self._db.execute("COMMIT")
+                self._committed()
             except BaseException:
+                self._appended = False
                 self._after_commit = []
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
@@ -455,6 +470,13 @@ class SQLiteStore(Store):
                 "the store is inside a transaction another task opened; "
                 "a transaction must not be held across an await"
             )
+
+    def _committed(self) -> None:
+        """After a durable commit: wake the peers' followers if it appended events."""
+        if self._appended:
+            self._appended = False
+            if self.peers is not None:
+                self.peers.announce()
 
     @staticmethod
     def _run(callback: Callable[[], None]) -> None:
@@ -619,6 +641,7 @@ class SQLiteStore(Store):
             row = self._one("SELECT COALESCE(MAX(sequence), 0) FROM events")
             first = int(row[0]) + 1
             sequences = list(range(first, first + len(events)))
+            self._appended = self._appended or bool(events)
             self._db.executemany(
                 "INSERT INTO events (sequence, namespace, type, plan_id, session_id, time, body) "
                 "VALUES (?,?,?,?,?,?,?)",
@@ -678,6 +701,11 @@ class SQLiteStore(Store):
                 ).rowcount
             return removed
 
+    def event_wakeups(self) -> EventWakeups:
+        return DataVersionWakeups(
+            self.path, self.wakeup_tick, self.peers.listen() if self.peers is not None else None
+        )
+
     def close(self) -> None:
         """Commit what is queued, stop the threads, close every connection."""
         with self._wake:
@@ -695,3 +723,5 @@ class SQLiteStore(Store):
             for db in readers:
                 db.close()
             self._db.close()
+        if self.peers is not None:
+            self.peers.close()

@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-from bench import actors, local, memory, neighbours, report, scaling, streams, unary
+from bench import actors, local, memory, neighbours, postgres, report, scaling, streams, unary
 from bench.modes import FULL, QUICK, SMOKE
 from bench.run import Run
 
@@ -23,6 +23,8 @@ FAMILIES: dict[str, Callable[[Run], None]] = {
     "neighbours": neighbours.run_all,
     "actors": actors.run_all,
     "scaling": scaling.run_all,
+    # Only where a PostgreSQL is reachable (bench/postgres.py); otherwise it says so.
+    "postgres": postgres.run_all,
 }
 
 DEFAULT_OUT = pathlib.Path(__file__).parent / "results.json"

@@ -21,9 +21,10 @@ def agents_command() -> list[str]:
 
 
 class Product:
-    """``agents serve`` on ephemeral loopback ports over a fresh SQLite file."""
+    """``agents serve`` on ephemeral loopback ports over a fresh SQLite file (or ``db``: a
+    file, or a ``postgresql://`` URL)."""
 
-    def __init__(self, folder: pathlib.Path, *, db: pathlib.Path | None = None) -> None:
+    def __init__(self, folder: pathlib.Path, *, db: pathlib.Path | str | None = None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         tokens = folder / "tokens.toml"
         self.token = auth.create_token(tokens, "bench", ["default"])

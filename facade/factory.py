@@ -32,14 +32,16 @@ from cleveragents.acp.facade.handlers.registries import RegistryHandlers
 from cleveragents.acp.facade.handlers.sessions import SessionHandlers
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
 from cleveragents.acp.facade.store.base import DEFAULT_WRITE_TIMEOUT, Store
+from cleveragents.acp.facade.store.postgres import PostgresStore, is_postgres_url, redacted
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, PeerChannel
 
 
-def default_db_path() -> pathlib.Path:
-    """``$ACP_DB``, else the user's data directory (XDG_DATA_HOME)."""
+def default_db_path() -> str | pathlib.Path:
+    """``$ACP_DB`` (a SQLite file or a ``postgresql://`` URL), else the user's data
+    directory (XDG_DATA_HOME)."""
     if env := os.environ.get("ACP_DB"):
-        return pathlib.Path(env)
+        return env if is_postgres_url(env) else pathlib.Path(env)
     data_home = os.environ.get("XDG_DATA_HOME") or str(pathlib.Path.home() / ".local" / "share")
     return pathlib.Path(data_home) / "cleveragents" / "acp.db"
 
@@ -54,7 +56,13 @@ def _env_number(name: str, kind: type[int] | type[float]) -> int | float | None:
         raise ValueError(f"${name} must be a {kind.__name__}, not {raw!r}") from None
 
 
-def open_event_log(store: SQLiteStore, *, follow: bool = False) -> EventLog:
+def describe_db(db: str | pathlib.Path) -> str:
+    """What a banner or an error shows of a database: the file, or the URL without its
+    password."""
+    return redacted(db) if isinstance(db, str) and is_postgres_url(db) else str(db)
+
+
+def open_event_log(store: Store, *, follow: bool = False) -> EventLog:
     """The event log, configured from the environment: ``$ACP_EVENT_RETENTION_COUNT``
     (events kept) and ``$ACP_EVENT_RETENTION_SECONDS`` (maximum age; unset: keep all),
     ``$ACP_EVENT_QUEUE_SIZE`` (events a live subscriber may lag before it is ended),
@@ -76,28 +84,32 @@ def open_event_log(store: SQLiteStore, *, follow: bool = False) -> EventLog:
     )
 
 
-def open_store(db: str | pathlib.Path, *, peers: PeerChannel | None = None) -> SQLiteStore:
-    """The store; ``$ACP_STORE_WRITE_TIMEOUT_SECONDS`` bounds how long a write waits for a
-    lock another process holds on the file before it fails with STORE_BUSY;
+def open_store(db: str | pathlib.Path, *, peers: PeerChannel | None = None) -> Store:
+    """The store: PostgreSQL for a ``postgresql://`` (or ``postgres://``) URL, else the
+    SQLite file. ``$ACP_STORE_WRITE_TIMEOUT_SECONDS`` bounds how long a write waits for a
+    lock another process (or replica) holds before it fails with STORE_BUSY;
     ``$ACP_EVENT_WAKEUP_MS`` is how often an event follower looks for other processes'
-    commits (default 20; the workers of one server also wake each other at once through
-    ``peers``)."""
+    commits to a SQLite file (default 20; the workers of one server also wake each other at
+    once through ``peers``). PostgreSQL wakes followers by LISTEN/NOTIFY instead."""
     write_timeout = _env_number("ACP_STORE_WRITE_TIMEOUT_SECONDS", float)
     if write_timeout is not None and not 0 < write_timeout <= 3600:
         raise ValueError(f"$ACP_STORE_WRITE_TIMEOUT_SECONDS must be in (0, 3600], not {write_timeout}")
     tick = _env_number("ACP_EVENT_WAKEUP_MS", float)
     if tick is not None and not 0.1 <= tick <= 1000:
         raise ValueError(f"$ACP_EVENT_WAKEUP_MS must be in [0.1, 1000], not {tick}")
+    timeout = DEFAULT_WRITE_TIMEOUT if write_timeout is None else write_timeout
+    if isinstance(db, str) and is_postgres_url(db):
+        return PostgresStore(db, write_timeout=timeout)
     return SQLiteStore(
         db,
-        write_timeout=DEFAULT_WRITE_TIMEOUT if write_timeout is None else write_timeout,
+        write_timeout=timeout,
         wakeup_tick=DEFAULT_WAKEUP_TICK if tick is None else tick / 1000,
         peers=peers,
     )
 
 
 class _StoreResource:
-    def __init__(self, store: SQLiteStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
 
     async def close(self) -> None:
@@ -154,7 +166,8 @@ def open_facade(
     follow: bool = False,
     peers: PeerChannel | None = None,
 ) -> ServiceFacade:
-    """A facade over the SQLite file ``db`` (default: ``default_db_path()``).
+    """A facade over the database ``db``: a SQLite file or a PostgreSQL URL (default:
+    ``default_db_path()``).
 
     ``follow``: its subscribers also get the events other processes commit to the file
     (servers, workers, a local ``events watch``; see ``EventLog``). ``peers``: the other

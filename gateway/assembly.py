@@ -16,6 +16,7 @@ import logging
 import os
 import pathlib
 import shlex
+import sqlite3
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -24,7 +25,7 @@ from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.required import required_fields
 from cleveragents.acp.contract.transport import Transport
 from cleveragents.acp.facade import auth
-from cleveragents.acp.facade.factory import default_db_path, open_facade, server_policy
+from cleveragents.acp.facade.factory import default_db_path, describe_db, open_facade, server_policy
 from cleveragents.acp.facade.handlers.meta import server_build
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from cleveragents.acp.gateway.http.app import GatewaySettings
@@ -138,7 +139,7 @@ def serve(flags: Mapping[str, Any], config: pathlib.Path | None) -> int:
         return _fail("serve", str(exc))
     state_dir: pathlib.Path | None = settings.state_dir
     tokens: pathlib.Path | None = settings.tokens
-    db: pathlib.Path | None = settings.db
+    db: str | pathlib.Path | None = settings.db
     if state_dir is not None:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         tokens = tokens or state_dir / "tokens.toml"
@@ -185,13 +186,17 @@ def serve(flags: Mapping[str, Any], config: pathlib.Path | None) -> int:
 async def _serve(
     config: ServerConfig,
     opened: Callable[[], ServiceFacade],
-    db: pathlib.Path,
+    db: str | pathlib.Path,
     tokens: pathlib.Path,
     *,
     dev: bool,
     first_start: bool,
 ) -> int:
-    facade = opened()
+    try:
+        facade = opened()
+    except (OSError, ValueError, sqlite3.Error) as exc:
+        # An unreachable database, a file that is not one, a schema too new: one line.
+        return _fail("serve", f"cannot open the store {describe_db(db)}: {exc}")
     server = Server(config, facade=facade)
     try:
         addresses = await server.start()
@@ -208,7 +213,7 @@ async def _serve(
             f"envelope: POST {addresses.http_url}/api/v1/acp)",
             f"  console {addresses.http_url}/   (API docs: {addresses.http_url}/api/v1/docs)",
             f"  gRPC    {addresses.grpc_target}   (reflection and health on)",
-            f"  store   {db}",
+            f"  store   {describe_db(db)}",
             f"  tokens  {tokens}",
         ]
         if token is not None:

@@ -77,7 +77,8 @@ class HTTPSettings(BaseModel):
 
 class ServeSettings(HTTPSettings):
     grpc_port: Port = 50051
-    db: pathlib.Path | None = None
+    # A SQLite file, or a postgresql:// URL (kept a string: a path would fold its "//").
+    db: str | None = Field(default=None, min_length=1)
     tokens: pathlib.Path | None = None
     state_dir: pathlib.Path | None = None
     # Folders directory resources may live in; "{namespace}" names a per-namespace one.

@@ -13,7 +13,8 @@ from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from tests import browser
 
-pytest_plugins = ["tests.hygiene"]
+# tests.postgres: the pg_url fixture (a fresh PostgreSQL schema per test) and its header line.
+pytest_plugins = ["tests.hygiene", "tests.postgres"]
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

@@ -80,13 +80,13 @@ def open_client(conn: Connection) -> ACPClient:
         import sqlite3
 
         from cleveragents.acp.client.local import LocalTransport
-        from cleveragents.acp.facade.factory import default_db_path, open_facade
+        from cleveragents.acp.facade.factory import default_db_path, describe_db, open_facade
 
         try:
             facade = open_facade(conn.db, follow=True)
         except (sqlite3.Error, OSError, ValueError) as exc:
             raise LocalStoreError(
-                f"cannot open the local database {conn.db or default_db_path()}: {exc}"
+                f"cannot open the local database {describe_db(conn.db or default_db_path())}: {exc}"
             ) from exc
         transport = LocalTransport(facade, owns_facade=True)
     return ACPClient(transport, acp_version=conn.acp_version, token=conn.token)

@@ -135,8 +135,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     serve.add_argument(
         "--db",
-        metavar="FILE",
-        help="SQLite file (ACP_DB; default: acp.db in --state-dir, else the user's data directory)",
+        metavar="FILE|URL",
+        help="SQLite file, or a postgresql:// URL for a store shared by several replicas (ACP_DB; "
+        "default: acp.db in --state-dir, else the user's data directory)",
     )
     serve.add_argument("--tokens", metavar="FILE", help="token file (ACP_TOKENS)")
     serve.add_argument(

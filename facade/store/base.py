@@ -35,8 +35,14 @@ class StoreConflictError(Exception):
     """A record with the same (kind, namespace, name) or (kind, id) exists."""
 
 
-class SchemaTooNewError(Exception):
-    """The database was written by a newer release: opening it could corrupt it."""
+class SchemaTooNewError(ValueError):
+    """The database was written by a newer release: opening it could corrupt it (a
+    ValueError: a setting to change, as callers that open stores report those)."""
+
+
+class StoreUnavailableError(OSError):
+    """The database cannot be opened: unreachable, refusing the connection, or failing a
+    migration (an OSError: what callers that open stores already report in one line)."""
 
 
 class StoreBusyError(ACPError):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import contextvars
 import json
 import logging
@@ -46,6 +45,7 @@ from cleveragents.acp.facade.store.base import (
     StoreConflictError,
     StoredEvent,
 )
+from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
 from cleveragents.acp.facade.store.migrations import MIGRATIONS
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, DataVersionWakeups, PeerChannel
 
@@ -86,20 +86,6 @@ def _statements(script: str) -> Iterator[str]:
         yield pending
 
 
-def _current_task() -> asyncio.Task[Any] | None:
-    try:
-        return asyncio.current_task()
-    except RuntimeError:
-        return None
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
 _STR = frozenset({str})
 
 
@@ -118,23 +104,6 @@ def _loads(text: str) -> Any:
 
 def _json(value: dict[str, str]) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-class _Job:
-    """One ``write`` call on its way through the writer thread."""
-
-    __slots__ = ("callbacks", "deadline", "error", "fn", "future", "loop", "result")
-
-    def __init__(
-        self, fn: Callable[[Store], Any], loop: asyncio.AbstractEventLoop | None, deadline: float
-    ) -> None:
-        self.fn = fn
-        self.loop = loop
-        self.future: asyncio.Future[Any] | None = loop.create_future() if loop is not None else None
-        self.deadline = deadline
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.callbacks: list[Callable[[], None]] = []
 
 
 # The most writes one commit takes: bounds how long the first of them waits for the last.
@@ -193,15 +162,13 @@ class SQLiteStore(Store):
         self._readers_lock = threading.Lock()
         self._reader_pool = ThreadPoolExecutor(readers, thread_name_prefix="acp-store-read")
         # Writes queued for the writer thread, started on the first write().
-        self._queue: collections.deque[_Job] = collections.deque()
+        self._queue: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self._writer: threading.Thread | None = None
         self._closing = False
         self._closed = False
         # Committed writes whose callbacks and answers are due, in commit order.
-        self._due: collections.deque[_Job] = collections.deque()
-        self._due_lock = threading.Lock()
-        self._drain_lock = threading.RLock()
+        self._order = CommitOrder()
 
     # schema ---------------------------------------------------------------------------
 
@@ -275,7 +242,7 @@ class SQLiteStore(Store):
     async def write(self, fn: Callable[[Store], T]) -> T:
         # The caller's context travels with fn (the trace id an event it appends carries).
         context = contextvars.copy_context()
-        job = _Job(
+        job = Job(
             lambda store: context.run(fn, store),
             asyncio.get_running_loop(),
             time.monotonic() + self.write_timeout,
@@ -301,18 +268,17 @@ class SQLiteStore(Store):
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
             self._commit(batch)
 
-    def _commit(self, batch: list[_Job]) -> None:
+    def _commit(self, batch: list[Job]) -> None:
         """Run a batch in one transaction; due in commit order once it is durable."""
         with self._lock:
             batch = self._begin_batch(batch)
             if batch:
                 self._run_batch(batch)
             # Still under the write lock: the due queue is in commit order.
-            with self._due_lock:
-                self._due.extend(batch)
-        self._announce(batch)
+            self._order.due(batch)
+        self._order.announce(batch)
 
-    def _begin_batch(self, batch: list[_Job]) -> list[_Job]:
+    def _begin_batch(self, batch: list[Job]) -> list[Job]:
         """Start the transaction; calls that waited their whole bound fail meanwhile."""
         while True:
             try:
@@ -322,18 +288,18 @@ class SQLiteStore(Store):
                 if not _busy(exc):
                     for job in batch:
                         job.error = exc
-                    self._settle(batch)
+                    self._order.settle(batch)
                     return []
             now = time.monotonic()
             expired = [job for job in batch if job.deadline <= now]
             for job in expired:
                 job.error = StoreBusyError(self.write_timeout)
-            self._settle(expired)
+            self._order.settle(expired)
             batch = [job for job in batch if job.deadline > now]
             if not batch:
                 return []
 
-    def _run_batch(self, batch: list[_Job]) -> None:
+    def _run_batch(self, batch: list[Job]) -> None:
         self._depth, self._owner_thread, self._owner = 1, threading.get_ident(), None
         try:
             for job in batch:
@@ -358,42 +324,6 @@ class SQLiteStore(Store):
                     job.error = exc
         finally:
             self._depth, self._owner_thread, self._after_commit = 0, None, []
-
-    def _settle(self, jobs: list[_Job]) -> None:
-        """Failed before any commit: answer now (no callbacks to keep in order)."""
-        with self._due_lock:
-            self._due.extend(jobs)
-        self._announce(jobs)
-
-    def _announce(self, jobs: list[_Job]) -> None:
-        for loop in {id(job.loop): job.loop for job in jobs if job.loop is not None}.values():
-            # A closed loop: nobody waits for the answer.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._drain)
-
-    def _drain(self) -> None:
-        """Run due callbacks and answer due calls, in commit order (on a caller's thread)."""
-        with self._drain_lock:
-            while True:
-                with self._due_lock:
-                    if not self._due:
-                        return
-                    job = self._due.popleft()
-                if job.loop is not None and job.loop is not _running_loop():
-                    job.loop.call_soon_threadsafe(self._finish, job)
-                else:
-                    self._finish(job)
-
-    def _finish(self, job: _Job) -> None:
-        for callback in job.callbacks:
-            self._run(callback)
-        future = job.future
-        if future is None or future.done():
-            return
-        if job.error is not None:
-            future.set_exception(job.error)
-        else:
-            future.set_result(job.result)
 
     # connections ----------------------------------------------------------------------
 
@@ -438,7 +368,7 @@ class SQLiteStore(Store):
             return
         with self._lock:
             self._begin(time.monotonic() + self.write_timeout)
-            self._depth, self._owner_thread, self._owner = 1, threading.get_ident(), _current_task()
+            self._depth, self._owner_thread, self._owner = 1, threading.get_ident(), current_task()
             try:
                 yield
                 self._db.execute("COMMIT")
@@ -451,21 +381,19 @@ class SQLiteStore(Store):
                 raise
             finally:
                 self._depth, self._owner_thread, self._owner = 0, None, None
-            done = _Job(lambda _store: None, None, 0.0)
-            done.callbacks, self._after_commit = self._after_commit, []
-            with self._due_lock:
-                self._due.append(done)
-        self._drain()
+            callbacks, self._after_commit = self._after_commit, []
+            self._order.due([done(callbacks)])
+        self._order.drain()
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         if self._depth and self._owner_thread == threading.get_ident():
             self._check_owner()
             self._after_commit.append(callback)
         else:
-            self._run(callback)
+            run_callback(callback)
 
     def _check_owner(self) -> None:
-        if self._depth and _current_task() is not self._owner:
+        if self._depth and current_task() is not self._owner:
             raise RuntimeError(
                 "the store is inside a transaction another task opened; "
                 "a transaction must not be held across an await"
@@ -477,14 +405,6 @@ class SQLiteStore(Store):
             self._appended = False
             if self.peers is not None:
                 self.peers.announce()
-
-    @staticmethod
-    def _run(callback: Callable[[], None]) -> None:
-        """The write is committed and acknowledged; a failing callback must not undo that."""
-        try:
-            callback()
-        except Exception:
-            log.exception("after-commit callback %r failed", callback)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         """Run one statement: in this thread's write transaction, else on its read-only connection."""
@@ -715,7 +635,7 @@ class SQLiteStore(Store):
         if writer is not None and writer is not threading.current_thread():
             writer.join()
         self._reader_pool.shutdown(wait=True)
-        self._drain()
+        self._order.drain()
         with self._lock:
             self._closed = True
             with self._readers_lock:

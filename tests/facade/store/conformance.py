@@ -1,5 +1,6 @@
-"""The ``Store`` contract, written once: every backend's test module subclasses
-``StoreConformance`` and provides a ``store`` fixture (and ``reopen`` for durability)."""
+"""The ``Store`` contract, written once and run over every backend: ``test_conformance.py``
+runs ``StoreConformance`` with ``open_store`` giving a fresh SQLite file or a fresh
+PostgreSQL schema (tests/facade/store/conftest.py)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def _abort(store: Store, body: Callable[[], object]) -> None:
 
 
 class StoreConformance:
-    """Subclasses named ``Test<Backend>`` provide a ``store`` fixture."""
+    """Needs ``open_store`` (a new store on the test's database each call) and ``store``."""
 
     # records --------------------------------------------------------------------------
 
@@ -477,19 +478,44 @@ class StoreConformance:
         await writing
         assert await store.read(lambda s: s.get("session", "01B")) is not None
 
+    # durability and misuse ------------------------------------------------------------
 
-def reopen_keeps_everything(open_store: Callable[[], Store]) -> None:
-    """Shared by durable backends: what one store wrote, the next one reads."""
-    first = open_store()
-    first.insert(record(id="01A", name="alpha"))
-    first.append_items("messages", "01A", [b"m0", b"m1"])
-    first.append_events([event(), event()])
-    first.prune_events(keep_last=1)
-    first.close()
-    second = open_store()
-    try:
+    def test_reopen_keeps_everything(self, open_store: Callable[[], Store]) -> None:
+        """What one store wrote, the next one on the same database reads."""
+        first = open_store()
+        first.insert(record(id="01A", name="alpha"))
+        first.append_items("messages", "01A", [b"m0", b"m1"])
+        first.append_events([event(), event()])
+        first.prune_events(keep_last=1)
+        first.close()
+        second = open_store()
         assert second.get("session", "01A") is not None
         assert second.list_items("messages", "01A") == [(0, b"m0"), (1, b"m1")]
         assert second.append_events([event()]) == [3]
-    finally:
-        second.close()
+
+    async def test_other_tasks_cannot_join_a_transaction_held_across_an_await(self, store: Store) -> None:
+        inside, release = asyncio.Event(), asyncio.Event()
+
+        async def holder() -> None:
+            with store.transaction():
+                store.insert(record(id="01A"))
+                inside.set()
+                await release.wait()
+
+        task = asyncio.create_task(holder())
+        try:
+            await asyncio.wait_for(inside.wait(), 10)
+            misuses: list[Callable[[], object]] = [
+                lambda: store.get("session", "01A"),
+                lambda: store.insert(record(id="01B")),
+                lambda: store.after_commit(lambda: None),
+            ]
+            for misuse in misuses:
+                with pytest.raises(RuntimeError, match="across an await"):
+                    misuse()
+            release.set()
+            await asyncio.wait_for(task, 10)
+            assert store.get("session", "01A") is not None
+            assert store.get("session", "01B") is None
+        finally:
+            release.set()

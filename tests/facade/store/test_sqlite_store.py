@@ -1,29 +1,19 @@
-"""SQLiteStore: the conformance suite, plus what only a file-backed store has: WAL,
-reopening, and schema migrations on start."""
+"""SQLiteStore: what only the file-backed store has (WAL, schema migrations on start, its
+list plans); the conformance suite runs in test_conformance.py."""
 
 from __future__ import annotations
 
-import asyncio
 import pathlib
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
 
 import pytest
 
 from cleveragents.acp.facade.store import migrations, sqlite
-from cleveragents.acp.facade.store.base import EventFilter, ListQuery, SchemaTooNewError, Store
+from cleveragents.acp.facade.store.base import EventFilter, ListQuery, SchemaTooNewError
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
-from tests.facade.store.conformance import StoreConformance, event, record, reopen_keeps_everything
-
-
-class TestSQLiteStore(StoreConformance):
-    @pytest.fixture
-    def store(self, db_path: pathlib.Path) -> Iterator[Store]:
-        store = SQLiteStore(db_path)
-        yield store
-        store.close()
+from tests.facade.store.conformance import event, record
 
 
 def test_new_file_is_created_in_wal_mode_at_the_latest_version(tmp_path: pathlib.Path) -> None:
@@ -35,10 +25,6 @@ def test_new_file_is_created_in_wal_mode_at_the_latest_version(tmp_path: pathlib
         assert store.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         store.close()
-
-
-def test_reopen_keeps_everything(db_path: pathlib.Path) -> None:
-    reopen_keeps_everything(lambda: SQLiteStore(db_path))
 
 
 def test_old_database_is_upgraded_on_open(db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,36 +121,6 @@ def test_processes_opening_one_new_file_together_migrate_it_once(tmp_path: pathl
     try:
         assert store.schema_version == len(migrations.MIGRATIONS)
     finally:
-        store.close()
-
-
-async def test_other_tasks_cannot_join_a_transaction_held_across_an_await(db_path: pathlib.Path) -> None:
-    store = SQLiteStore(db_path)
-    inside, release = asyncio.Event(), asyncio.Event()
-
-    async def holder() -> None:
-        with store.transaction():
-            store.insert(record(id="01A"))
-            inside.set()
-            await release.wait()
-
-    task = asyncio.create_task(holder())
-    try:
-        await asyncio.wait_for(inside.wait(), 10)
-        misuses: list[Callable[[], object]] = [
-            lambda: store.get("session", "01A"),
-            lambda: store.insert(record(id="01B")),
-            lambda: store.after_commit(lambda: None),
-        ]
-        for misuse in misuses:
-            with pytest.raises(RuntimeError, match="across an await"):
-                misuse()
-        release.set()
-        await asyncio.wait_for(task, 10)
-        assert store.get("session", "01A") is not None
-        assert store.get("session", "01B") is None
-    finally:
-        release.set()
         store.close()
 
 

@@ -1,0 +1,116 @@
+"""What every store does after a commit: run the ``after_commit`` callbacks and answer the
+``write`` calls on their callers' loops, in commit order.
+
+A store thread commits, then (still in commit order, under the lock that ordered the
+commits) hands the calls to ``CommitOrder.due``; ``announce`` asks each caller's loop to
+``drain``, which runs the callbacks and resolves the futures in the order they came due,
+so the event log fans out in sequence order whichever loop drains first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
+
+
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def run_callback(callback: Callable[[], None]) -> None:
+    """The write is committed and acknowledged; a failing callback must not undo that."""
+    try:
+        callback()
+    except Exception:
+        log.exception("after-commit callback %r failed", callback)
+
+
+class Job:
+    """One ``write`` call on its way through a store thread."""
+
+    __slots__ = ("callbacks", "deadline", "error", "fn", "future", "loop", "result")
+
+    def __init__(
+        self, fn: Callable[[Any], Any], loop: asyncio.AbstractEventLoop | None, deadline: float
+    ) -> None:
+        self.fn = fn
+        self.loop = loop
+        self.future: asyncio.Future[Any] | None = loop.create_future() if loop is not None else None
+        self.deadline = deadline
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.callbacks: list[Callable[[], None]] = []
+
+
+def done(callbacks: list[Callable[[], None]]) -> Job:
+    """A committed transaction nobody awaits (a blocking caller's): only its callbacks."""
+    job = Job(lambda _store: None, None, 0.0)
+    job.callbacks = callbacks
+    return job
+
+
+class CommitOrder:
+    """Committed (or failed) calls whose callbacks and answers are due, in commit order."""
+
+    def __init__(self) -> None:
+        self._due: collections.deque[Job] = collections.deque()
+        self._due_lock = threading.Lock()
+        self._drain_lock = threading.RLock()
+
+    def due(self, jobs: Iterable[Job]) -> None:
+        """Queue jobs; the caller holds whatever orders its commits."""
+        with self._due_lock:
+            self._due.extend(jobs)
+
+    def settle(self, jobs: list[Job]) -> None:
+        """Failed before any commit: due now (no callbacks to keep in order), and announced."""
+        self.due(jobs)
+        self.announce(jobs)
+
+    def announce(self, jobs: Iterable[Job]) -> None:
+        for loop in {id(job.loop): job.loop for job in jobs if job.loop is not None}.values():
+            # A closed loop: nobody waits for the answer.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self.drain)
+
+    def drain(self) -> None:
+        """Run due callbacks and answer due calls, in commit order (on a caller's thread)."""
+        with self._drain_lock:
+            while True:
+                with self._due_lock:
+                    if not self._due:
+                        return
+                    job = self._due.popleft()
+                if job.loop is not None and job.loop is not running_loop():
+                    job.loop.call_soon_threadsafe(self._finish, job)
+                else:
+                    self._finish(job)
+
+    @staticmethod
+    def _finish(job: Job) -> None:
+        for callback in job.callbacks:
+            run_callback(callback)
+        future = job.future
+        if future is None or future.done():
+            return
+        if job.error is not None:
+            future.set_exception(job.error)
+        else:
+            future.set_result(job.result)

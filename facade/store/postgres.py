@@ -1,0 +1,780 @@
+"""The store for many replicas: one PostgreSQL database (or one schema of it).
+
+The same ``Store`` as ``SQLiteStore``, built the way PostgreSQL wants to be used: a pool
+of connections (psycopg_pool) driven from two small thread pools, so the event loop never
+waits and several writes are in flight at once (PostgreSQL commits them concurrently; no
+group-commit writer thread is needed).
+
+- ``read(fn)``: one ``REPEATABLE READ, READ ONLY`` transaction, so every statement of
+  ``fn`` sees one snapshot and none waits for a writer.
+- ``write(fn)``: one ``READ COMMITTED`` transaction; the commit is durable
+  (``synchronous_commit`` as the server is configured, on by default) before ``write``
+  returns. Conditional writes lock what they check: ``update``/``delete`` are one
+  ``UPDATE``/``DELETE ... WHERE revision = ...``, ``append_items`` takes a per-owner
+  advisory lock, ``append_events`` updates the one-row ``event_sequence`` counter, whose
+  row lock, held to commit, hands sequences out in commit order (docs/events.md, "Across
+  replicas").
+- A lock held elsewhere is waited for at most ``write_timeout`` (``lock_timeout``; a
+  deadlock or serialization failure counts the same): then the call fails with the
+  retryable StoreBusyError, having written nothing.
+- ``after_commit`` callbacks run on the caller's loop in commit order: the commits of one
+  process are taken one at a time (a lock around ``COMMIT`` and queueing the callbacks),
+  so the order they are delivered in is the order they committed.
+
+The URL is any libpq URL (``postgresql://user@host:5432/db?options=-csearch_path%3Dacp``);
+tables live in the first schema of its search path, created when missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import logging
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, TypeVar, cast
+
+import orjson
+import psycopg
+from psycopg import errors, sql
+from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from cleveragents.acp.facade.store.base import (
+    DEFAULT_WRITE_TIMEOUT,
+    EventFilter,
+    EventWakeups,
+    ListQuery,
+    Record,
+    SchemaTooNewError,
+    StaleRevisionError,
+    Store,
+    StoreBusyError,
+    StoreConflictError,
+    StoredEvent,
+    StoreUnavailableError,
+)
+from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
+from cleveragents.acp.facade.store.pg_migrations import PG_MIGRATIONS
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SCHEMES = ("postgresql://", "postgres://")
+_COLUMNS = "kind, id, namespace, name, revision, state, attrs, labels, create_time, update_time, body"
+_EVENT_COLUMNS = "sequence, namespace, type, plan_id, session_id, time, body"
+# How long opening a connection may take before the store gives up on the server.
+CONNECT_TIMEOUT = 10
+# How long a replica waits for another one's migration before it gives up.
+MIGRATION_WAIT = 300.0
+# Failures that mean "another transaction was in the way": nothing was written, retry.
+_BUSY = (errors.LockNotAvailable, errors.DeadlockDetected, errors.SerializationFailure)
+
+
+def is_postgres_url(db: object) -> bool:
+    return isinstance(db, str) and db.startswith(SCHEMES)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password (in the authority or as a query parameter): what a
+    banner or an error message may show."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hostinfo = netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{hostinfo}" if ":" in userinfo else f"{user}@{hostinfo}"
+    # The query as given (its escapes kept), but a password's value.
+    query = "&".join(
+        f"{piece.split('=', 1)[0]}=***"
+        if urllib.parse.unquote(piece.split("=", 1)[0]) == "password"
+        else piece
+        for piece in parts.query.split("&")
+    )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def first_schema(search_path: str) -> str | None:
+    """The first schema a ``search_path`` setting names (``$user`` aside), unquoted."""
+    names: list[str] = []
+    current, quoted, i = "", False, 0
+    while i < len(search_path):
+        char = search_path[i]
+        if quoted:
+            if char == '"' and search_path[i + 1 : i + 2] == '"':
+                current += '"'
+                i += 1
+            elif char == '"':
+                quoted = False
+            else:
+                current += char
+        elif char == '"':
+            quoted = True
+        elif char == ",":
+            names.append(current.strip())
+            current = ""
+        else:
+            current += char
+        i += 1
+    names.append(current.strip())
+    return next((name for name in names if name and name != "$user"), None)
+
+
+def _record(row: Sequence[Any]) -> Record:
+    kind, id_, namespace, name, revision, state, attrs, labels, created, updated, body = row
+    return Record(
+        kind=kind,
+        id=id_,
+        namespace=namespace,
+        name=name,
+        revision=int(revision),
+        state=state,
+        attrs=attrs,
+        labels=labels,
+        create_time=created,
+        update_time=updated,
+        body=bytes(body),
+    )
+
+
+def _event(row: Sequence[Any]) -> StoredEvent:
+    return StoredEvent(int(row[0]), row[1], row[2], row[3], row[4], float(row[5]), bytes(row[6]))
+
+
+def _rollback(conn: psycopg.Connection[Any]) -> None:
+    """Roll back after a failure; a broken connection (rolled back by the server when it
+    went) must not hide the failure that matters, and the pool discards it."""
+    try:
+        conn.execute("ROLLBACK")
+    except psycopg.Error as exc:
+        log.warning("rollback failed: %s", exc)
+
+
+class _Thread(threading.local):
+    """The transactions open on one thread: a read snapshot, a write (possibly nested)."""
+
+    def __init__(self) -> None:
+        self.read: psycopg.Connection[Any] | None = None
+        self.write: psycopg.Connection[Any] | None = None
+        self.depth = 0
+        self.owner: asyncio.Task[Any] | None = None
+        self.callbacks: list[Callable[[], None]] = []
+
+
+class PostgresStore(Store):
+    def __init__(
+        self,
+        url: str,
+        *,
+        write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+        readers: int = 4,
+        writers: int = 4,
+    ) -> None:
+        if not is_postgres_url(url):
+            raise ValueError(f"not a PostgreSQL URL: {redacted(url)}")
+        self.url = url
+        self.write_timeout = write_timeout
+        self._thread = _Thread()
+        self._order = CommitOrder()
+        # One commit at a time in this process: callbacks are queued in commit order.
+        self._commit_lock = threading.Lock()
+        self._closing = False
+        self._closed = False
+        try:
+            self.schema, self.channel = self.migrate()
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(f"cannot open {redacted(url)}: {exc}".strip()) from exc
+        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            url,
+            min_size=1,
+            # Every reader and writer thread, plus callers blocking outside them.
+            max_size=readers + writers + 2,
+            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT},
+            configure=self._configure,
+            open=False,
+            name="acp-store",
+        )
+        self._pool.open()
+        self._readers = ThreadPoolExecutor(readers, thread_name_prefix="acp-store-read")
+        self._writers = ThreadPoolExecutor(writers, thread_name_prefix="acp-store-write")
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({redacted(self.url)!r})"
+
+    # connections and schema -----------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailableError(f"cannot connect to {redacted(self.url)}: {exc}".strip()) from None
+        self._configure(conn)
+        return conn
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        # The bound on waiting for a lock another transaction holds (StoreBusyError after).
+        conn.execute(f"SET lock_timeout = {max(1, round(self.write_timeout * 1000))}")
+        set_json_loads(orjson.loads, conn)
+        set_json_dumps(orjson.dumps, conn)
+
+    def migrate(self) -> tuple[str, str]:
+        """Create the schema when missing and run the migrations it has not seen, each in
+        its own transaction, under an advisory lock (replicas starting together migrate
+        once; the others wait, then find nothing left to do). Returns the schema and the
+        event notification channel."""
+        conn = self._connect()
+        try:
+            search_path = conn.execute("SHOW search_path").fetchone()
+            schema = conn.execute("SELECT current_schema()").fetchone()
+            name = schema[0] if schema and schema[0] else first_schema(search_path[0] if search_path else "")
+            if not name:
+                raise ValueError(f"{redacted(self.url)}: the search_path names no schema to keep tables in")
+            key = int.from_bytes(
+                hashlib.sha256(f"cleveragents-acp:{name}".encode()).digest()[:8], "big", signed=True
+            )
+            conn.execute(f"SET lock_timeout = {round(MIGRATION_WAIT * 1000)}")
+            conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+            try:
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(name)))
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {}.acp_schema "
+                        "(one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one), version INTEGER NOT NULL)"
+                    ).format(sql.Identifier(name))
+                )
+                for version, script in enumerate(PG_MIGRATIONS, start=1):
+                    if version <= self._version(conn, name):
+                        continue
+                    with conn.transaction():
+                        conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(name)))
+                        conn.execute(cast(Any, script))
+                        conn.execute(
+                            "INSERT INTO acp_schema (one, version) VALUES (TRUE, %s) "
+                            "ON CONFLICT (one) DO UPDATE SET version = excluded.version",
+                            (version,),
+                        )
+                self._version(conn, name)
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        finally:
+            conn.close()
+        channel = "acp_events_" + hashlib.sha256(name.encode()).hexdigest()[:16]
+        return name, channel
+
+    def _version(self, conn: psycopg.Connection[Any], schema: str) -> int:
+        row = conn.execute(
+            sql.SQL("SELECT version FROM {}.acp_schema").format(sql.Identifier(schema))
+        ).fetchone()
+        version = int(row[0]) if row else 0
+        if version > len(PG_MIGRATIONS):
+            raise SchemaTooNewError(
+                f"schema {schema} of {redacted(self.url)} is at schema version {version}; "
+                f"this release knows versions up to {len(PG_MIGRATIONS)}"
+            )
+        return version
+
+    @property
+    def schema_version(self) -> int:
+        row = self._one("SELECT version FROM acp_schema")
+        return int(row[0]) if row else 0
+
+    # the event loop's interface --------------------------------------------------------
+
+    async def read(self, fn: Callable[[Store], T]) -> T:
+        if self._closing:
+            raise RuntimeError("the store is closed")
+        # The caller's context travels with fn (its trace, read by what fn records).
+        run = contextvars.copy_context().run
+        return await asyncio.get_running_loop().run_in_executor(self._readers, run, self._read_now, fn)
+
+    def _read_now(self, fn: Callable[[Store], T]) -> T:
+        here = self._thread
+        with self._borrow() as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            here.read = conn
+            try:
+                result = fn(self)
+            except BaseException:
+                here.read = None
+                _rollback(conn)
+                raise
+            here.read = None
+            conn.execute("COMMIT")
+            return result
+
+    async def write(self, fn: Callable[[Store], T]) -> T:
+        # The caller's context travels with fn (the trace id an event it appends carries).
+        context = contextvars.copy_context()
+        job = Job(
+            lambda store: context.run(fn, store),
+            asyncio.get_running_loop(),
+            time.monotonic() + self.write_timeout,
+        )
+        if self._closing:
+            raise RuntimeError("the store is closed")
+        self._writers.submit(self._write_now, job)
+        assert job.future is not None
+        return cast(T, await job.future)
+
+    def _write_now(self, job: Job) -> None:
+        """Run one write in its own transaction; due in commit order once committed."""
+        here = self._thread
+        committed = False
+        try:
+            with self._borrow(max(0.0, job.deadline - time.monotonic())) as conn:
+                conn.execute("BEGIN")
+                here.write, here.depth, here.owner, here.callbacks = conn, 1, None, []
+                try:
+                    job.result = job.fn(self)
+                except BaseException as exc:  # handed to the caller
+                    job.error = exc
+                    _rollback(conn)
+                else:
+                    callbacks = here.callbacks
+                    with self._commit_lock:
+                        self._commit(conn)
+                        job.callbacks = callbacks
+                        self._order.due([job])
+                        committed = True
+                finally:
+                    here.write, here.depth, here.callbacks = None, 0, []
+        except BaseException as exc:  # the commit (or the connection) failed: nothing is durable
+            if job.error is None:
+                job.error = exc
+        if committed:
+            self._order.announce([job])
+        else:
+            self._order.settle([job])
+
+    def _commit(self, conn: psycopg.Connection[Any]) -> None:
+        started = time.monotonic()
+        try:
+            conn.execute("COMMIT")
+        except _BUSY:
+            raise StoreBusyError(time.monotonic() - started) from None
+
+    @contextmanager
+    def _borrow(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of the pool; waiting longer than the write bound is STORE_BUSY."""
+        if self._closed:
+            raise RuntimeError("the store is closed")
+        wait = self.write_timeout if timeout is None else timeout
+        try:
+            with self._pool.connection(timeout=wait) as conn:
+                yield conn
+        except PoolTimeout:
+            raise StoreBusyError(wait) from None
+
+    # transactions ---------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Inside ``write`` it joins the call's transaction; elsewhere it blocks its thread
+        for a connection and commits at its end. A transaction belongs to the task that
+        opened it: another task of the same thread touching the store meanwhile (the opener
+        awaited inside it) is refused, instead of joining it or reading its writes."""
+        here = self._thread
+        if here.depth:
+            self._check_owner()
+            here.depth += 1
+            try:
+                yield
+            finally:
+                here.depth -= 1
+            return
+        with self._borrow() as conn:
+            conn.execute("BEGIN")
+            here.write, here.depth, here.owner, here.callbacks = conn, 1, current_task(), []
+            try:
+                yield
+            except BaseException:
+                here.callbacks = []
+                _rollback(conn)
+                raise
+            else:
+                with self._commit_lock:
+                    self._commit(conn)
+                    self._order.due([done(here.callbacks)])
+            finally:
+                here.write, here.depth, here.owner, here.callbacks = None, 0, None, []
+        self._order.drain()
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        here = self._thread
+        if here.depth:
+            self._check_owner()
+            here.callbacks.append(callback)
+        else:
+            run_callback(callback)
+
+    def _check_owner(self) -> None:
+        if current_task() is not self._thread.owner:
+            raise RuntimeError(
+                "the store is inside a transaction another task opened; "
+                "a transaction must not be held across an await"
+            )
+
+    def _run(self, statement: Any, params: Sequence[Any] | Mapping[str, Any], fetch: str) -> Any:
+        """One statement: in this thread's write transaction, else its read snapshot, else
+        on a connection borrowed for it alone (autocommit)."""
+        here = self._thread
+        if here.depth:
+            self._check_owner()
+            return self._on(cast(psycopg.Connection[Any], here.write), statement, params, fetch)
+        if here.read is not None:
+            return self._on(here.read, statement, params, fetch)
+        with self._borrow() as conn:
+            return self._on(conn, statement, params, fetch)
+
+    @staticmethod
+    def _on(conn: psycopg.Connection[Any], statement: Any, params: Any, fetch: str) -> Any:
+        started = time.monotonic()
+        try:
+            cursor = conn.execute(statement, params)
+            if fetch == "one":
+                return cursor.fetchone()
+            if fetch == "all":
+                return cursor.fetchall()
+            return cursor.rowcount
+        except errors.UniqueViolation as exc:
+            raise StoreConflictError(str(exc).splitlines()[0]) from None
+        except _BUSY:
+            raise StoreBusyError(time.monotonic() - started) from None
+
+    def _one(self, statement: Any, params: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
+        return self._run(statement, params, "one")
+
+    def _all(self, statement: Any, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[Any]:
+        return cast(list[Any], self._run(statement, params, "all"))
+
+    def _count(self, statement: Any, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
+        return int(self._run(statement, params, "count"))
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Run one statement where the store would (tests, tools); its rows, if any."""
+        return cast(list[Any], self._run(statement, params, "all"))
+
+    # records --------------------------------------------------------------------------
+
+    def get(self, kind: str, id: str) -> Record | None:
+        row = self._one(f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND id = %s", (kind, id))
+        return _record(row) if row else None
+
+    def get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
+        row = self._one(
+            f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND namespace = %s AND name = %s",
+            (kind, namespace, name),
+        )
+        return _record(row) if row else None
+
+    def insert(self, record: Record) -> None:
+        # ON CONFLICT DO NOTHING (every unique index): a clash leaves the transaction usable,
+        # as SQLite's does, for callers that catch StoreConflictError and go on.
+        inserted = self._count(
+            f"INSERT INTO records ({_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+            "ON CONFLICT DO NOTHING",
+            (
+                record.kind,
+                record.id,
+                record.namespace,
+                record.name,
+                record.revision,
+                record.state,
+                Jsonb(record.attrs),
+                Jsonb(record.labels),
+                record.create_time,
+                record.update_time,
+                record.body,
+            ),
+        )
+        if not inserted:
+            raise StoreConflictError(
+                f"a {record.kind} with id {record.id} or name {record.name!r} exists in {record.namespace!r}"
+            )
+
+    def update(self, record: Record, expected_revision: int | None = None) -> None:
+        # One conditional UPDATE: it locks the row and checks the revision it finds then.
+        with self.transaction():
+            changed = self._count(
+                "UPDATE records SET namespace=%s, name=%s, revision=%s, state=%s, attrs=%s, labels=%s, "
+                "update_time=%s, body=%s WHERE kind=%s AND id=%s AND (%s::bigint IS NULL OR revision=%s)",
+                (
+                    record.namespace,
+                    record.name,
+                    record.revision,
+                    record.state,
+                    Jsonb(record.attrs),
+                    Jsonb(record.labels),
+                    record.update_time,
+                    record.body,
+                    record.kind,
+                    record.id,
+                    expected_revision,
+                    expected_revision,
+                ),
+            )
+            if not changed:
+                current = self._one(
+                    "SELECT revision FROM records WHERE kind=%s AND id=%s", (record.kind, record.id)
+                )
+                if current is None:
+                    raise KeyError(f"{record.kind} {record.id}")
+                raise StaleRevisionError(int(current[0]))
+
+    def delete(self, kind: str, id: str, expected_revision: int | None = None) -> bool:
+        with self.transaction():
+            removed = self._count(
+                "DELETE FROM records WHERE kind=%s AND id=%s AND (%s::bigint IS NULL OR revision=%s)",
+                (kind, id, expected_revision, expected_revision),
+            )
+            if removed:
+                return True
+            if expected_revision is None:
+                return False
+            current = self._one("SELECT revision FROM records WHERE kind=%s AND id=%s", (kind, id))
+            if current is None:
+                return False
+            raise StaleRevisionError(int(current[0]))
+
+    def query(self, query: ListQuery) -> list[Record]:
+        """One page: newest first (or by name), filters as indexed conditions; PostgreSQL's
+        planner walks the (kind, id) or (kind, namespace, id) index and stops at the page,
+        or reads a filter's GIN matches when they are few."""
+        where = ["kind = %s"]
+        params: list[Any] = [query.kind]
+        if query.namespaces is not None:
+            if not query.namespaces:
+                return []
+            where.append("namespace = ANY(%s::text[])")
+            params.append(sorted(query.namespaces))
+        if query.state:
+            where.append("state = %s")
+            params.append(query.state)
+        if query.attrs:
+            where.append("attrs @> %s")
+            params.append(Jsonb(dict(query.attrs)))
+        if query.labels:
+            where.append("labels @> %s")
+            params.append(Jsonb(dict(query.labels)))
+        if query.by_name:
+            where.append("name IS NOT NULL")
+            if query.after_name is not None:
+                where.append("(namespace, name) > (%s, %s)")
+                params.extend(query.after_name)
+            order = "namespace, name"
+        else:
+            if query.before_id:
+                where.append("id < %s")
+                params.append(query.before_id)
+            order = "id DESC"
+        params.append(query.limit)
+        rows = self._all(
+            f"SELECT {_COLUMNS} FROM records WHERE {' AND '.join(where)} ORDER BY {order} LIMIT %s", params
+        )
+        return [_record(row) for row in rows]
+
+    def iter_kind(self, kind: str, namespace: str | None = None) -> Iterator[Record]:
+        if namespace is None:
+            rows = self._all(f"SELECT {_COLUMNS} FROM records WHERE kind=%s ORDER BY id", (kind,))
+        else:
+            rows = self._all(
+                f"SELECT {_COLUMNS} FROM records WHERE kind=%s AND namespace=%s ORDER BY id",
+                (kind, namespace),
+            )
+        return iter([_record(row) for row in rows])
+
+    # items ----------------------------------------------------------------------------
+
+    def append_items(self, collection: str, owner_id: str, bodies: Sequence[bytes]) -> list[int]:
+        with self.transaction():
+            # One appender per owner at a time, across replicas: indices stay 0..n-1.
+            self._one(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"items:{len(collection)}:{collection}:{owner_id}",),
+            )
+            row = self._one(
+                "SELECT COALESCE(MAX(idx), -1) FROM items WHERE collection=%s AND owner_id=%s",
+                (collection, owner_id),
+            )
+            start = int(row[0]) + 1
+            indices = list(range(start, start + len(bodies)))
+            if bodies:
+                self._count(
+                    "INSERT INTO items (collection, owner_id, idx, body) "
+                    "SELECT %s, %s, i, b FROM unnest(%s::bigint[], %s::bytea[]) AS u(i, b)",
+                    (collection, owner_id, indices, list(bodies)),
+                )
+            return indices
+
+    def put_items(self, collection: str, owner_id: str, items: Mapping[int, bytes]) -> None:
+        if not items:
+            return
+        self._count(
+            "INSERT INTO items (collection, owner_id, idx, body) "
+            "SELECT %s, %s, i, b FROM unnest(%s::bigint[], %s::bytea[]) AS u(i, b) "
+            "ON CONFLICT (collection, owner_id, idx) DO UPDATE SET body = excluded.body",
+            (collection, owner_id, list(items), list(items.values())),
+        )
+
+    def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
+        rows = self._all(
+            "SELECT idx, body FROM items WHERE collection=%s AND owner_id=%s ORDER BY idx",
+            (collection, owner_id),
+        )
+        return [(int(idx), bytes(body)) for idx, body in rows]
+
+    def delete_items(self, collection: str, owner_id: str) -> None:
+        self._count("DELETE FROM items WHERE collection=%s AND owner_id=%s", (collection, owner_id))
+
+    # events ---------------------------------------------------------------------------
+
+    def append_events(self, events: Sequence[StoredEvent]) -> list[int]:
+        """One statement: take ``len(events)`` sequences from the counter (its row stays
+        locked until this transaction ends, so the next appender, on any replica, waits
+        and continues after them, or from here again if this one rolls back), insert the
+        events, and notify the channel, which listeners hear only once this commits."""
+        if not events:
+            return []
+        with self.transaction():
+            row = self._one(
+                "WITH counter AS (UPDATE event_sequence SET last = last + %(n)s RETURNING last), "
+                "added AS (INSERT INTO events (sequence, namespace, type, plan_id, session_id, time, body) "
+                "SELECT (SELECT last FROM counter) - %(n)s + u.o, u.ns, u.ty, u.pl, u.se, u.ti, u.bo "
+                "FROM unnest(%(ns)s::text[], %(ty)s::text[], %(pl)s::text[], %(se)s::text[], "
+                "%(ti)s::float8[], %(bo)s::bytea[]) WITH ORDINALITY AS u(ns, ty, pl, se, ti, bo, o)) "
+                "SELECT last, pg_notify(%(channel)s, last::text) FROM counter",
+                {
+                    "n": len(events),
+                    "ns": [e.namespace for e in events],
+                    "ty": [e.type for e in events],
+                    "pl": [e.plan_id for e in events],
+                    "se": [e.session_id for e in events],
+                    "ti": [e.time for e in events],
+                    "bo": [e.body for e in events],
+                    "channel": self.channel,
+                },
+            )
+            last = int(row[0])
+            return list(range(last - len(events) + 1, last + 1))
+
+    def read_events(
+        self, after_sequence: int, limit: int, where: EventFilter | None = None
+    ) -> list[StoredEvent]:
+        clauses = ["sequence > %s"]
+        params: list[Any] = [after_sequence]
+        if where is not None:
+            if where.namespaces is not None:
+                if not where.namespaces:
+                    return []
+                clauses.append("namespace = ANY(%s::text[])")
+                params.append(sorted(where.namespaces))
+            for column, value in (("plan_id", where.plan_id), ("session_id", where.session_id)):
+                if value:
+                    # The literal term matches the partial indexes events_by_plan/_by_session.
+                    clauses.append(f"{column} = %s AND {column} <> ''")
+                    params.append(value)
+            if where.types:
+                clauses.append("type = ANY(%s::text[])")
+                params.append(sorted(where.types))
+        params.append(limit)
+        rows = self._all(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)} ORDER BY sequence LIMIT %s",
+            params,
+        )
+        return [_event(row) for row in rows]
+
+    def last_sequence(self) -> int:
+        row = self._one("SELECT last FROM event_sequence")
+        return int(row[0]) if row else 0
+
+    def first_sequence(self) -> int:
+        return int(self._one("SELECT COALESCE(MIN(sequence), 0) FROM events")[0])
+
+    def prune_events(self, *, keep_last: int | None = None, older_than: float | None = None) -> int:
+        with self.transaction():
+            last = self.last_sequence()
+            removed = 0
+            if keep_last is not None:
+                removed += self._count("DELETE FROM events WHERE sequence <= %s", (last - max(keep_last, 1),))
+            if older_than is not None:
+                removed += self._count(
+                    "DELETE FROM events WHERE time < %s AND sequence < %s", (older_than, last)
+                )
+            return removed
+
+    def event_wakeups(self) -> EventWakeups:
+        """LISTEN on a connection of its own: woken when an append commits on any replica."""
+        return PostgresWakeups(self.url, self.channel)
+
+    def close(self) -> None:
+        """Finish the calls under way, stop the threads, close every connection."""
+        if self._closed:
+            return
+        self._closing = True
+        self._writers.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
+        self._order.drain()
+        self._closed = True
+        self._pool.close()
+
+
+class PostgresWakeups(EventWakeups):
+    """LISTEN on a connection of its own, used by the follower's thread alone. A hint, never
+    the truth: a notification lost with a dropped connection is covered by the follower's
+    poll, and the connection is made again at the next wait."""
+
+    # How long one look at the connection blocks, so a close is noticed soon.
+    SLICE = 0.2
+
+    def __init__(self, url: str, channel: str) -> None:
+        super().__init__()
+        self._url = url
+        self._channel = channel
+        self._conn: psycopg.Connection[Any] | None = None
+        # Held while the connection is in use: close() releases it only between waits.
+        self._using = threading.Lock()
+
+    def _listening(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+            self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+        return self._conn
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._using:
+            while not self._closed.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                try:
+                    conn = self._listening()
+                    for _ in conn.notifies(timeout=min(self.SLICE, remaining), stop_after=1):
+                        return True
+                except psycopg.Error as exc:
+                    log.warning(
+                        "event wake-ups from %s lost (%s); polling until back", redacted(self._url), exc
+                    )
+                    self._drop()
+                    self._closed.wait(min(remaining, 1.0))
+            self._drop()
+        return False
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            conn.close()
+
+    def close(self) -> None:
+        super().close()
+        # A wait in progress sees the flag within SLICE and drops the connection itself.
+        if self._using.acquire(timeout=self.SLICE * 10):
+            try:
+                self._drop()
+            finally:
+                self._using.release()

@@ -1,0 +1,358 @@
+"""PostgresStore: what only the replica store has (the conformance suite runs in
+test_conformance.py): its URL and schema, migrations under an advisory lock, the
+gap-free event sequence with writers in several processes, a bounded wait for a foreign
+lock, conditional writes across connections, and event wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from cleveragents.acp.facade.store import pg_migrations, postgres
+from cleveragents.acp.facade.store.base import (
+    SchemaTooNewError,
+    StaleRevisionError,
+    Store,
+    StoreBusyError,
+    StoreUnavailableError,
+)
+from cleveragents.acp.facade.store.postgres import PostgresStore, first_schema, is_postgres_url, redacted
+from tests import postgres as pg
+from tests.facade.store import pg_appender
+from tests.facade.store.conformance import event, fails_in_transaction, record
+
+TIMEOUT = 60
+
+
+@pytest.fixture
+def schema() -> Iterator[tuple[str, str]]:
+    """(URL, schema name) of a fresh schema."""
+    with pg.fresh_schema() as url:
+        yield url, url.rsplit("search_path%3D", 1)[1]
+
+
+@pytest.fixture
+def opened(schema: tuple[str, str]) -> Iterator[Callable[..., PostgresStore]]:
+    stores: list[PostgresStore] = []
+
+    def open_store(**kw: float) -> PostgresStore:
+        stores.append(PostgresStore(schema[0], **kw))  # type: ignore[arg-type]
+        return stores[-1]
+
+    yield open_store
+    for store in stores:
+        store.close()
+
+
+def raw(url: str) -> psycopg.Connection[tuple[Any, ...]]:
+    return psycopg.connect(url, autocommit=True, connect_timeout=10)
+
+
+def test_urls_are_recognized_and_shown_without_their_password() -> None:
+    assert is_postgres_url("postgresql://u@h/db")
+    assert is_postgres_url("postgres://h/db")
+    assert not is_postgres_url("/var/lib/acp.db")
+    assert not is_postgres_url(pathlib.Path("postgresql://u@h/db"))
+    assert redacted("postgresql://me:s3cret@db:5432/acp?options=-csearch_path%3Dx") == (
+        "postgresql://me:***@db:5432/acp?options=-csearch_path%3Dx"
+    )
+    assert redacted("postgresql://db/acp?password=s3cret&sslmode=require") == (
+        "postgresql://db/acp?password=***&sslmode=require"
+    )
+    assert redacted("postgresql://me@db/acp") == "postgresql://me@db/acp"
+    assert first_schema('"$user", public') == "public"
+    assert first_schema('"My ""odd"", schema" , public') == 'My "odd", schema'
+    assert first_schema("") is None
+
+
+def test_a_new_schema_named_by_the_url_is_created_at_the_latest_version(
+    schema: tuple[str, str], opened: Callable[..., PostgresStore]
+) -> None:
+    name = schema[1]
+    store = opened()
+    assert store.schema == name
+    assert store.schema_version == len(pg_migrations.PG_MIGRATIONS)
+    with raw(pg.URL) as conn:
+        tables = {
+            row[0]
+            for row in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (name,)
+            )
+        }
+    assert {"records", "items", "events", "event_sequence", "acp_schema"} <= tables
+
+
+def test_an_old_schema_is_upgraded_on_open(
+    schema: tuple[str, str], opened: Callable[..., PostgresStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A schema written by a release that knew fewer steps opens under one that adds a step
+    (with a ``;`` inside a function body): the step runs once, the old data stays."""
+    old = opened()
+    old.insert(record(id="01A", name="alpha", state="active", attrs={"project": "p"}))
+    old.append_events([event(plan_id="p1")])
+    old.close()
+    upgrade = """
+        ALTER TABLE records ADD COLUMN probe TEXT NOT NULL DEFAULT 'upgraded';
+        CREATE TABLE upgrade_marker (id SERIAL PRIMARY KEY, note TEXT NOT NULL);
+        CREATE FUNCTION note_new_record() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO upgrade_marker (note) VALUES ('record; added');
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER note_new_records AFTER INSERT ON records
+            FOR EACH ROW EXECUTE FUNCTION note_new_record();
+        INSERT INTO upgrade_marker (note) VALUES ('ran; once')
+    """
+    monkeypatch.setattr(postgres, "PG_MIGRATIONS", (*pg_migrations.PG_MIGRATIONS, upgrade))
+    new = opened()
+    assert new.schema_version == len(pg_migrations.PG_MIGRATIONS) + 1
+    assert new.get("session", "01A") is not None
+    assert new.execute("SELECT probe FROM records WHERE id = '01A'") == [("upgraded",)]
+    assert [e.sequence for e in new.read_events(0, 10)] == [1]
+    assert new.append_events([event()]) == [2]
+    new.close()
+    again = opened()
+    again.insert(record(id="01B"))
+    assert [row[0] for row in again.execute("SELECT note FROM upgrade_marker ORDER BY id")] == [
+        "ran; once",
+        "record; added",
+    ]
+
+
+def test_a_failed_migration_leaves_the_schema_at_its_old_version(
+    schema: tuple[str, str], opened: Callable[..., PostgresStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened().close()
+    broken = "CREATE TABLE half_done (x INTEGER); INSERT INTO no_such_table VALUES (1)"
+    monkeypatch.setattr(postgres, "PG_MIGRATIONS", (*pg_migrations.PG_MIGRATIONS, broken))
+    with pytest.raises(StoreUnavailableError, match="no_such_table") as info:
+        opened()
+    assert isinstance(info.value.__cause__, psycopg.errors.UndefinedTable)
+    monkeypatch.setattr(postgres, "PG_MIGRATIONS", pg_migrations.PG_MIGRATIONS)
+    store = opened()
+    assert store.schema_version == len(pg_migrations.PG_MIGRATIONS)
+    assert store.execute("SELECT to_regclass('half_done')") == [(None,)]
+
+
+def test_a_schema_from_a_newer_release_is_refused(
+    schema: tuple[str, str], opened: Callable[..., PostgresStore]
+) -> None:
+    opened().close()
+    with raw(schema[0]) as conn:
+        conn.execute("UPDATE acp_schema SET version = %s", (len(pg_migrations.PG_MIGRATIONS) + 5,))
+    with pytest.raises(SchemaTooNewError, match="schema version"):
+        opened()
+
+
+def test_replicas_opening_one_new_schema_together_migrate_it_once(schema: tuple[str, str]) -> None:
+    """Four processes at once on a schema that does not exist yet: each step's CREATE TABLE
+    would fail if it ran twice, so all four succeeding is the proof."""
+    code = (
+        "import sys\n"
+        "from cleveragents.acp.facade.store.postgres import PostgresStore\n"
+        "PostgresStore(sys.argv[1]).close()\n"
+    )
+    children = [
+        subprocess.Popen([sys.executable, "-c", code, schema[0]], stderr=subprocess.PIPE) for _ in range(4)
+    ]
+    try:
+        for child in children:
+            _, err = child.communicate(timeout=TIMEOUT)
+            assert child.returncode == 0, err.decode()
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
+    store = PostgresStore(schema[0])
+    try:
+        assert store.schema_version == len(pg_migrations.PG_MIGRATIONS)
+    finally:
+        store.close()
+
+
+def test_an_unreachable_server_is_one_clear_error() -> None:
+    with pytest.raises(
+        StoreUnavailableError, match=r"cannot connect to postgresql://me:\*\*\*@127.0.0.1:1/x"
+    ):
+        PostgresStore("postgresql://me:s3cret@127.0.0.1:1/x?connect_timeout=3")
+
+
+# the event sequence across processes ----------------------------------------------------
+
+
+def follow(url: str, table: str, writers: list[subprocess.Popen[str]]) -> tuple[list[int], list[int]]:
+    """Poll ``sequence > last`` as a follower on another replica would, until every writer
+    is done and nothing new appears; returns (what it read, in order; what the table holds)."""
+    seen: list[int] = []
+    query = sql.SQL("SELECT sequence FROM {} WHERE sequence > %s ORDER BY sequence LIMIT 500").format(
+        sql.Identifier(table)
+    )
+    with raw(url) as conn:
+        for _ in range(1_000_000):
+            finished = all(w.poll() is not None for w in writers)
+            rows = conn.execute(query, (seen[-1] if seen else 0,)).fetchall()
+            seen.extend(int(r[0]) for r in rows)
+            if finished and not rows:
+                break
+        final = [
+            int(r[0])
+            for r in conn.execute(
+                sql.SQL("SELECT sequence FROM {} ORDER BY sequence").format(sql.Identifier(table))
+            )
+        ]
+    return seen, final
+
+
+def appenders(url: str, mode: str, count: int = 4, transactions: int = 150) -> list[subprocess.Popen[str]]:
+    return [
+        subprocess.Popen(
+            [sys.executable, pg_appender.__file__, url, mode, str(transactions), str(seed)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in range(count)
+    ]
+
+
+def committed(writers: list[subprocess.Popen[str]]) -> int:
+    total = 0
+    for writer in writers:
+        out, err = writer.communicate(timeout=TIMEOUT)
+        assert writer.returncode == 0, err
+        number, done = out.split()
+        assert done == "done"
+        total += int(number)
+    return total
+
+
+def test_a_follower_never_skips_a_sequence_with_writers_in_several_processes(
+    schema: tuple[str, str], opened: Callable[..., PostgresStore]
+) -> None:
+    """Four processes append in transactions held open a random while after their sequences
+    are taken, rolling back one in five; a follower polling ``sequence > last`` reads every
+    committed event, and the log is 1..n without a hole."""
+    opened().close()
+    writers = appenders(schema[0], "store")
+    try:
+        seen, final = follow(schema[0], "events", writers)
+        total = committed(writers)
+    finally:
+        for writer in writers:
+            if writer.poll() is None:
+                writer.kill()
+                writer.wait(10)
+    assert final == list(range(1, total + 1))
+    assert seen == final
+
+
+def test_the_follower_does_catch_a_skip_where_sequences_are_taken_before_commit(
+    schema: tuple[str, str], opened: Callable[..., PostgresStore]
+) -> None:
+    """The control: the same follower over a BIGSERIAL key (numbers taken at insert, not in
+    commit order) misses events that commit after a higher number was read."""
+    opened().close()
+    with raw(schema[0]) as conn:
+        conn.execute("CREATE TABLE serial_events (sequence BIGSERIAL PRIMARY KEY)")
+    missed: set[int] = set()
+    for _ in range(20):
+        writers = appenders(schema[0], "serial", transactions=100)
+        try:
+            seen, final = follow(schema[0], "serial_events", writers)
+            committed(writers)
+        finally:
+            for writer in writers:
+                if writer.poll() is None:
+                    writer.kill()
+                    writer.wait(10)
+        missed |= set(final) - set(seen)
+        if missed:
+            break
+    assert missed
+
+
+# locks -----------------------------------------------------------------------------------
+
+
+async def test_a_foreign_lock_is_waited_for_then_store_busy_and_reads_go_on(
+    schema: tuple[str, str], opened: Callable[..., PostgresStore]
+) -> None:
+    store = opened(write_timeout=0.5)
+    store.append_events([event()])
+
+    def append(s: Store) -> list[int]:
+        return s.append_events([event()])
+
+    with raw(schema[0]) as locker:
+        locker.execute("BEGIN")
+        locker.execute("SELECT last FROM event_sequence FOR UPDATE")
+        with pytest.raises(StoreBusyError) as info:
+            await store.write(append)
+        assert info.value.details["refinement"] == "STORE_BUSY"
+        assert info.value.details["retryable"] is True
+        assert await asyncio.wait_for(store.read(lambda s: s.last_sequence()), 10) == 1
+        with pytest.raises(StoreBusyError):
+            store.append_events([event()])
+        waiting = asyncio.ensure_future(store.write(append))
+        await asyncio.sleep(0.1)
+        locker.execute("ROLLBACK")
+    # Waited for less than its bound: it goes through once the lock is gone.
+    assert await asyncio.wait_for(waiting, 10) in ([2], [3])
+    assert [e.sequence for e in store.read_events(0, 10)] in ([1, 2], [1, 2, 3])
+
+
+async def test_conditional_writes_hold_across_connections(opened: Callable[..., PostgresStore]) -> None:
+    """Two replicas update one record from revision 1 at once: one wins, the other is told
+    the revision moved; appends to one owner from many connections stay 0..n-1."""
+    first, second = opened(), opened()
+    first.insert(record(id="01A"))
+    barrier = threading.Barrier(2)
+
+    def bump(s: Store) -> None:
+        barrier.wait(10)
+        s.update(record(id="01A", revision=2, state="mine"), expected_revision=1)
+
+    results = await asyncio.gather(first.write(bump), second.write(bump), return_exceptions=True)
+    assert sorted(type(r).__name__ for r in results) == ["NoneType", "StaleRevisionError"]
+    assert isinstance(next(r for r in results if r is not None), StaleRevisionError)
+
+    def append(s: Store) -> list[int]:
+        return s.append_items("messages", "01A", [b"a", b"b"])
+
+    appended = await asyncio.gather(*(store.write(append) for store in (first, second) * 8))
+    assert sorted(i for indices in appended for i in indices) == list(range(32))
+    assert [i for i, _ in first.list_items("messages", "01A")] == list(range(32))
+
+
+# wake-ups ------------------------------------------------------------------------------
+
+
+def test_wakeups_come_after_a_commit_anywhere_and_not_for_a_rollback(
+    opened: Callable[..., PostgresStore],
+) -> None:
+    listener, writer = opened(), opened()
+    wakeups = listener.event_wakeups()
+    try:
+        assert wakeups.wait(0.3) is False
+        fails_in_transaction(writer, lambda: writer.append_events([event()]))
+        assert wakeups.wait(0.5) is False
+        writer.append_events([event()])
+        assert wakeups.wait(10) is True
+        assert listener.read_events(0, 10)[0].sequence == 1
+        # A close from another thread ends a wait in progress soon.
+        closer = threading.Timer(0.3, wakeups.close)
+        closer.start()
+        assert wakeups.wait(30) is False
+        closer.join(10)
+    finally:
+        wakeups.close()

@@ -112,10 +112,22 @@ def registry_scenario(kind: str) -> Scenario:
     return run_kind
 
 
+def entries(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The items of a list answer (its one repeated field)."""
+    (items,) = [value for value in data.values() if isinstance(value, list)]
+    return items
+
+
 async def root_lists(run: Run, operation: str) -> None:
-    """A principal of every namespace sees both; one of ``other`` only its own."""
-    await run.client("root").call(operation)
-    await run.client("bob").call(operation)
+    """A principal of every namespace sees both; one of ``other`` only its own, all of
+    which the first sees too (each namespace has entries here)."""
+    seen = {}
+    for who in ("root", "bob"):
+        answer = await run.client(who).call(operation, page_size=500)
+        seen[who] = {(e["meta"]["namespace"], e["meta"]["id"]) for e in entries(codec.to_dict(answer))}
+    assert {namespace for namespace, _ in seen["root"]} == {"default", "other"}, seen
+    assert {namespace for namespace, _ in seen["bob"]} == {"other"}, seen
+    assert seen["bob"] < seen["root"], seen
 
 
 for _kind in REGISTRY_KINDS:
@@ -470,6 +482,15 @@ async def plan_use(run: Run) -> None:
     await run.fails(alice.call("plan.list", page_token=FORGED_TOKEN), "INVALID_PARAMS")
     await run.fails(alice.call("plan.list", page_size=-1), "INVALID_PARAMS")
     await run.fails(bob.call("plan.list", namespace="default"), "AUTH_FORBIDDEN")
+    # A plan in ``other`` too, so root lists both namespaces' and bob only his.
+    theirs = folder(run, "theirs")
+    await bob.call(
+        "resource.add", namespace="other", name="repo", spec={"type": "directory", "path": str(theirs)}
+    )
+    await bob.call("project.add", namespace="other", name="proj", spec={"resources": ["repo"]})
+    action = {"actor": "scripted", "steps": STEPS, "inputs_schema": SCHEMA}
+    await bob.call("action.add", namespace="other", name="act", spec=action)
+    await use(bob, namespace="other")
     await root_lists(run, "plan.list")
     await root.call("plan.status", plan_id=plans[0])
 

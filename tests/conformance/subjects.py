@@ -171,5 +171,5 @@ async def check_answer(run: Run, op: Operation, params: Params, data: Data, worl
         assert CHECKS[op.name](params, data, world), (op.name, params, data)
     if op.verb in ("remove", "delete"):
         shown = f"{op.group}.show"
-        subject = {key: params[key] for key in ("name", "session_id") if key in params}
+        subject: dict[str, Any] = {key: params[key] for key in ("name", "session_id") if key in params}
         await run.fails(run.client().call(shown, subject), "NOT_FOUND")

@@ -45,6 +45,7 @@ from psycopg import errors, sql
 from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.store.base import (
     DEFAULT_WRITE_TIMEOUT,
     EventFilter,
@@ -144,6 +145,18 @@ def _record(row: Sequence[Any]) -> Record:
 
 def _event(row: Sequence[Any]) -> StoredEvent:
     return StoredEvent(int(row[0]), row[1], row[2], row[3], row[4], float(row[5]), bytes(row[6]))
+
+
+class NulCharacterError(ACPError):
+    """A value for a text column holds U+0000, which PostgreSQL cannot store (nor look up)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            ErrorCode.INVALID_PARAMS,
+            "a name, id, label or attribute holds a NUL character (U+0000), which this server's "
+            "PostgreSQL store cannot keep",
+            {"reason": "NUL_CHARACTER"},
+        )
 
 
 def _rollback(conn: psycopg.Connection[Any]) -> None:
@@ -445,6 +458,12 @@ class PostgresStore(Store):
             raise StoreConflictError(str(exc).splitlines()[0]) from None
         except _BUSY:
             raise StoreBusyError(time.monotonic() - started) from None
+        except psycopg.DataError as exc:
+            # PostgreSQL's text (and jsonb) cannot hold U+0000, which SQLite's can: a value
+            # with one is refused as the caller's, never an internal error.
+            if "NUL" in str(exc) or "\\u0000" in str(exc):
+                raise NulCharacterError() from None
+            raise
 
     def _one(self, statement: Any, params: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
         return self._run(statement, params, "one")
@@ -461,13 +480,23 @@ class PostgresStore(Store):
 
     # records --------------------------------------------------------------------------
 
+    def _locking(self) -> str:
+        """In a write transaction a record read is locked until it ends (``FOR UPDATE``), so
+        a read-modify-write (a session's message count, a plan's state) sees the newest
+        version and no other replica's write slips between the read and the write: what
+        SQLite's one writer gives for free. Reads in ``read`` lock nothing."""
+        return " FOR UPDATE" if self._thread.depth else ""
+
     def get(self, kind: str, id: str) -> Record | None:
-        row = self._one(f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND id = %s", (kind, id))
+        row = self._one(
+            f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND id = %s" + self._locking(), (kind, id)
+        )
         return _record(row) if row else None
 
     def get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
         row = self._one(
-            f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND namespace = %s AND name = %s",
+            f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND namespace = %s AND name = %s"
+            + self._locking(),
             (kind, namespace, name),
         )
         return _record(row) if row else None

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import secrets
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +19,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from cleveragents.acp.client.acp_client import ACPClient
+from cleveragents.acp.client.local import LocalTransport
+from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.store import pg_migrations, postgres
 from cleveragents.acp.facade.store.base import (
     SchemaTooNewError,
@@ -26,6 +32,7 @@ from cleveragents.acp.facade.store.base import (
     StoreUnavailableError,
 )
 from cleveragents.acp.facade.store.postgres import PostgresStore, first_schema, is_postgres_url, redacted
+from cleveragents.acp.v1 import session_pb2
 from tests import postgres as pg
 from tests.facade.store import pg_appender
 from tests.facade.store.conformance import event, fails_in_transaction, record
@@ -334,6 +341,68 @@ async def test_conditional_writes_hold_across_connections(opened: Callable[..., 
     assert [i for i, _ in first.list_items("messages", "01A")] == list(range(32))
 
 
+def waiting_on_a_lock(application: str, bound: float = 20.0) -> bool:
+    """Whether the connections named ``application`` wait for a lock, looked at until
+    ``bound`` seconds passed."""
+    with raw(pg.URL) as conn:
+        deadline = time.monotonic() + bound
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE application_name = %s AND wait_event_type = 'Lock'",
+                (application,),
+            ).fetchone()
+            if row and row[0]:
+                return True
+            time.sleep(0.02)
+    return False
+
+
+def test_a_record_read_in_a_write_is_locked_until_the_write_ends(
+    schema: tuple[str, str], opened: Callable[..., PostgresStore]
+) -> None:
+    """Replica B reads a record replica A has read in its open write: B waits, then reads
+    A's version, so both read-modify-writes apply (no StaleRevisionError, no lost update)."""
+    first = opened()
+    application = f"acp_waiter_{secrets.token_hex(4)}"
+    second = PostgresStore(f"{schema[0]}&application_name={application}")
+    first.insert(record(id="01A", attrs={"n": "0"}))
+    holding, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def bump(store: PostgresStore, hold: bool) -> None:
+        try:
+            with store.transaction():
+                got = store.get("session", "01A")
+                assert got is not None
+                if hold:
+                    holding.set()
+                    assert release.wait(30)
+                changed = record(
+                    id="01A", revision=got.revision + 1, attrs={"n": str(int(got.attrs["n"]) + 1)}
+                )
+                store.update(changed, expected_revision=got.revision)
+        except BaseException as exc:
+            errors.append(exc)
+
+    a = threading.Thread(target=bump, args=(first, True))
+    b = threading.Thread(target=bump, args=(second, False))
+    try:
+        a.start()
+        assert holding.wait(30)
+        b.start()
+        assert waiting_on_a_lock(application)
+    finally:
+        release.set()
+        a.join(30)
+        b.join(30)
+        second.close()
+    assert errors == []
+    got = first.get("session", "01A")
+    assert got is not None
+    assert (got.revision, got.attrs) == (3, {"n": "2"})
+
+
 # wake-ups ------------------------------------------------------------------------------
 
 
@@ -356,3 +425,28 @@ def test_wakeups_come_after_a_commit_anywhere_and_not_for_a_rollback(
         closer.join(10)
     finally:
         wakeups.close()
+
+
+# bad input -------------------------------------------------------------------------------
+
+
+async def test_a_nul_character_is_the_callers_error_not_an_internal_one(pg_url: str) -> None:
+    """PostgreSQL's text cannot hold U+0000: a label value, a looked-up name or an id with
+    one is INVALID_PARAMS (SQLite keeps or misses them), never INTERNAL_ERROR."""
+    client = ACPClient(LocalTransport(open_facade(pg_url), owns_facade=True))
+    try:
+        calls: list[tuple[str, dict[str, Any]]] = [
+            ("session.create", {"labels": {"team": "a\x00b"}}),
+            ("session.create", {"project": "p\x00"}),
+            ("session.show", {"session_id": "01\x00"}),
+            ("plan.status", {"plan_id": "\x00"}),
+        ]
+        for operation, params in calls:
+            with pytest.raises(ACPError) as info:
+                await client.call(operation, **params)
+            assert info.value.code == "INVALID_PARAMS", (operation, info.value)
+            assert info.value.details["reason"] == "NUL_CHARACTER"
+        created = await client.call("session.create", title="a\x00b is body, not a column")
+        assert isinstance(created, session_pb2.CreateSessionResponse)
+    finally:
+        await client.close()

@@ -31,7 +31,7 @@ from cleveragents.acp.facade.handlers.plans import PlanHandlers
 from cleveragents.acp.facade.handlers.registries import RegistryHandlers
 from cleveragents.acp.facade.handlers.sessions import SessionHandlers
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
-from cleveragents.acp.facade.store.base import DEFAULT_WRITE_TIMEOUT, Store
+from cleveragents.acp.facade.store.base import DEFAULT_WRITE_TIMEOUT, Store, StoreObserver
 from cleveragents.acp.facade.store.postgres import PostgresStore, is_postgres_url, redacted
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, PeerChannel
@@ -225,6 +225,9 @@ class _Inspector:
 
     async def census(self) -> tuple[int, dict[tuple[str, str], int]]:
         return await self._store.read(_census)
+
+    def observe_store(self, observer: StoreObserver) -> None:
+        self._store.observe(observer)
 
 
 def _census(store: Store) -> tuple[int, dict[tuple[str, str], int]]:

@@ -26,6 +26,7 @@ from cleveragents.acp.facade.domain import roles
 from cleveragents.acp.facade.domain.tickets import PrincipalLookup
 from cleveragents.acp.facade.handlers.table import Handler, Streaming, Unary
 from cleveragents.acp.facade.observer import CallObserver
+from cleveragents.acp.facade.store.base import StoreObserver
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class Authenticator(Protocol):
 class TicketRedeemer(Protocol):
     """Turns a stream ticket into the principal it opens ``request`` for, using it up."""
 
-    def redeem(self, ticket: str, operation: str, request: object) -> Principal: ...
+    async def redeem(self, ticket: str, operation: str, request: object) -> Principal: ...
 
 
 class Closeable(Protocol):
@@ -57,6 +58,9 @@ class Inspector(Protocol):
 
     async def census(self) -> tuple[int, dict[tuple[str, str], int]]:
         """The event log's head sequence, and plans counted by (phase, state)."""
+
+    def observe_store(self, observer: StoreObserver) -> None:
+        """Have the store report its commit and wait times to ``observer``."""
 
 
 class ServiceFacade:
@@ -83,14 +87,9 @@ class ServiceFacade:
         return frozenset(self._handlers)
 
     def _admit(self, op: Operation, request: message.Message, ctx: CallContext) -> Handler:
-        if ctx.ticket is not None:
-            ctx.principal = self._redeem(op, request, ctx)
-        elif op.anonymous:
-            ctx.principal = ctx.principal or LOCAL_PRINCIPAL
-        elif self.authenticator is None:
-            ctx.principal = LOCAL_PRINCIPAL
-        else:
-            ctx.principal = self.authenticator.authenticate(ctx.token)
+        """After ``_redeem``, which set a ticket's principal."""
+        if ctx.ticket is None or ctx.principal is None:
+            ctx.principal = self._principal(op, ctx)
         roles.check_operation(ctx.principal, op)
         table = op.version_table
         ctx.served_version = table.negotiate(ctx.acp_version)
@@ -113,14 +112,24 @@ class ServiceFacade:
             )
         return handler
 
-    def _redeem(self, op: Operation, request: message.Message, ctx: CallContext) -> Principal:
+    def _principal(self, op: Operation, ctx: CallContext) -> Principal:
+        if op.anonymous:
+            return ctx.principal or LOCAL_PRINCIPAL
+        if self.authenticator is None:
+            return LOCAL_PRINCIPAL
+        return self.authenticator.authenticate(ctx.token)
+
+    async def _redeem(self, op: Operation, request: message.Message, ctx: CallContext) -> None:
+        """A stream ticket, used up in the store (off the loop) before any other check."""
+        if ctx.ticket is None:
+            return
         if ctx.token is not None:
             raise ambiguous_credentials("a bearer token and a stream ticket")
         if self.tickets is None:
             raise ACPError(
                 ErrorCode.AUTH_REQUIRED, "this server issues no stream tickets", {"scheme": "Bearer"}
             )
-        return self.tickets.redeem(ctx.ticket or "", op.name, request)
+        ctx.principal = await self.tickets.redeem(ctx.ticket, op.name, request)
 
     async def invoke(self, op: Operation, request: message.Message, ctx: CallContext) -> message.Message:
         if self.observer is None:
@@ -140,6 +149,7 @@ class ServiceFacade:
     async def _invoke(self, op: Operation, request: message.Message, ctx: CallContext) -> message.Message:
         if op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is a stream; subscribe to it")
+        await self._redeem(op, request, ctx)
         handler = cast(Unary, self._admit(op, request, ctx))
         try:
             response = await handler(request, ctx)
@@ -157,11 +167,11 @@ class ServiceFacade:
         """Admission happens before the first item, so early errors surface before any
         response headers are sent."""
         if self.observer is None:
-            return self._open(op, request, ctx)
+            return await self._open(op, request, ctx)
         observed = self.observer.start(op, request, ctx)
         code = observing.CANCELLED
         try:
-            items = self._open(op, request, ctx)
+            items = await self._open(op, request, ctx)
             code = observing.OK
         except ACPError as err:
             code = err.code
@@ -170,11 +180,12 @@ class ServiceFacade:
             observed.finish(code)
         return observing.watched(items, self.observer, op, ctx)
 
-    def _open(
+    async def _open(
         self, op: Operation, request: message.Message, ctx: CallContext
     ) -> AsyncIterator[message.Message]:
         if not op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is not a stream")
+        await self._redeem(op, request, ctx)
         handler = cast(Streaming, self._admit(op, request, ctx))
         try:
             items = handler(request, ctx)

@@ -160,6 +160,7 @@ class Server:
             if facade.inspector is not None:
                 self.observability.readiness.probe_with(facade.inspector.probe)
                 self.observability.metrics.sample_with(facade.inspector.census)
+                facade.inspector.observe_store(self.observability.metrics)
         elif upstream is not None and facade is None:
             self.service = TransportService(ObservedTransport(upstream, self.observability.telemetry))
         else:

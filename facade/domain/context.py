@@ -300,17 +300,26 @@ class Context:
     async def inspect(
         self, ctx: CallContext, req: context_pb2.InspectContextRequest
     ) -> context_pb2.InspectContextResponse:
+        found = await self.store.read(lambda _store: self._item(ctx, req))
+        if isinstance(found, _FilePlace):
+            item = await self._file_item(found)
+        else:
+            item = found
+        item.tokens = self.counter.count(item.content)
+        return context_pb2.InspectContextResponse(item=item)
+
+    def _item(
+        self, ctx: CallContext, req: context_pb2.InspectContextRequest
+    ) -> context_pb2.ContextItem | _FilePlace:
+        """The skill item, or where the file item is (read off the loop), from one snapshot."""
         scope = self.scope(ctx, req.namespace, req.session_id, req.project)
         config, origin = self.in_force(scope)
         kind, sep, rest = req.item_id.partition(":")
         if kind == "skill" and sep and rest:
-            item = self._skill_item(scope, config, origin, rest)
-        elif kind == "file" and sep and rest:
-            item = await self._file_item(scope, config, origin, rest)
-        else:
-            raise _invalid("item_id", "an item id is file:<resource>/<path> or skill:<name>")
-        item.tokens = self.counter.count(item.content)
-        return context_pb2.InspectContextResponse(item=item)
+            return self._skill_item(scope, config, origin, rest)
+        if kind == "file" and sep and rest:
+            return self._file_place(scope, config, origin, rest)
+        raise _invalid("item_id", "an item id is file:<resource>/<path> or skill:<name>")
 
     def _not_an_item(self, item_id: str, scope: Scope, origin: str, why: str) -> ACPError:
         return ACPError(
@@ -336,9 +345,9 @@ class Context:
             content=skill.spec.instructions,
         )
 
-    async def _file_item(
+    def _file_place(
         self, scope: Scope, config: context_pb2.ContextConfig, origin: str, rest: str
-    ) -> context_pb2.ContextItem:
+    ) -> _FilePlace:
         item_id = f"file:{rest}"
         resource_name, sep, relative = rest.partition("/")
         if not sep or not resource_name or not relative:
@@ -369,16 +378,40 @@ class Context:
             raise _invalid("item_id", f"the path must stay inside the resource folder: {exc}") from None
         except NotAnItemError as exc:
             raise self._not_an_item(item_id, scope, origin, str(exc)) from None
-        text = await asyncio.to_thread(context_files.read_text, real_root, relative)
+        return _FilePlace(item_id, root, real_root, relative)
+
+    @staticmethod
+    async def _file_item(place: _FilePlace) -> context_pb2.ContextItem:
+        text = await asyncio.to_thread(context_files.read_text, place.real_root, place.relative)
         if text.content is None:
-            raise _invalid("item_id", f"{item_id} cannot be context: {text.reason}", reason=text.reason)
+            raise _invalid("item_id", f"{place.item_id} cannot be context: {text.reason}", reason=text.reason)
         return context_pb2.ContextItem(
-            id=item_id, kind="file", source=f"{root.rstrip('/')}/{relative}", content=text.content
+            id=place.item_id,
+            kind="file",
+            source=f"{place.root.rstrip('/')}/{place.relative}",
+            content=text.content,
         )
 
     async def simulate(
         self, ctx: CallContext, req: context_pb2.SimulateContextRequest
     ) -> context_pb2.SimulateContextResponse:
+        fill, budget, rate, sources = await self.store.read(lambda _store: self._simulated(ctx, req))
+        for found in sources:
+            for candidate in await self._source_candidates(found):
+                fill.add(candidate)
+        response = context_pb2.SimulateContextResponse(
+            items=fill.items, total_tokens=fill.used, token_budget=budget
+        )
+        if req.actor:
+            response.cost_per_1k_tokens = rate
+            response.estimated_cost = fill.used / 1000 * rate
+        return response
+
+    def _simulated(
+        self, ctx: CallContext, req: context_pb2.SimulateContextRequest
+    ) -> tuple[_Fill, int, float, list[_SourcePlace | list[_Candidate]]]:
+        """What the registries give the simulation, from one snapshot: the filled prompt,
+        actor and skills, the budget, the rate, and each source's folder (or why none)."""
         scope = self.scope(ctx, req.namespace, req.session_id, req.project)
         if req.token_budget < 0:
             raise _invalid("token_budget", "must be 0 (the configured budget) or more")
@@ -402,16 +435,7 @@ class Context:
                 fill.add(_Candidate(f"skill:{name}", "skill", skill.spec.instructions))
             else:
                 fill.add(_Candidate(f"skill:{name}", "skill", None, "the skill is no longer registered"))
-        for source in config.sources:
-            for candidate in await self._source_candidates(scope.namespace, source):
-                fill.add(candidate)
-        response = context_pb2.SimulateContextResponse(
-            items=fill.items, total_tokens=fill.used, token_budget=budget
-        )
-        if req.actor:
-            response.cost_per_1k_tokens = rate
-            response.estimated_cost = fill.used / 1000 * rate
-        return response
+        return fill, budget, rate, [self._source_place(scope.namespace, source) for source in config.sources]
 
     def _actor_candidates(self, fill: _Fill, namespace: str, actor: registry_pb2.Actor) -> None:
         """What the actor itself is given before the context: its system prompt and skills."""
@@ -435,7 +459,10 @@ class Context:
                     _Candidate(f"skill:{name}", "skill", None, "the actor's skill is no longer registered")
                 )
 
-    async def _source_candidates(self, namespace: str, source: context_pb2.ContextSource) -> list[_Candidate]:
+    def _source_place(
+        self, namespace: str, source: context_pb2.ContextSource
+    ) -> _SourcePlace | list[_Candidate]:
+        """The source's folder, or the candidate saying why it has none."""
         resource_id = f"resource:{source.resource}"
         resource = self.registries.find("resource", namespace, source.resource)
         if not isinstance(resource, registry_pb2.Resource) or not self.is_directory(namespace, resource):
@@ -443,9 +470,17 @@ class Context:
         problem = self._folder_problem(namespace, resource.spec.path)
         if problem is not None:
             return [_Candidate(resource_id, "resource", None, problem)]
-        texts, matched = await asyncio.to_thread(_read_source, resource.spec.path, list(source.globs))
+        return _SourcePlace(source.resource, resource.spec.path, list(source.globs))
+
+    @staticmethod
+    async def _source_candidates(found: _SourcePlace | list[_Candidate]) -> list[_Candidate]:
+        """The source's files as candidates, read (and globbed) on a worker thread."""
+        if not isinstance(found, _SourcePlace):
+            return found
+        resource_id = f"resource:{found.resource}"
+        texts, matched = await asyncio.to_thread(_read_source, found.root, found.globs)
         candidates = [
-            _Candidate(f"file:{source.resource}/{t.path}", "file", t.content, t.reason) for t in texts
+            _Candidate(f"file:{found.resource}/{t.path}", "file", t.content, t.reason) for t in texts
         ]
         if matched > len(texts):
             candidates.append(
@@ -457,6 +492,25 @@ class Context:
                 )
             )
         return candidates
+
+
+@dataclass(frozen=True)
+class _FilePlace:
+    """A file item's place, checked against the registries; its text is read off the loop."""
+
+    item_id: str
+    root: str
+    real_root: str
+    relative: str
+
+
+@dataclass(frozen=True)
+class _SourcePlace:
+    """A context source's folder and globs, checked against the registries."""
+
+    resource: str
+    root: str
+    globs: list[str]
 
 
 def _read_source(root: str, globs: list[str]) -> tuple[list[FileText], int]:

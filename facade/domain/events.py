@@ -286,8 +286,9 @@ class EventLog:
         (a hint: read without the lock)."""
         return len(self._subscribers) > 1
 
-    def _event_of(self, stored: StoredEvent) -> events_pb2.Event:
-        if not self.fanning_out:
+    def _event_of(self, stored: StoredEvent, shared: bool) -> events_pb2.Event:
+        """``shared``: other subscribers were attached when the batch was asked for."""
+        if not shared:
             # Keeping events for nobody else costs more than decoding them.
             return _decode(stored)
         key = (stored.sequence, stored.body)
@@ -461,23 +462,28 @@ class Subscription:
                 self.last_sequence = event.sequence
                 return event
             if not self._live:
-                self._catch_up()
-                # A long backlog is read batch by batch; let producers and others run.
-                await asyncio.sleep(0)
+                # A long backlog is read batch by batch, each on a store reader thread.
+                await self._catch_up()
                 continue
             waiter = self._take_live()
             if waiter is not None:
                 await waiter
 
-    def _catch_up(self) -> None:
-        """Read one backlog batch from the store; after a short one (the head of the log
-        as of that read), switch to the live queue, which holds everything committed since
-        unless it overflowed meanwhile."""
-        store = self._log.store
-        batch = store.read_events(self.last_sequence, BACKLOG_BATCH, self.filter)
-        if not self.missed and self.last_sequence + 1 < store.first_sequence():
+    async def _catch_up(self) -> None:
+        """Read one backlog batch from the store (off the loop, one snapshot); after a short
+        one (the head of the log as of that read), switch to the live queue, which holds
+        everything committed since unless it overflowed meanwhile."""
+        after = self.last_sequence
+        # Whether others read along is decided as the read starts: they may detach meanwhile.
+        shared = self._log.fanning_out
+        batch, first = await self._log.store.read(
+            lambda store: (store.read_events(after, BACKLOG_BATCH, self.filter), store.first_sequence())
+        )
+        if self._closed:
+            return
+        if not self.missed and after + 1 < first:
             self.missed = True
-        self._pending.extend(map(self._log._event_of, batch))
+        self._pending.extend(self._log._event_of(stored, shared) for stored in batch)
         if len(batch) == BACKLOG_BATCH:
             return
         with self._log._lock:

@@ -66,10 +66,8 @@ class ModelOrchestrator:
     async def respond(self, ctx: CallContext, session: session_pb2.Session, text: str) -> Outcome:
         if text.lstrip().startswith("/"):
             return await self.builtin.respond(ctx, session, text)
-        actor = self.registries.fetch(registry_pb2.Actor, session.meta.namespace, session.orchestrator)
-        actions = self._actions(session)
+        actor, actions, messages = await self.registries.store.read(lambda _store: self._given(session))
         tools = [self._start_plan_tool(actions)] if actions and self._can_start(session) else []
-        messages = self._messages(session, actor, actions)
         replies: list[Reply] = []
         refused_in_a_row = 0
         for number in range(1, MAX_TURNS + 1):
@@ -104,6 +102,15 @@ class ModelOrchestrator:
         return Outcome(tuple(replies) or (Reply("(The model answered with no text.)"),))
 
     # what the model is given ---------------------------------------------------------
+
+    def _given(
+        self, session: session_pb2.Session
+    ) -> tuple[registry_pb2.Actor, list[registry_pb2.Action], list[dict[str, Any]]]:
+        """The actor, the actions it may start and the messages of its first turn, read in
+        one snapshot (on a store reader thread: the history may be long)."""
+        actor = self.registries.fetch(registry_pb2.Actor, session.meta.namespace, session.orchestrator)
+        actions = self._actions(session)
+        return actor, actions, self._messages(session, actor, actions)
 
     def _can_start(self, session: session_pb2.Session) -> bool:
         return self.builtin.plan_starter is not None and bool(session.project)

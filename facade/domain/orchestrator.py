@@ -145,7 +145,8 @@ class BuiltinOrchestrator:
         if command == "/help":
             return Outcome((Reply(self.help_text(session)),))
         if command == "/actions":
-            return Outcome((Reply(self._actions(session.meta.namespace)),))
+            listed = await self.registries.store.read(lambda _store: self._actions(session.meta.namespace))
+            return Outcome((Reply(listed),))
         if command == "/use":
             return Outcome((await self._use(ctx, session, arguments),))
         if command == "/close":

@@ -259,16 +259,19 @@ class Sessions:
     async def tell(
         self, ctx: CallContext, req: session_pb2.TellSessionRequest
     ) -> session_pb2.TellSessionResponse:
-        _, session = await self.store.read(lambda store: load(store, ctx, req.session_id))
-        if len(req.content) > MAX_MESSAGE_CHARS:
-            raise _invalid("content", f"a message holds at most {MAX_MESSAGE_CHARS} characters")
-        if session.state == CLOSED:
-            raise ACPError(
-                ErrorCode.INVALID_STATE,
-                f"session {session.meta.id} is closed; session.resume reopens it",
-                {"session_id": session.meta.id, "state": "closed"},
-            )
-        orchestrator = self._orchestrator(session)
+        def admitted(store: Store) -> tuple[session_pb2.Session, Orchestrator]:
+            _, session = load(store, ctx, req.session_id)
+            if len(req.content) > MAX_MESSAGE_CHARS:
+                raise _invalid("content", f"a message holds at most {MAX_MESSAGE_CHARS} characters")
+            if session.state == CLOSED:
+                raise ACPError(
+                    ErrorCode.INVALID_STATE,
+                    f"session {session.meta.id} is closed; session.resume reopens it",
+                    {"session_id": session.meta.id, "state": "closed"},
+                )
+            return session, self._orchestrator(session)
+
+        session, orchestrator = await self.store.read(admitted)
         user = session_pb2.Message(role=session_pb2.MESSAGE_ROLE_USER, content=req.content)
         (stored_user,) = await self._append(session.meta.id, [user])
         outcome = await orchestrator.respond(ctx, session, req.content)

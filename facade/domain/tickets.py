@@ -16,6 +16,9 @@ Outstanding tickets (issued, not yet presented, not expired) are capped per prin
 (``MAX_PER_PRINCIPAL``) and in all (``MAX_OUTSTANDING``): a caller asking past the cap gets
 BUDGET_EXCEEDED (``TOO_MANY_TICKETS``) until one of its tickets is used or expires, so no
 caller can fill the store with tickets. The count is kept by the process that issued them.
+
+``issue`` and ``redeem`` are what the event loop awaits: their store work runs on the
+store's writer thread (``issue_now`` and ``redeem_now`` are the same, blocking their thread).
 """
 
 from __future__ import annotations
@@ -104,6 +107,13 @@ def digest(ticket: str) -> str:
     return hashlib.sha256(ticket.encode()).hexdigest()
 
 
+def _key(ticket: str) -> str:
+    """The stored key of a ticket of the right form; TICKET_UNKNOWN for any other."""
+    if not ticket.startswith(TICKET_PREFIX) or len(ticket) > 128:
+        raise _refused("TICKET_UNKNOWN", "unknown stream ticket; ask events.ticket for one")
+    return digest(ticket)
+
+
 class StreamTickets:
     def __init__(
         self,
@@ -125,7 +135,20 @@ class StreamTickets:
         self._count = 0
         self._lock = threading.Lock()
 
-    def issue(
+    async def issue(
+        self, ctx: CallContext, request: events_pb2.CreateStreamTicketRequest
+    ) -> events_pb2.CreateStreamTicketResponse:
+        """``issue_now`` on the store's writer thread."""
+        return await self._store.write(lambda _store: self.issue_now(ctx, request))
+
+    async def redeem(self, ticket: str, operation: str, request: object) -> Principal:
+        """``redeem_now``, using the ticket up on the store's writer thread."""
+        key = _key(ticket)
+        now = self._clock()
+        record = await self._store.write(lambda _store: self._use(key, now))
+        return self._admitted(record, key, now, operation, request)
+
+    def issue_now(
         self, ctx: CallContext, request: events_pb2.CreateStreamTicketRequest
     ) -> events_pb2.CreateStreamTicketResponse:
         """A ticket for the stream ``request`` describes, once its filters would be admitted."""
@@ -215,15 +238,15 @@ class StreamTickets:
             )
         )
 
-    def redeem(self, ticket: str, operation: str, request: object) -> Principal:
+    def redeem_now(self, ticket: str, operation: str, request: object) -> Principal:
         """The principal a ticket opens ``request`` for, using the ticket up; AUTH_REQUIRED
         with a refinement when it cannot (unknown, used, expired, another operation or
         other filters, its principal gone)."""
-        if not ticket.startswith(TICKET_PREFIX) or len(ticket) > 128:
-            raise _refused("TICKET_UNKNOWN", "unknown stream ticket; ask events.ticket for one")
+        key = _key(ticket)
         now = self._clock()
-        key = digest(ticket)
-        record = self._use(key, now)
+        return self._admitted(self._use(key, now), key, now, operation, request)
+
+    def _admitted(self, record: Record, key: str, now: float, operation: str, request: object) -> Principal:
         attrs = record.attrs
         self._release(attrs.get("principal", ""), key)
         if now >= float(attrs.get("expires", "0")):

@@ -41,17 +41,17 @@ class EventHandlers:
             raise ACPError(
                 ErrorCode.NOT_FOUND, "this server issues no stream tickets", {"operation": "events.ticket"}
             )
-        return self._tickets.issue(ctx, request)
+        return await self._tickets.issue(ctx, request)
 
     def _response(self, event: events_pb2.Event) -> events_pb2.SubscribeEventsResponse:
-        if not self._log.fanning_out:
-            return _wrap(event)
-        # By identity: the entry holds the event, so its id cannot name another object.
+        # By identity: the entry holds the event, so its id cannot name another object. An
+        # event shared when it was read is looked up even if the others detached since.
         found = self._wrapped.get(id(event))
         if found is not None and found.event is event:
             return found.response
         response = _wrap(event)
-        self._wrapped.put(id(event), _Wrapped(event, response))
+        if self._log.fanning_out:
+            self._wrapped.put(id(event), _Wrapped(event, response))
         return response
 
     async def _responses(

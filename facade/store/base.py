@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
@@ -155,7 +155,26 @@ class EventWakeups:
         self._closed.set()
 
 
+class StoreObserver(Protocol):
+    """Told how long the store's work takes, from its own threads (so it must be cheap and
+    thread-safe): the server's metrics attach here (``acp_store_*``); the store knows none."""
+
+    def committed(self, seconds: float) -> None:
+        """One commit (a group of write calls) took ``seconds``, from BEGIN to durable."""
+
+    def waited(self, access: str, seconds: float) -> None:
+        """A call (``access`` "read" or "write") waited ``seconds`` for its store thread,
+        and a write for the write lock, before its function ran."""
+
+
 class Store(abc.ABC):
+    # Set by whoever assembles the server (``observe``); None: nobody is told.
+    observer: StoreObserver | None = None
+
+    def observe(self, observer: StoreObserver | None) -> None:
+        """Report commit and wait times to ``observer`` from now on (None: stop)."""
+        self.observer = observer
+
     # the event loop's interface --------------------------------------------------------
 
     @abc.abstractmethod

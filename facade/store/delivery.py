@@ -14,6 +14,7 @@ import collections
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -45,7 +46,7 @@ def run_callback(callback: Callable[[], None]) -> None:
 class Job:
     """One ``write`` call on its way through a store thread."""
 
-    __slots__ = ("callbacks", "deadline", "error", "fn", "future", "loop", "result")
+    __slots__ = ("callbacks", "deadline", "error", "fn", "future", "loop", "queued", "result")
 
     def __init__(
         self, fn: Callable[[Any], Any], loop: asyncio.AbstractEventLoop | None, deadline: float
@@ -54,6 +55,8 @@ class Job:
         self.loop = loop
         self.future: asyncio.Future[Any] | None = loop.create_future() if loop is not None else None
         self.deadline = deadline
+        # When the call was made: what it waited before its transaction began is measured from here.
+        self.queued = time.monotonic()
         self.result: Any = None
         self.error: BaseException | None = None
         self.callbacks: list[Callable[[], None]] = []

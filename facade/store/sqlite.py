@@ -229,9 +229,15 @@ class SQLiteStore(Store):
             raise RuntimeError("the store is closed")
         # The caller's context travels with fn (its trace, read by what fn records).
         run = contextvars.copy_context().run
-        return await asyncio.get_running_loop().run_in_executor(self._reader_pool, run, self._read_now, fn)
+        queued = time.monotonic()
+        return await asyncio.get_running_loop().run_in_executor(
+            self._reader_pool, run, self._read_now, fn, queued
+        )
 
-    def _read_now(self, fn: Callable[[Store], T]) -> T:
+    def _read_now(self, fn: Callable[[Store], T], queued: float) -> T:
+        observer = self.observer
+        if observer is not None:
+            observer.waited("read", time.monotonic() - queued)
         db = self._reader()
         db.execute("BEGIN")
         try:
@@ -273,7 +279,14 @@ class SQLiteStore(Store):
         with self._lock:
             batch = self._begin_batch(batch)
             if batch:
+                began = time.monotonic()
+                observer = self.observer
+                if observer is not None:
+                    for job in batch:
+                        observer.waited("write", began - job.queued)
                 self._run_batch(batch)
+                if observer is not None:
+                    observer.committed(time.monotonic() - began)
             # Still under the write lock: the due queue is in commit order.
             self._order.due(batch)
         self._order.announce(batch)

@@ -52,6 +52,7 @@ DURATION_BUCKETS = (
     10,
     30,
 )
+STORE_ACCESS = ("read", "write")
 STORE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 
 # Sampled when scraped: (head sequence, plans counted by (phase, state)).
@@ -137,10 +138,13 @@ class Metrics:
         )
         self.store_wait = Histogram(
             "acp_store_wait_seconds",
-            "Time a write waited for the store's writer before its commit began.",
+            "Time a store read waited for a reader thread, or a write for the writer thread and "
+            "the write lock, before it ran.",
+            ("access",),
             buckets=STORE_BUCKETS,
             registry=self.registry,
         )
+        self._store_wait = {access: self.store_wait.labels(access) for access in STORE_ACCESS}
         self._sampler: Sampler | None = None
         self._plan_labels: set[tuple[str, str]] = set()
 
@@ -158,6 +162,17 @@ class Metrics:
         if code not in CODES:
             code = "INTERNAL_ERROR"
         series.codes[code] = series.codes.get(code, 0) + 1
+
+    # the store's observer (facade.store.base.StoreObserver), called from its threads ---
+
+    def committed(self, seconds: float) -> None:
+        self.store_commit.observe(seconds)
+
+    def waited(self, access: str, seconds: float) -> None:
+        series = self._store_wait.get(access)
+        if series is None:
+            raise ValueError(f"unbounded metric label access={access!r}")
+        series.observe(seconds)
 
     def sample_with(self, sampler: Sampler) -> None:
         self._sampler = sampler

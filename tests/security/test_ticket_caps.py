@@ -31,7 +31,7 @@ def who(name: str) -> CallContext:
 
 
 def issue(issuer: tickets.StreamTickets, name: str) -> str:
-    return issuer.issue(who(name), events_pb2.CreateStreamTicketRequest()).ticket
+    return issuer.issue_now(who(name), events_pb2.CreateStreamTicketRequest()).ticket
 
 
 def too_many(issuer: tickets.StreamTickets, name: str) -> ACPError:
@@ -54,7 +54,7 @@ def test_a_principal_holds_at_most_its_cap_until_one_is_used_or_expires(tmp_path
         # Another principal is not held back by alice's tickets.
         issue(issuer, "bob")
         # A ticket presented (whatever the outcome) frees its place.
-        issuer.redeem(held[0], "events.subscribe", events_pb2.SubscribeEventsRequest())
+        issuer.redeem_now(held[0], "events.subscribe", events_pb2.SubscribeEventsRequest())
         issue(issuer, "alice")
         too_many(issuer, "alice")
         # Expired tickets free theirs.

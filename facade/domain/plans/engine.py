@@ -6,6 +6,11 @@ is saved and its events published in one store transaction, state first, so a su
 that sees an event reads at least that state. Budgets (cost, max steps) stop a plan with
 BUDGET_EXCEEDED in its status and a ``plan.error`` event.
 
+The event loop never waits for the store: every read an async method makes runs in
+``_read`` (a store reader thread, one snapshot) and every write in ``_write`` (the store's
+writer thread, committed durably, with its events, before the await returns). The sync
+helpers (``_transition``, ``_record_strategy``, ``load``...) run inside those functions.
+
 At start, ``recover`` settles what a stopped server left behind: an apply half-written is
 undone from its checkpoint, and a plan left running is failed with reason ``interrupted``.
 """
@@ -16,8 +21,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn, TypeVar
 
 from google.protobuf import json_format, timestamp_pb2
 from ulid import ULID
@@ -50,9 +55,10 @@ from cleveragents.acp.facade.domain.policy import HOW_TO_ALLOW_COMMANDS
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.specs import DEFAULT_MAX_STEPS
 from cleveragents.acp.facade.domain.tracing import traced
-from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2, registry_pb2
+from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2, registry_pb2, specs_pb2
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # How long plan.cancel waits for the plan to reach its step boundary.
 CANCEL_WAIT_SECONDS = 10.0
@@ -123,6 +129,17 @@ class PlanEngine:
         self._closed = False
         # Plans whose files are being applied or rolled back on a worker thread.
         self._file_work: set[str] = set()
+
+    # the store, off the loop --------------------------------------------------------------
+
+    async def _read(self, fn: Callable[[], T]) -> T:
+        """``fn`` on a store reader thread, in one snapshot: the loop serves others meanwhile."""
+        return await self.store.read(lambda _store: fn())
+
+    async def _write(self, fn: Callable[[], T]) -> T:
+        """``fn`` on the store's writer thread, in one transaction that is durable (and its
+        events delivered) when this returns; if ``fn`` raises, nothing of it is written."""
+        return await self.store.write(lambda _store: fn())
 
     # loading ----------------------------------------------------------------------------
 
@@ -255,7 +272,11 @@ class PlanEngine:
     async def use(self, ctx: CallContext, request: plan_pb2.UsePlanRequest) -> plan_pb2.Plan:
         namespace = ctx.namespace(request.namespace)
         if request.automation_profile:
-            self._check_profile_override(ctx, namespace, request.action, request.automation_profile)
+            await self._read(
+                lambda: self._check_profile_override(
+                    ctx, namespace, request.action, request.automation_profile
+                )
+            )
         return await self._use(
             namespace=namespace,
             action=request.action,
@@ -287,23 +308,26 @@ class PlanEngine:
         session_id: str = "",
         automation_profile: str = "",
     ) -> plan_pb2.Plan:
-        action_entry = self.registries.fetch(registry_pb2.Action, namespace, action)
-        profile_name = automation_profile or action_entry.spec.automation_profile
-        plan_setup = setup.resolve(self.registries, namespace, action_entry, project, profile_name)
-        if session_id:
-            session = self.store.get(SESSION_KIND, session_id)
-            if session is None or session.namespace != namespace:
-                raise ACPError(
-                    ErrorCode.NOT_FOUND,
-                    f"no session {session_id!r} in namespace {namespace!r}",
-                    {"session_id": session_id},
-                    refinement="SESSION_NOT_FOUND",
-                )
+        def resolve() -> tuple[registry_pb2.Action, str, setup.PlanSetup]:
+            action_entry = self.registries.fetch(registry_pb2.Action, namespace, action)
+            profile_name = automation_profile or action_entry.spec.automation_profile
+            plan_setup = setup.resolve(self.registries, namespace, action_entry, project, profile_name)
+            if session_id:
+                session = self.store.get(SESSION_KIND, session_id)
+                if session is None or session.namespace != namespace:
+                    raise ACPError(
+                        ErrorCode.NOT_FOUND,
+                        f"no session {session_id!r} in namespace {namespace!r}",
+                        {"session_id": session_id},
+                        refinement="SESSION_NOT_FOUND",
+                    )
+            return action_entry, profile_name, plan_setup
+
+        action_entry, profile_name, plan_setup = await self._read(resolve)
         # RE2 matches without the GIL: a pattern slow on a long input holds no other call.
         values = await asyncio.to_thread(_inputs, actor.as_dict(action_entry.spec.inputs_schema), inputs)
         steps = actor.declared_steps(action_entry.spec, values)
-        for step in steps:
-            setup.tool_spec(self.registries, namespace, step.tool)
+        await self._read(lambda: [setup.tool_spec(self.registries, namespace, step.tool) for step in steps])
         # A model chooses its own steps: the declared ones are the scripted actor's.
         planned = 0 if self._model(plan_setup) is not None else len(steps)
         actor.prompt(plan_setup, values, [])
@@ -320,12 +344,15 @@ class PlanEngine:
             cost=plan_pb2.Cost(spent=0, budget=plan_setup.profile.cost_budget),
             automation_profile=profile_name,
         )
-        with self.store.transaction():
+
+        def create() -> None:
             self.records.insert(plan)
             self.records.save_action(plan.meta.id, action_entry)
             self._publish(plan, plan_created=events_pb2.PlanCreated(action=action, project=project))
+
+        await self._write(create)
         if plan_setup.profile.auto_execute:
-            self._start(plan)
+            await self._start(plan)
         return plan
 
     async def start_plan(
@@ -347,68 +374,90 @@ class PlanEngine:
     # plan.execute -----------------------------------------------------------------------
 
     async def execute(self, ctx: CallContext, plan_id: str, *, wait: bool = False) -> plan_pb2.Plan:
-        plan = self.load(ctx, plan_id)
+        plan = await self._read(lambda: self.load(ctx, plan_id))
         model.require("execute", plan)
-        task = self._start(plan)
+        task = await self._start(plan)
         if wait:
             await asyncio.shield(task)
-        return self.records.load(plan_id)
+        return await self._read(lambda: self.records.load(plan_id))
 
-    def _start(self, plan: plan_pb2.Plan) -> asyncio.Task[None]:
-        """Mark the plan running now (a second execute sees it) and run it in a task."""
+    async def _start(self, plan: plan_pb2.Plan) -> asyncio.Task[None]:
+        """Mark the plan running (a second execute sees it) and run it in a task.
+
+        The task is registered before the store write, so a cancel or a second execute
+        arriving meanwhile finds it; it starts working once the write is durable, and
+        never starts when the write fails (the plan moved on since the caller read it)."""
+        plan_id = plan.meta.id
         if self._closed:
-            raise ACPError(ErrorCode.INVALID_STATE, "the server is shutting down", {"plan_id": plan.meta.id})
-        plan.ClearField("last_error")
-        self._transition(plan, plan.phase, model.RUNNING)
-        self._cancels[plan.meta.id] = asyncio.Event()
-        task = asyncio.get_running_loop().create_task(self._run(plan), name=f"plan-{plan.meta.id}")
-        self._tasks[plan.meta.id] = task
+            raise ACPError(ErrorCode.INVALID_STATE, "the server is shutting down", {"plan_id": plan_id})
+        if plan_id in self._tasks:
+            running = plan_pb2.Plan()
+            running.CopyFrom(plan)
+            running.state = model.RUNNING
+            model.require("execute", running)
+        loop = asyncio.get_running_loop()
+        marked: asyncio.Future[None] = loop.create_future()
+        self._cancels[plan_id] = asyncio.Event()
+        task = loop.create_task(self._run(plan, marked), name=f"plan-{plan_id}")
+        self._tasks[plan_id] = task
+
+        def mark_running() -> None:
+            model.require("execute", self.records.load(plan_id))
+            plan.ClearField("last_error")
+            self._transition(plan, plan.phase, model.RUNNING)
+
+        try:
+            await self._write(mark_running)
+        except BaseException:
+            task.cancel()
+            self._tasks.pop(plan_id, None)
+            self._cancels.pop(plan_id, None)
+            raise
+        marked.set_result(None)
         return task
 
-    @traced("plan.run", lambda self, plan: {"acp.plan_id": plan.meta.id})
-    async def _run(self, plan: plan_pb2.Plan) -> None:
+    @traced("plan.run", lambda self, plan, marked: {"acp.plan_id": plan.meta.id})
+    async def _run(self, plan: plan_pb2.Plan, marked: asyncio.Future[None]) -> None:
+        await marked
         plan_id = plan.meta.id
         cancel = self._cancels[plan_id]
         try:
-            plan_setup = self._setup(plan)
+            plan_setup = await self._read(lambda: self._setup(plan))
             if plan.phase == model.STRATEGIZE:
-                self._strategize(plan, plan_setup)
-                self._transition(plan, model.STRATEGIZE, model.SUCCEEDED)
-                self._transition(plan, model.EXECUTE, model.RUNNING)
+                await self._strategize(plan, plan_setup)
+                await self._write(lambda: self._transitions(plan, model.STRATEGIZE, model.EXECUTE))
             runner = self._model(plan_setup)
             if runner is not None:
-                await runner.execute(model_run.EngineRun(self, plan, plan_setup, cancel))
+                await runner.execute(await model_run.EngineRun.open(self, plan, plan_setup, cancel))
             else:
                 await self._steps(plan, plan_setup, cancel)
             await self._validate(plan, plan_setup, cancel)
             self._check_cancel(plan_id, cancel)
-            self._transition(plan, model.EXECUTE, model.SUCCEEDED)
+            await self._write(lambda: self._transition(plan, model.EXECUTE, model.SUCCEEDED))
             if plan_setup.profile.auto_apply:
                 with contextlib.suppress(ACPError):
                     await self._apply(plan, plan_setup)
         except _HaltError as halt:
-            reason = self._cancel_reasons.get(plan_id, "") if halt.state == model.CANCELLED else ""
-            error = halt.error if halt.state != model.CANCELLED else None
-            self._transition(plan, plan.phase, halt.state, reason=reason, error=error)
+            state = halt.state
+            reason = self._cancel_reasons.get(plan_id, "") if state == model.CANCELLED else ""
+            error = halt.error if state != model.CANCELLED else None
+            await self._write(lambda: self._transition(plan, plan.phase, state, reason=reason, error=error))
         except ACPError as exc:
-            self._transition(
-                plan, plan.phase, model.FAILED, error=common_pb2.ErrorInfo(code=exc.code, message=exc.message)
-            )
+            failed = common_pb2.ErrorInfo(code=exc.code, message=exc.message)
+            await self._write(lambda: self._transition(plan, plan.phase, model.FAILED, error=failed))
         except asyncio.CancelledError:
-            self._interrupted(plan, "the server stopped while the plan was running")
+            await self._write(
+                lambda: self._interrupted(plan, "the server stopped while the plan was running")
+            )
             raise
         except Exception:
             correlation = str(ULID())
             log.exception("plan %s failed (correlation id %s)", plan_id, correlation)
-            self._transition(
-                plan,
-                plan.phase,
-                model.FAILED,
-                error=common_pb2.ErrorInfo(
-                    code=ErrorCode.Name(ErrorCode.INTERNAL_ERROR),
-                    message=f"internal error; correlation id {correlation}",
-                ),
+            internal = common_pb2.ErrorInfo(
+                code=ErrorCode.Name(ErrorCode.INTERNAL_ERROR),
+                message=f"internal error; correlation id {correlation}",
             )
+            await self._write(lambda: self._transition(plan, plan.phase, model.FAILED, error=internal))
         finally:
             self._tasks.pop(plan_id, None)
             self._cancels.pop(plan_id, None)
@@ -418,7 +467,18 @@ class PlanEngine:
         if cancel.is_set():
             raise _HaltError(model.CANCELLED, "cancelled", self._cancel_reasons.get(plan_id) or "cancelled")
 
-    def _strategize(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> None:
+    def _transitions(self, plan: plan_pb2.Plan, done: model.Phase, next_phase: model.Phase) -> None:
+        """``done`` succeeded and ``next_phase`` runs, in one transaction."""
+        self._transition(plan, done, model.SUCCEEDED)
+        self._transition(plan, next_phase, model.RUNNING)
+
+    async def _strategize(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> None:
+        """The strategy is recorded even when its cost crosses the budget (then it halts)."""
+        halt = await self._write(lambda: self._strategize_now(plan, plan_setup))
+        if halt is not None:
+            raise halt
+
+    def _strategize_now(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> _HaltError | None:
         inputs = actor.as_dict(plan.inputs)
         corrections = [c.text for c in self.records.corrections(plan.meta.id) if c.text]
         runner = self._model(plan_setup)
@@ -426,13 +486,17 @@ class PlanEngine:
             # A model is charged what each of its turns used, as it runs.
             self.records.save_prompt(plan.meta.id, runner.prompt(plan_setup, inputs, corrections))
             self._record_strategy(plan, runner.strategize(plan_setup, plan))
-            return
+            return None
         given = actor.prompt(plan_setup, inputs, corrections)
         strategy = actor.strategize(plan_setup, plan, inputs)
         self.records.save_prompt(plan.meta.id, given)
         self._record_strategy(plan, strategy)
-        self._charge(plan, actor.usage_cost(plan_setup, given), "the actor's usage")
+        try:
+            self._charge(plan, actor.usage_cost(plan_setup, given), "the actor's usage")
+        except _HaltError as halt:
+            return halt
         self.records.save(plan)
+        return None
 
     def _record_strategy(self, plan: plan_pb2.Plan, strategy: actor.Strategy) -> None:
         """Publish a decision per new node (each remembers its event's sequence), then save."""
@@ -445,9 +509,32 @@ class PlanEngine:
             self._progress(plan, strategy.steps)
             self.records.save(plan)
 
+    def _record_turn(
+        self,
+        plan: plan_pb2.Plan,
+        nodes: Sequence[plan_pb2.DecisionNode],
+        steps: Sequence[plan_pb2.PlanStep],
+        stored: tuple[int, int],
+    ) -> None:
+        """A model turn's decisions: ``nodes`` and ``steps`` grew past the ``stored`` counts
+        (nodes, steps) by appending, so only the new rows are written and their events
+        published: a turn costs the same however long the plan ran."""
+        stored_nodes, stored_steps = stored
+        with self.store.transaction():
+            for node in nodes[stored_nodes:]:
+                event = self._publish(plan, plan_decision_made=events_pb2.PlanDecisionMade(node=node))
+                node.event_sequence = event.sequence
+            self.records.put_nodes(plan.meta.id, dict(enumerate(nodes[stored_nodes:], stored_nodes)))
+            added = steps[stored_steps:]
+            self.records.put_steps(plan.meta.id, dict(enumerate(added, stored_steps)))
+            # New steps are pending: progress grows by those that count, as _progress counts.
+            plan.progress.total += sum(1 for s in added if not model.superseded(s))
+            self.records.save(plan)
+
     async def _steps(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup, cancel: asyncio.Event) -> None:
-        steps = self.records.steps(plan.meta.id)
-        staging = self._staging(plan, plan_setup)
+        steps, staging = await self._read(
+            lambda: (self.records.steps(plan.meta.id), self._staging(plan, plan_setup))
+        )
         limit = plan_setup.profile.max_steps or DEFAULT_MAX_STEPS
         position = 0
         for index, step in enumerate(steps):
@@ -488,7 +575,6 @@ class PlanEngine:
 
         ``index`` is the step's place in ``steps`` (found from the end when not given):
         each save writes that one row, so a step costs the same in a plan of any length."""
-        namespace = plan.meta.namespace
         if index is None:
             index = _index_of(steps, step)
         if not setup.tool_allowed(plan_setup.profile, step.tool):
@@ -498,7 +584,60 @@ class PlanEngine:
                 f"step {step.id!r}: tool {step.tool!r} is not allowed by the automation profile "
                 f"{plan_setup.profile_name or '(none)'}",
             )
-        spec = setup.tool_spec(self.registries, namespace, step.tool)
+        spec = await self._write(lambda: self._begin_step(plan, index, step))
+        started = time.monotonic()
+        failure: tools.StepError | None = None
+        try:
+            if spec is None:
+                outcome = tools.run_builtin(step.tool, staging, actor.as_dict(step.args), step.id)
+            else:
+                outcome = await tools.run_command(
+                    step.tool,
+                    spec,
+                    staging,
+                    actor.as_dict(step.args),
+                    step.id,
+                    cancel,
+                    self.registries.policy,
+                )
+        except tools.StepError as exc:
+            failure = exc
+        step.duration_ms = (time.monotonic() - started) * 1000
+        price = spec.cost if spec is not None else 0.0
+        # A command tool costs its price per invocation, whatever the outcome.
+        plan.cost.spent += price
+        completed = events_pb2.ToolCompleted(step_id=step.id, tool=step.tool, duration_ms=step.duration_ms)
+        if failure is not None:
+            cancelled = failure.code == "cancelled"
+            step.state = model.CANCELLED if cancelled else model.FAILED
+            step.error.CopyFrom(common_pb2.ErrorInfo(code=failure.code, message=failure.message))
+            completed.ok = False
+            completed.error.CopyFrom(step.error)
+            completed.result.CopyFrom(actor.struct(failure.result))
+            await self._write(lambda: self._end_step(plan, index, step, completed, []))
+            if cancelled:
+                self._check_cancel(plan.meta.id, cancel)
+            if not halt:
+                return completed
+            raise _HaltError(
+                model.FAILED, model.STEP_FAILED, f"step {step.id!r} ({step.tool}) failed: {failure.message}"
+            )
+        step.state = model.SUCCEEDED
+        completed.ok = True
+        completed.result.CopyFrom(actor.struct(outcome.result))
+        for change in outcome.changes:
+            staging.record(change)
+        # The step was running, so it was not counted done: progress moves by one.
+        plan.progress.done += 1
+        await self._write(lambda: self._end_step(plan, index, step, completed, outcome.changes))
+        return completed
+
+    def _begin_step(
+        self, plan: plan_pb2.Plan, index: int, step: plan_pb2.PlanStep
+    ) -> specs_pb2.ToolSpec | None:
+        """The step's tool (None: built in), once it may run; the step saved running and
+        ``tool.invoked`` published. A refusal halts the plan and writes nothing."""
+        spec = setup.tool_spec(self.registries, plan.meta.namespace, step.tool)
         if spec is not None and not self.registries.policy.allow_commands:
             raise _HaltError(
                 model.FAILED,
@@ -515,66 +654,40 @@ class PlanEngine:
                 f"step {step.id!r} costs {price:g}; only {max(left, 0):g} of the budget "
                 f"{plan.cost.budget:g} is left",
             )
-        args = actor.as_dict(step.args)
         step.state = model.RUNNING
         with self.store.transaction():
             self.records.save_step(plan.meta.id, index, step)
             self._publish(
                 plan, tool_invoked=events_pb2.ToolInvoked(step_id=step.id, tool=step.tool, args=step.args)
             )
-        started = time.monotonic()
-        failure: tools.StepError | None = None
-        try:
-            if spec is None:
-                outcome = tools.run_builtin(step.tool, staging, args, step.id)
-            else:
-                outcome = await tools.run_command(
-                    step.tool, spec, staging, args, step.id, cancel, self.registries.policy
-                )
-        except tools.StepError as exc:
-            failure = exc
-        step.duration_ms = (time.monotonic() - started) * 1000
-        # A command tool costs its price per invocation, whatever the outcome.
-        plan.cost.spent += price
-        completed = events_pb2.ToolCompleted(step_id=step.id, tool=step.tool, duration_ms=step.duration_ms)
-        if failure is not None:
-            cancelled = failure.code == "cancelled"
-            step.state = model.CANCELLED if cancelled else model.FAILED
-            step.error.CopyFrom(common_pb2.ErrorInfo(code=failure.code, message=failure.message))
-            completed.ok = False
-            completed.error.CopyFrom(step.error)
-            completed.result.CopyFrom(actor.struct(failure.result))
-            with self.store.transaction():
-                self.records.save_step(plan.meta.id, index, step)
-                self.records.save(plan)
-                self._publish(plan, tool_completed=completed)
-            if cancelled:
-                self._check_cancel(plan.meta.id, cancel)
-            if not halt:
-                return completed
-            raise _HaltError(
-                model.FAILED, model.STEP_FAILED, f"step {step.id!r} ({step.tool}) failed: {failure.message}"
-            )
-        step.state = model.SUCCEEDED
-        completed.ok = True
-        completed.result.CopyFrom(actor.struct(outcome.result))
-        for change in outcome.changes:
-            staging.record(change)
-        # The step was running, so it was not counted done: progress moves by one.
-        plan.progress.done += 1
+        return spec
+
+    def _end_step(
+        self,
+        plan: plan_pb2.Plan,
+        index: int,
+        step: plan_pb2.PlanStep,
+        completed: events_pb2.ToolCompleted,
+        changes: Sequence[records.Change],
+    ) -> None:
+        """The step's outcome, its staged changes and the plan, with ``tool.completed``."""
         with self.store.transaction():
-            self.records.add_changes(plan.meta.id, outcome.changes)
+            self.records.add_changes(plan.meta.id, changes)
             self.records.save_step(plan.meta.id, index, step)
             self.records.save(plan)
             self._publish(plan, tool_completed=completed)
-        return completed
 
     async def _validate(
         self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup, cancel: asyncio.Event
     ) -> None:
-        checks = setup.validations(self.registries, plan.meta.namespace, plan_setup.action)
-        staging = self._staging(plan, plan_setup)
-        artifacts = staging.artifacts()
+        checks, staging = await self._read(
+            lambda: (
+                setup.validations(self.registries, plan.meta.namespace, plan_setup.action),
+                self._staging(plan, plan_setup),
+            )
+        )
+        # The project's files are read on a worker thread, as apply reads them.
+        artifacts = await asyncio.to_thread(staging.artifacts)
         results: list[events_pb2.ValidationCompleted] = []
         for name, spec in checks:
             self._check_cancel(plan.meta.id, cancel)
@@ -582,9 +695,7 @@ class PlanEngine:
                 name, spec, self.registries.policy, plan_setup.profile
             ) or await validations.run(name, spec, staging, artifacts, cancel, self.registries.policy)
             results.append(result)
-            with self.store.transaction():
-                self.records.save_validations(plan.meta.id, results)
-                self._publish(plan, validation_completed=result)
+            await self._write(lambda: self._record_validation(plan, results))
         failed = [r for r in results if not r.passed]
         if failed:
             self._check_cancel(plan.meta.id, cancel)
@@ -593,25 +704,97 @@ class PlanEngine:
                 model.FAILED, model.VALIDATION_FAILED, "validation failed: " + "; ".join(messages)
             )
 
+    def _record_validation(self, plan: plan_pb2.Plan, results: list[events_pb2.ValidationCompleted]) -> None:
+        """The results so far, with ``validation.completed`` for the newest."""
+        with self.store.transaction():
+            self.records.save_validations(plan.meta.id, results)
+            self._publish(plan, validation_completed=results[-1])
+
     # plan.cancel ------------------------------------------------------------------------
 
     async def cancel(self, ctx: CallContext, plan_id: str, *, reason: str = "") -> plan_pb2.Plan:
-        plan = self.load(ctx, plan_id)
+        plan = await self._read(lambda: self.load(ctx, plan_id))
         model.require("cancel", plan)
         task = self._tasks.get(plan_id)
         if task is None:
-            self._transition(plan, plan.phase, model.CANCELLED, reason=reason or "cancelled")
-            return plan
+
+            def cancel_idle() -> plan_pb2.Plan:
+                # Read again in the write: the plan may have moved since (another call).
+                current = self.records.load(plan_id)
+                model.require("cancel", current)
+                self._transition(current, current.phase, model.CANCELLED, reason=reason or "cancelled")
+                return current
+
+            return await self._write(cancel_idle)
         self._cancel_reasons[plan_id] = reason or "cancelled"
         self._cancels[plan_id].set()
         await asyncio.wait({task}, timeout=CANCEL_WAIT_SECONDS)
-        return self.records.load(plan_id)
+        return await self._read(lambda: self.records.load(plan_id))
 
     # plan.correct -----------------------------------------------------------------------
 
     async def correct(
         self, ctx: CallContext, request: plan_pb2.CorrectPlanRequest
     ) -> tuple[plan_pb2.Plan, plan_pb2.DecisionNode]:
+        plan, nodes, plan_setup, corrections, steps = await self._read(
+            lambda: self._correction_of(ctx, request)
+        )
+        runner = self._model(plan_setup)
+        if runner is not None:
+            return await model_run.correct(self, plan, plan_setup, runner, nodes, corrections, request)
+        strategy, node = actor.correct(nodes, steps, request, len(corrections) + 1, plan.action, plan.project)
+
+        def check_overrides() -> None:
+            for index, override in enumerate(request.overrides):
+                if override.tool:
+                    try:
+                        setup.tool_spec(self.registries, plan.meta.namespace, override.tool)
+                    except ACPError as exc:
+                        raise ACPError(
+                            ErrorCode.INVALID_PARAMS, exc.message, {"field": f"overrides[{index}].tool"}
+                        ) from None
+
+        await self._read(check_overrides)
+        texts = [c.text for c in [*corrections, request] if c.text]
+        given = actor.prompt(plan_setup, actor.as_dict(plan.inputs), texts)
+        plan.ClearField("last_error")
+
+        def record() -> None:
+            self._still(plan, "correct")
+            self.records.add_correction(plan.meta.id, request)
+            kept = [c for c in self.records.changes(plan.meta.id) if c.step_id not in strategy.discarded]
+            self.records.save_changes(plan.meta.id, kept)
+            self.records.save_prompt(plan.meta.id, given)
+            self._transition(plan, model.STRATEGIZE, model.RUNNING, reason="correction")
+            self._record_strategy(plan, strategy)
+
+        await self._write(record)
+        try:
+            self._charge(plan, actor.usage_cost(plan_setup, given), "the actor's usage")
+        except _HaltError as halt:
+            error = halt.error
+            await self._write(lambda: self._transition(plan, model.STRATEGIZE, model.FAILED, error=error))
+            return plan, await self._read(lambda: self._node(plan.meta.id, node.id))
+
+        def settle() -> None:
+            self._transition(plan, model.STRATEGIZE, model.SUCCEEDED, reason="correction")
+            self._transition(plan, model.EXECUTE, model.PENDING, reason="correction")
+
+        await self._write(settle)
+        if plan_setup.profile.auto_execute:
+            await self._start(plan)
+        return await self._read(lambda: (self.records.load(plan.meta.id), self._node(plan.meta.id, node.id)))
+
+    def _correction_of(
+        self, ctx: CallContext, request: plan_pb2.CorrectPlanRequest
+    ) -> tuple[
+        plan_pb2.Plan,
+        list[plan_pb2.DecisionNode],
+        setup.PlanSetup,
+        list[plan_pb2.CorrectPlanRequest],
+        list[plan_pb2.PlanStep],
+    ]:
+        """What a correction starts from, read in one snapshot."""
         plan = self.load(ctx, request.plan_id)
         model.require("correct", plan)
         nodes = self.records.nodes(plan.meta.id)
@@ -621,42 +804,25 @@ class PlanEngine:
                 f"plan {plan.meta.id} has no decision tree yet; execute it first",
                 {"plan_id": plan.meta.id, "operation": "plan.correct"},
             )
-        plan_setup = self._setup(plan)
-        corrections = self.records.corrections(plan.meta.id)
-        runner = self._model(plan_setup)
-        if runner is not None:
-            return await model_run.correct(self, plan, plan_setup, runner, nodes, corrections, request)
-        strategy, node = actor.correct(
-            nodes, self.records.steps(plan.meta.id), request, len(corrections) + 1, plan.action, plan.project
+        return (
+            plan,
+            nodes,
+            self._setup(plan),
+            self.records.corrections(plan.meta.id),
+            self.records.steps(plan.meta.id),
         )
-        for index, override in enumerate(request.overrides):
-            if override.tool:
-                try:
-                    setup.tool_spec(self.registries, plan.meta.namespace, override.tool)
-                except ACPError as exc:
-                    raise ACPError(
-                        ErrorCode.INVALID_PARAMS, exc.message, {"field": f"overrides[{index}].tool"}
-                    ) from None
-        texts = [c.text for c in [*corrections, request] if c.text]
-        given = actor.prompt(plan_setup, actor.as_dict(plan.inputs), texts)
-        plan.ClearField("last_error")
-        with self.store.transaction():
-            self.records.add_correction(plan.meta.id, request)
-            kept = [c for c in self.records.changes(plan.meta.id) if c.step_id not in strategy.discarded]
-            self.records.save_changes(plan.meta.id, kept)
-            self.records.save_prompt(plan.meta.id, given)
-            self._transition(plan, model.STRATEGIZE, model.RUNNING, reason="correction")
-            self._record_strategy(plan, strategy)
-        try:
-            self._charge(plan, actor.usage_cost(plan_setup, given), "the actor's usage")
-        except _HaltError as halt:
-            self._transition(plan, model.STRATEGIZE, model.FAILED, error=halt.error)
-            return plan, self._node(plan.meta.id, node.id)
-        self._transition(plan, model.STRATEGIZE, model.SUCCEEDED, reason="correction")
-        self._transition(plan, model.EXECUTE, model.PENDING, reason="correction")
-        if plan_setup.profile.auto_execute:
-            self._start(plan)
-        return self.records.load(plan.meta.id), self._node(plan.meta.id, node.id)
+
+    def _still(self, plan: plan_pb2.Plan, operation: str) -> None:
+        """Inside a write: INVALID_STATE when the stored plan moved on since ``plan`` was
+        read (another call changed it while this one awaited) so ``operation`` may no longer run."""
+        current = self.records.load(plan.meta.id)
+        if (current.phase, current.state) != (plan.phase, plan.state):
+            model.require(operation, current)
+            raise ACPError(
+                ErrorCode.INVALID_STATE,
+                f"plan {plan.meta.id} changed while plan.{operation} ran; call it again",
+                {"plan_id": plan.meta.id, "operation": f"plan.{operation}"},
+            )
 
     def _node(self, plan_id: str, node_id: str) -> plan_pb2.DecisionNode:
         return next(n for n in self.records.nodes(plan_id) if n.id == node_id)
@@ -664,18 +830,26 @@ class PlanEngine:
     # plan.apply -------------------------------------------------------------------------
 
     async def apply(self, ctx: CallContext, plan_id: str) -> tuple[plan_pb2.Plan, list[str]]:
-        plan = self.load(ctx, plan_id)
+        plan, plan_setup = await self._read(lambda: self._loaded_setup(ctx, plan_id))
         model.require("apply", plan)
-        changed = await self._apply(plan, self._setup(plan))
+        changed = await self._apply(plan, plan_setup)
         return plan, changed
+
+    def _loaded_setup(self, ctx: CallContext, plan_id: str) -> tuple[plan_pb2.Plan, setup.PlanSetup]:
+        plan = self.load(ctx, plan_id)
+        return plan, self._setup(plan)
 
     async def _prepare_apply(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> list[Write]:
         """Invariants first (every violation listed), then the writes and their checkpoint.
 
         Reading the staged files and matching the invariants (a forbid_regex over every
         file's content) runs on a worker thread: a big plan's check holds no other call."""
-        staging = self._staging(plan, plan_setup)
-        checks = setup.invariants(self.registries, plan.meta.namespace, plan_setup.action)
+        staging, checks = await self._read(
+            lambda: (
+                self._staging(plan, plan_setup),
+                setup.invariants(self.registries, plan.meta.namespace, plan_setup.action),
+            )
+        )
         artifacts, found = await asyncio.to_thread(invariants.check, checks, staging.artifacts)
         if found:
             message = f"apply refused: {len(found)} invariant violation(s): " + "; ".join(found)
@@ -711,39 +885,40 @@ class PlanEngine:
         try:
             writes = await self._prepare_apply(plan, plan_setup)
         except ACPError as exc:
-            self._record_error(plan, common_pb2.ErrorInfo(code=exc.code, message=exc.message))
+            refused = common_pb2.ErrorInfo(code=exc.code, message=exc.message)
+            await self._write(lambda: self._record_error(plan, refused))
             raise
         entries = [w.entry for w in writes]
-        with self.store.transaction():
+
+        def begin() -> None:
+            self._still(plan, "apply")
             self.records.save_checkpoint(plan.meta.id, entries)
             plan.ClearField("last_error")
             self._transition(plan, model.APPLY, model.RUNNING, journal=records.JOURNAL_APPLYING)
+
+        await self._write(begin)
         try:
             await asyncio.to_thread(apply.write_all, writes)
         except OSError as exc:
             await asyncio.to_thread(apply.restore, entries)
             message = f"apply failed and was undone: {exc}"
-            self._transition(
-                plan,
-                model.APPLY,
-                model.FAILED,
-                error=common_pb2.ErrorInfo(code=ErrorCode.Name(ErrorCode.INTERNAL_ERROR), message=message),
-                journal=records.JOURNAL_ABORTED,
+            failed = common_pb2.ErrorInfo(code=ErrorCode.Name(ErrorCode.INTERNAL_ERROR), message=message)
+            await self._write(
+                lambda: self._transition(
+                    plan, model.APPLY, model.FAILED, error=failed, journal=records.JOURNAL_ABORTED
+                )
             )
             raise ACPError(ErrorCode.INTERNAL_ERROR, message, {"plan_id": plan.meta.id}) from None
         changed = [e.path for e in entries]
-        self._transition(
-            plan,
-            model.APPLY,
-            model.SUCCEEDED,
-            journal=records.JOURNAL_APPLIED,
-            before=[
-                {
-                    "plan_apply_completed": events_pb2.PlanApplyCompleted(
-                        changed_paths=changed, checkpoint_id=plan.meta.id
-                    )
-                }
-            ],
+        completed = events_pb2.PlanApplyCompleted(changed_paths=changed, checkpoint_id=plan.meta.id)
+        await self._write(
+            lambda: self._transition(
+                plan,
+                model.APPLY,
+                model.SUCCEEDED,
+                journal=records.JOURNAL_APPLIED,
+                before=[{"plan_apply_completed": completed}],
+            )
         )
         return changed
 
@@ -752,9 +927,8 @@ class PlanEngine:
     async def rollback(
         self, ctx: CallContext, plan_id: str, *, force: bool = False
     ) -> tuple[plan_pb2.Plan, list[str]]:
-        plan = self.load(ctx, plan_id)
+        plan, entries = await self._read(lambda: (self.load(ctx, plan_id), self.records.checkpoint(plan_id)))
         model.require("rollback", plan)
-        entries = self.records.checkpoint(plan_id)
         return plan, await asyncio.shield(self._rollback_files(plan, entries, force))
 
     async def _rollback_files(
@@ -763,10 +937,17 @@ class PlanEngine:
         """Off the loop and shielded, like apply."""
         with self._exclusive(plan.meta.id):
             await asyncio.to_thread(rollback.check, plan.meta.id, entries, force=force)
-            self.records.save(plan, journal=records.JOURNAL_ROLLING_BACK)
+
+            def begin() -> None:
+                self._still(plan, "rollback")
+                self.records.save(plan, journal=records.JOURNAL_ROLLING_BACK)
+
+            await self._write(begin)
             restored = await asyncio.to_thread(apply.restore, entries)
-        self._transition(
-            plan, model.APPLY, model.ROLLED_BACK, reason="rollback", journal=records.JOURNAL_ROLLED_BACK
+        await self._write(
+            lambda: self._transition(
+                plan, model.APPLY, model.ROLLED_BACK, reason="rollback", journal=records.JOURNAL_ROLLED_BACK
+            )
         )
         return restored
 
@@ -796,13 +977,15 @@ class PlanEngine:
     # restart and shutdown ---------------------------------------------------------------
 
     def _interrupted(self, plan: plan_pb2.Plan, message: str) -> None:
-        steps = self.records.steps(plan.meta.id)
-        for step in steps:
+        """The running steps failed ``interrupted`` (only their rows written), then the plan."""
+        interrupted: dict[int, plan_pb2.PlanStep] = {}
+        for index, step in enumerate(self.records.steps(plan.meta.id)):
             if step.state == model.RUNNING:
                 step.state = model.FAILED
                 step.error.CopyFrom(common_pb2.ErrorInfo(code=model.INTERRUPTED, message=message))
+                interrupted[index] = step
         with self.store.transaction():
-            self.records.save_steps(plan.meta.id, steps)
+            self.records.put_steps(plan.meta.id, interrupted)
             self._transition(
                 plan,
                 plan.phase,

@@ -3,7 +3,8 @@ its events and the engine's step runner, budget and cancel checks, for one run) 
 ``correct`` (``plan.correct`` of a model plan).
 
 Every state change goes through the engine's own methods, so a model plan's steps, decisions,
-costs and halts are recorded and published exactly as a scripted plan's are.
+costs and halts are recorded and published exactly as a scripted plan's are, off the event
+loop (``PlanEngine._read``/``_write``). A turn writes only its new decisions and steps.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from cleveragents.acp.facade.domain.models.deltas import Emit
 from cleveragents.acp.facade.domain.plans import actor, model
+from cleveragents.acp.facade.domain.plans.records import Change
 from cleveragents.acp.facade.domain.plans.setup import PlanSetup
+from cleveragents.acp.facade.domain.plans.staging import Staging
 from cleveragents.acp.facade.domain.registries.specs import DEFAULT_MAX_STEPS
 from cleveragents.acp.v1 import events_pb2, plan_pb2
 
@@ -23,27 +26,55 @@ if TYPE_CHECKING:
     from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
 
 
+class _Loaded:
+    """What a run starts from, read in one snapshot."""
+
+    def __init__(self, engine: PlanEngine, plan: plan_pb2.Plan, plan_setup: PlanSetup) -> None:
+        records = engine.records
+        plan_id = plan.meta.id
+        self.staging: Staging = engine._staging(plan, plan_setup)
+        self.nodes = records.nodes(plan_id)
+        self.steps = records.steps(plan_id)
+        self.prompt = records.prompt(plan_id)
+        self.conversation = records.conversation(plan_id)
+
+
 class EngineRun:
     def __init__(
-        self, engine: PlanEngine, plan: plan_pb2.Plan, plan_setup: PlanSetup, cancel: asyncio.Event
+        self,
+        engine: PlanEngine,
+        plan: plan_pb2.Plan,
+        plan_setup: PlanSetup,
+        cancel: asyncio.Event,
+        loaded: _Loaded,
     ) -> None:
         self.engine = engine
         self.plan = plan
         self.setup = plan_setup
         self.cancel = cancel
         self._id = plan.meta.id
-        self._staging = engine._staging(plan, plan_setup)
-        self._nodes = engine.records.nodes(self._id)
-        self._steps = engine.records.steps(self._id)
+        self._staging = loaded.staging
+        self._nodes = loaded.nodes
+        self._steps = loaded.steps
+        # How many nodes and steps the store holds: a turn writes those past them.
+        self._stored = (len(self._nodes), len(self._steps))
+        self._prompt = loaded.prompt
+        self._conversation = loaded.conversation
+
+    @classmethod
+    async def open(
+        cls, engine: PlanEngine, plan: plan_pb2.Plan, plan_setup: PlanSetup, cancel: asyncio.Event
+    ) -> EngineRun:
+        loaded = await engine._read(lambda: _Loaded(engine, plan, plan_setup))
+        return cls(engine, plan, plan_setup, cancel, loaded)
 
     def prompt(self) -> plan_pb2.GetPlanPromptResponse:
-        given = self.engine.records.prompt(self._id)
-        if given is None:
+        if self._prompt is None:
             raise RuntimeError(f"plan {self._id} runs without a recorded prompt")
-        return given
+        return self._prompt
 
     def conversation(self) -> list[dict[str, Any]]:
-        return self.engine.records.conversation(self._id)
+        return list(self._conversation)
 
     def nodes(self) -> list[plan_pb2.DecisionNode]:
         return self._nodes
@@ -66,7 +97,7 @@ class EngineRun:
 
         async def emit(index: int, text: str) -> None:
             delta = events_pb2.TextDelta(actor=name, turn=turn, index=index, text=text)
-            self.engine._publish(self.plan, plan_text_delta=delta)
+            await self.engine._write(lambda: self.engine._publish(self.plan, plan_text_delta=delta))
 
         return emit
 
@@ -82,12 +113,19 @@ class EngineRun:
         steps: Sequence[plan_pb2.PlanStep],
         entry: dict[str, Any],
     ) -> None:
-        with self.engine.store.transaction():
-            self.engine._record_strategy(self.plan, actor.Strategy(self._nodes, self._steps, list(nodes)))
+        """The turn appended ``nodes`` (and any new steps) to the run's own lists: only the
+        rows past what the store holds are written, so a turn costs O(1) rows."""
+        stored = self._stored
+
+        def record() -> None:
+            self.engine._record_turn(self.plan, self._nodes, self._steps, stored)
             self.engine.records.add_conversation(self._id, [entry])
 
+        await self.engine._write(record)
+        self._stored = (len(self._nodes), len(self._steps))
+
     async def remember(self, entry: dict[str, Any]) -> None:
-        self.engine.records.add_conversation(self._id, [entry])
+        await self.engine._write(lambda: self.engine.records.add_conversation(self._id, [entry]))
 
     async def run_step(self, step: plan_pb2.PlanStep) -> events_pb2.ToolCompleted:
         return await self.engine._step(
@@ -109,15 +147,16 @@ async def correct(
     again with the correction in the conversation."""
     records = engine.records
     plan_id = plan.meta.id
-    strategy, node = runner.correct(
-        nodes, records.steps(plan_id), records.conversation(plan_id), request, len(corrections) + 1
-    )
+    steps, conversation = await engine._read(lambda: (records.steps(plan_id), records.conversation(plan_id)))
+    strategy, node = runner.correct(nodes, steps, conversation, request, len(corrections) + 1)
     texts = [c.text for c in [*corrections, request] if c.text]
     given = runner.prompt(plan_setup, actor.as_dict(plan.inputs), texts)
     plan.ClearField("last_error")
-    with engine.store.transaction():
+
+    def record() -> None:
+        engine._still(plan, "correct")
         records.add_correction(plan_id, request)
-        kept = [c for c in records.changes(plan_id) if c.step_id not in strategy.discarded]
+        kept: list[Change] = [c for c in records.changes(plan_id) if c.step_id not in strategy.discarded]
         records.save_changes(plan_id, kept)
         records.save_prompt(plan_id, given)
         records.save_conversation(plan_id, strategy.conversation or [])
@@ -125,6 +164,8 @@ async def correct(
         engine._record_strategy(plan, strategy)
         engine._transition(plan, model.STRATEGIZE, model.SUCCEEDED, reason="correction")
         engine._transition(plan, model.EXECUTE, model.PENDING, reason="correction")
+
+    await engine._write(record)
     if plan_setup.profile.auto_execute:
-        engine._start(plan)
-    return records.load(plan_id), engine._node(plan_id, node.id)
+        await engine._start(plan)
+    return await engine._read(lambda: (records.load(plan_id), engine._node(plan_id, node.id)))

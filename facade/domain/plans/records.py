@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -222,6 +222,11 @@ class PlanRecords:
     def save_nodes(self, plan_id: str, nodes: Sequence[plan_pb2.DecisionNode]) -> None:
         self._rewrite(NODES, plan_id, [n.SerializeToString() for n in nodes])
 
+    def put_nodes(self, plan_id: str, nodes: Mapping[int, plan_pb2.DecisionNode]) -> None:
+        """Nodes at their places in the tree's list (new ones appended): only their rows."""
+        if nodes:
+            self.store.put_items(NODES, plan_id, {i: n.SerializeToString() for i, n in nodes.items()})
+
     def steps(self, plan_id: str) -> list[plan_pb2.PlanStep]:
         return self._messages(STEPS, plan_id, plan_pb2.PlanStep)
 
@@ -232,6 +237,11 @@ class PlanRecords:
         """One step's new state, at its place in the list: O(1) whatever the plan's length
         (a 10,000-step plan used to rewrite every step row at each step)."""
         self.store.put_items(STEPS, plan_id, {index: step.SerializeToString()})
+
+    def put_steps(self, plan_id: str, steps: Mapping[int, plan_pb2.PlanStep]) -> None:
+        """Steps at their places in the list (new ones appended): only their rows."""
+        if steps:
+            self.store.put_items(STEPS, plan_id, {i: s.SerializeToString() for i, s in steps.items()})
 
     def changes(self, plan_id: str) -> list[Change]:
         return self._objects(CHANGES, plan_id, Change.decode)

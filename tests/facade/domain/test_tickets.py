@@ -69,12 +69,12 @@ def ctx(principal: Principal = ALICE) -> CallContext:
 
 
 def issue(setup: Setup, **filters: object) -> str:
-    return setup.tickets.issue(ctx(), events_pb2.CreateStreamTicketRequest(**filters)).ticket  # type: ignore[arg-type]
+    return setup.tickets.issue_now(ctx(), events_pb2.CreateStreamTicketRequest(**filters)).ticket  # type: ignore[arg-type]
 
 
 def refusal(setup: Setup, ticket: str, request: object, operation: str = "events.subscribe") -> str:
     with pytest.raises(ACPError) as caught:
-        setup.tickets.redeem(ticket, operation, request)
+        setup.tickets.redeem_now(ticket, operation, request)
     assert caught.value.code == "AUTH_REQUIRED"
     assert ticket not in str(caught.value.details)
     assert ticket not in caught.value.message
@@ -88,12 +88,12 @@ def test_a_ticket_opens_its_stream_once(setup: Setup) -> None:
     request = events_pb2.SubscribeEventsRequest(
         plan_id="p1", event_type=["tool.invoked", "plan.created"], after_sequence=41
     )
-    assert setup.tickets.redeem(ticket, "events.subscribe", request) == ALICE
+    assert setup.tickets.redeem_now(ticket, "events.subscribe", request) == ALICE
     assert refusal(setup, ticket, request) == "TICKET_USED"
 
 
 def test_the_expiry_is_at_most_a_minute_and_holds(setup: Setup) -> None:
-    response = setup.tickets.issue(ctx(), events_pb2.CreateStreamTicketRequest())
+    response = setup.tickets.issue_now(ctx(), events_pb2.CreateStreamTicketRequest())
     assert response.expire_time.ToNanoseconds() / 1e9 == pytest.approx(setup.clock.now + 30.0)
     setup.clock.now += 30.0
     assert refusal(setup, response.ticket, events_pb2.SubscribeEventsRequest()) == "TICKET_EXPIRED"
@@ -116,7 +116,7 @@ def test_other_filters_are_refused_and_use_the_ticket_up(
 ) -> None:
     ticket = issue(setup, plan_id="p1")
     with pytest.raises(ACPError) as caught:
-        setup.tickets.redeem(ticket, "events.subscribe", events_pb2.SubscribeEventsRequest(**asked))  # type: ignore[arg-type]
+        setup.tickets.redeem_now(ticket, "events.subscribe", events_pb2.SubscribeEventsRequest(**asked))  # type: ignore[arg-type]
     assert caught.value.details["refinement"] == "TICKET_FILTERS_DIFFER"
     assert caught.value.details["fields"] == [field]
     assert refusal(setup, ticket, events_pb2.SubscribeEventsRequest(plan_id="p1")) == "TICKET_USED"
@@ -142,14 +142,18 @@ def test_the_principal_is_looked_up_again_at_redemption(setup: Setup) -> None:
     ticket = issue(setup)
     narrower = Principal("alice", frozenset({"team"}))
     setup.principals.known["alice"] = narrower
-    assert setup.tickets.redeem(ticket, "events.subscribe", events_pb2.SubscribeEventsRequest()) == narrower
+    assert (
+        setup.tickets.redeem_now(ticket, "events.subscribe", events_pb2.SubscribeEventsRequest()) == narrower
+    )
 
 
 def test_without_a_lookup_the_ticket_keeps_the_principal_it_was_issued_to(store: SQLiteStore) -> None:
     tickets = StreamTickets(store, None)
     for principal in (ALICE, Principal("root", None)):
-        ticket = tickets.issue(ctx(principal), events_pb2.CreateStreamTicketRequest()).ticket
-        assert tickets.redeem(ticket, "events.subscribe", events_pb2.SubscribeEventsRequest()) == principal
+        ticket = tickets.issue_now(ctx(principal), events_pb2.CreateStreamTicketRequest()).ticket
+        assert (
+            tickets.redeem_now(ticket, "events.subscribe", events_pb2.SubscribeEventsRequest()) == principal
+        )
 
 
 def test_issuing_checks_what_the_stream_would(setup: Setup) -> None:
@@ -190,7 +194,7 @@ def test_another_replica_over_the_database_redeems_it_and_only_one_wins(
             tickets = StreamTickets(store, setup.principals, clock=setup.clock)
             start.wait(10)
             try:
-                outcomes.append(tickets.redeem(ticket, "events.subscribe", request).name)
+                outcomes.append(tickets.redeem_now(ticket, "events.subscribe", request).name)
             except ACPError as err:
                 outcomes.append(str(err.details["refinement"]))
 

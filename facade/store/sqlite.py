@@ -25,7 +25,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
@@ -47,6 +46,7 @@ from cleveragents.acp.facade.store.base import (
 )
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
 from cleveragents.acp.facade.store.migrations import MIGRATIONS
+from cleveragents.acp.facade.store.reads import ReadLane
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, DataVersionWakeups, PeerChannel
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class SQLiteStore(Store):
         *,
         synchronous: str = "FULL",
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
-        readers: int = 4,
+        readers: int = 2,
         wakeup_tick: float = DEFAULT_WAKEUP_TICK,
         peers: PeerChannel | None = None,
     ) -> None:
@@ -160,7 +160,7 @@ class SQLiteStore(Store):
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
-        self._reader_pool = ThreadPoolExecutor(readers, thread_name_prefix="acp-store-read")
+        self._reads = ReadLane(readers, "acp-store-read")
         # Writes queued for the writer thread, started on the first write().
         self._queue: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
@@ -228,11 +228,9 @@ class SQLiteStore(Store):
         if self._closed:
             raise RuntimeError("the store is closed")
         # The caller's context travels with fn (its trace, read by what fn records).
-        run = contextvars.copy_context().run
+        context = contextvars.copy_context()
         queued = time.monotonic()
-        return await asyncio.get_running_loop().run_in_executor(
-            self._reader_pool, run, self._read_now, fn, queued
-        )
+        return await self._reads.run(lambda: context.run(self._read_now, fn, queued))
 
     def _read_now(self, fn: Callable[[Store], T], queued: float) -> T:
         observer = self.observer
@@ -647,7 +645,7 @@ class SQLiteStore(Store):
             writer = self._writer
         if writer is not None and writer is not threading.current_thread():
             writer.join()
-        self._reader_pool.shutdown(wait=True)
+        self._reads.close()
         self._order.drain()
         with self._lock:
             self._closed = True

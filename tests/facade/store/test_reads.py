@@ -1,0 +1,76 @@
+"""The store's read lane: answers, errors and cancellations reach the right caller."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+
+import pytest
+
+from cleveragents.acp.facade.store.reads import BATCH, ReadLane
+
+
+def _numbered(n: int) -> tuple[int, int]:
+    return n, threading.get_ident()
+
+
+async def test_every_read_gets_its_own_answer_from_a_reader_thread() -> None:
+    lane = ReadLane(2, "test-read")
+    loop_thread = threading.get_ident()
+    try:
+        answers = await asyncio.gather(*(lane.run(functools.partial(_numbered, n)) for n in range(3 * BATCH)))
+    finally:
+        lane.close()
+    assert [n for n, _ in answers] == list(range(3 * BATCH))
+    assert loop_thread not in {thread for _, thread in answers}
+
+
+async def test_an_error_reaches_only_its_caller() -> None:
+    lane = ReadLane(1, "test-read")
+
+    def fails() -> int:
+        raise KeyError("missing")
+
+    try:
+        results = await asyncio.gather(
+            lane.run(lambda: 1), lane.run(fails), lane.run(lambda: 3), return_exceptions=True
+        )
+    finally:
+        lane.close()
+    assert results[0] == 1
+    assert isinstance(results[1], KeyError)
+    assert results[2] == 3
+
+
+async def test_a_cancelled_caller_does_not_disturb_the_others() -> None:
+    lane = ReadLane(1, "test-read")
+    release = threading.Event()
+    try:
+        blocked = asyncio.ensure_future(lane.run(lambda: release.wait(5)))
+        gone = asyncio.ensure_future(lane.run(lambda: "late"))
+        kept = asyncio.ensure_future(lane.run(lambda: "kept"))
+        await asyncio.sleep(0)
+        gone.cancel()
+        release.set()
+        assert await blocked is True
+        assert await kept == "kept"
+        assert gone.cancelled()
+    finally:
+        lane.close()
+
+
+async def test_close_finishes_queued_reads_then_refuses_new_ones() -> None:
+    lane = ReadLane(2, "test-read")
+    queued = [asyncio.ensure_future(lane.run(functools.partial(int, n))) for n in range(10)]
+    await asyncio.sleep(0)
+    await asyncio.to_thread(lane.close)
+    assert await asyncio.gather(*queued) == list(range(10))
+    with pytest.raises(RuntimeError, match="closed"):
+        await lane.run(lambda: 0)
+    assert not any(thread.name.startswith("test-read") for thread in threading.enumerate())
+
+
+def test_a_lane_needs_a_thread() -> None:
+    with pytest.raises(ValueError, match="at least one thread"):
+        ReadLane(0, "test-read")

@@ -9,9 +9,11 @@ examples per route and per property (``make fuzz`` raises it).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
+import pathlib
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -26,9 +28,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from schemathesis import checks
 
+from cleveragents.acp.client.http_transport import HTTPTransport
 from cleveragents.acp.contract import catalog, limits
 from cleveragents.acp.gateway.http import openapi
+from tests.conformance.backends import Backend, scratch
 from tests.conformance.envelopes import envelope_problems, operation_of
+from tests.conformance.generated import build_world
+from tests.conformance.harness import Run
+from tests.conformance.scenarios import REGISTRY_KINDS, entries
+from tests.conformance.subjects import own_subjects
 from tests.server_process import ServerProcess, Tokens, start_server
 
 EXAMPLES = int(os.environ.get("ACP_FUZZ_EXAMPLES", "4"))
@@ -41,6 +49,33 @@ FUZZ_SETTINGS = settings(
 )
 
 
+# Names and ids of what ``populate`` stored, by path parameter: the fuzzed routes draw them
+# beside generated values, so show, update, remove and the plan verbs also reach real entities.
+KNOWN: dict[str, list[str]] = {}
+
+
+async def populate(server: ServerProcess, tokens: Tokens, directory: pathlib.Path) -> dict[str, list[str]]:
+    """Store, over HTTP, what a server in use holds: entries of every registry kind, sessions
+    (open, closed, with messages and context), plans in every state (pending, succeeded,
+    applied, cancelled), built-ins; the contract suite's world and each operation's subject."""
+    transport = HTTPTransport(httpx.AsyncClient(base_url=server.http, timeout=30), owns_client=True)
+    try:
+        run = Run(Backend("fuzz", scratch(directory), tokens, transport))
+        world = await build_world(run)
+        own = await own_subjects(run, world, "alice")
+        await run.client().call("plan.cancel", own["plan.cancel"])
+        await run.client().call("plan.apply", own["plan.apply"])
+    finally:
+        await transport.close()
+    found: dict[str, set[str]] = {"name": {world["name"]}, "plan_id": {world["plan_id"]}, "session_id": set()}
+    found["session_id"].add(world["session_id"])
+    for params in own.values():
+        for key, value in params.items():
+            if key in found and isinstance(value, str):
+                found[key].add(value)
+    return {key: sorted(values) for key, values in found.items()}
+
+
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Tokens]]:
     directory = tmp_path_factory.mktemp("fuzz")
@@ -49,13 +84,28 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     (directory / "repo").joinpath(*["d"] * 24).mkdir(parents=True)
     (directory / "repo").joinpath(*["d"] * 24, "xyz.txt").write_text("x\n")
     server = start_server(directory, "--max-body-bytes", "65536", tokens=tokens.path)
-    yield server, tokens
-    assert server.stop() == 0, server.stderr()
+    try:
+        KNOWN.update(asyncio.run(populate(server, tokens, directory / "populated")))
+        yield server, tokens
+    finally:
+        KNOWN.clear()
+        assert server.stop() == 0, server.stderr()
 
 
 # The document the gateway serves, built the same way here so each route is its own test
 # (the served one is compared with it below).
 schema = schemathesis.openapi.from_dict(openapi.document())
+
+
+@schema.hook
+def flatmap_path_parameters(context: Any, path_parameters: dict[str, Any] | None) -> st.SearchStrategy[Any]:
+    """The generated parameters, or the same with known names and ids put in."""
+    if not path_parameters or not any(key in KNOWN for key in path_parameters):
+        return st.just(path_parameters)
+    known = {key: st.sampled_from(KNOWN[key]) for key in path_parameters if key in KNOWN}
+    return st.just(path_parameters) | st.fixed_dictionaries(known).map(
+        lambda drawn: {**path_parameters, **drawn}
+    )
 
 
 def conforms(method: str, raw_path: str, request_body: bytes, response: Any) -> None:
@@ -69,6 +119,31 @@ def conforms(method: str, raw_path: str, request_body: bytes, response: Any) -> 
     body = orjson.loads(response.content)
     op = operation_of(method, raw_path, request_body)
     assert envelope_problems(body, op, status=response.status_code, headers=headers) == []
+
+
+def test_the_fuzzed_server_is_populated(envelope_client: httpx.Client) -> None:
+    """The fuzzing below meets a server in use: an entry of every registry kind, sessions open
+    and closed, plans pending, succeeded, applied and cancelled."""
+    for name, op in catalog.OPERATIONS.items():
+        if op.verb != "list":
+            continue
+        items = entries(call_promptly(envelope_client, name, {"page_size": 500})["data"])
+        if op.group in REGISTRY_KINDS:
+            assert "w" in {item["name"] for item in items}, (name, items)
+        else:
+            assert items, name
+    sessions = entries(call_promptly(envelope_client, "session.list", {"page_size": 500})["data"])
+    assert {s["state"] for s in sessions} == {"SESSION_STATE_ACTIVE", "SESSION_STATE_CLOSED"}, sessions
+    plans = entries(call_promptly(envelope_client, "plan.list", {"page_size": 500})["data"])
+    states = {(p["phase"], p["state"]) for p in plans}
+    assert states >= {
+        ("PLAN_PHASE_STRATEGIZE", "PLAN_STATE_PENDING"),
+        ("PLAN_PHASE_STRATEGIZE", "PLAN_STATE_CANCELLED"),
+        ("PLAN_PHASE_EXECUTE", "PLAN_STATE_SUCCEEDED"),
+        ("PLAN_PHASE_APPLY", "PLAN_STATE_SUCCEEDED"),
+    }, states
+    assert KNOWN["plan_id"], KNOWN
+    assert KNOWN["session_id"], KNOWN
 
 
 @schema.parametrize()

@@ -17,9 +17,11 @@ group-commit writer thread is needed).
 - A lock held elsewhere is waited for at most ``write_timeout`` (``lock_timeout``; a
   deadlock or serialization failure counts the same): then the call fails with the
   retryable StoreBusyError, having written nothing.
-- ``after_commit`` callbacks run on the caller's loop in commit order: the commits of one
-  process are taken one at a time (a lock around ``COMMIT`` and queueing the callbacks),
-  so the order they are delivered in is the order they committed.
+- ``after_commit`` callbacks run on the caller's loop in commit order where order exists:
+  transactions that appended events commit one at a time (the counter's row lock, and in
+  this process a lock around ``COMMIT`` and queueing the callbacks), so their callbacks run
+  in sequence order. Other transactions commit concurrently (PostgreSQL flushes their
+  commits together) and queue theirs as they finish.
 
 The URL is any libpq URL (``postgresql://user@host:5432/db?options=-csearch_path%3Dacp``);
 tables live in the first schema of its search path, created when missing.
@@ -28,6 +30,7 @@ tables live in the first schema of its search path, created when missing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import hashlib
 import logging
@@ -41,7 +44,7 @@ from typing import Any, TypeVar, cast
 
 import orjson
 import psycopg
-from psycopg import errors, sql
+from psycopg import errors, pq, sql
 from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -159,6 +162,14 @@ class NulCharacterError(ACPError):
         )
 
 
+def _command(conn: psycopg.Connection[Any], command: bytes) -> None:
+    """A statement without parameters or rows (BEGIN, COMMIT) straight through libpq: a
+    third of what ``conn.execute`` costs, paid twice by every read and write."""
+    result = conn.pgconn.exec_(command)
+    if result.status != pq.ExecStatus.COMMAND_OK:
+        raise errors.error_from_result(result, encoding=conn.info.encoding)
+
+
 def _rollback(conn: psycopg.Connection[Any]) -> None:
     """Roll back after a failure; a broken connection (rolled back by the server when it
     went) must not hide the failure that matters, and the pool discards it."""
@@ -177,6 +188,12 @@ class _Thread(threading.local):
         self.depth = 0
         self.owner: asyncio.Task[Any] | None = None
         self.callbacks: list[Callable[[], None]] = []
+        # A thread of the store's own pools keeps a connection (``pinned``) while it lives.
+        self.own = False
+        self.pinned: psycopg.Connection[Any] | None = None
+        self.busy = False
+        # The open write transaction appended events (its commit takes the commit lock).
+        self.appended = False
 
 
 class PostgresStore(Store):
@@ -194,7 +211,10 @@ class PostgresStore(Store):
         self.write_timeout = write_timeout
         self._thread = _Thread()
         self._order = CommitOrder()
-        # One commit at a time in this process: callbacks are queued in commit order.
+        # Taken around committing (and queueing the callbacks of) a transaction that appended
+        # events: those commit one at a time anyway (the sequence row's lock), and this keeps
+        # their callbacks queued in commit, so sequence, order. Others commit concurrently,
+        # so PostgreSQL can flush their commits together.
         self._commit_lock = threading.Lock()
         self._closing = False
         self._closed = False
@@ -213,8 +233,10 @@ class PostgresStore(Store):
             name="acp-store",
         )
         self._pool.open()
-        self._readers = ThreadPoolExecutor(readers, thread_name_prefix="acp-store-read")
-        self._writers = ThreadPoolExecutor(writers, thread_name_prefix="acp-store-write")
+        self._pinned: set[psycopg.Connection[Any]] = set()
+        self._pinned_lock = threading.Lock()
+        self._readers = ThreadPoolExecutor(readers, "acp-store-read", initializer=self._own_thread)
+        self._writers = ThreadPoolExecutor(writers, "acp-store-write", initializer=self._own_thread)
 
     def __repr__(self) -> str:
         return f"PostgresStore({redacted(self.url)!r})"
@@ -308,7 +330,7 @@ class PostgresStore(Store):
     def _read_now(self, fn: Callable[[Store], T]) -> T:
         here = self._thread
         with self._borrow() as conn:
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            _command(conn, b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             here.read = conn
             try:
                 result = fn(self)
@@ -317,7 +339,7 @@ class PostgresStore(Store):
                 _rollback(conn)
                 raise
             here.read = None
-            conn.execute("COMMIT")
+            _command(conn, b"COMMIT")
             return result
 
     async def write(self, fn: Callable[[Store], T]) -> T:
@@ -340,7 +362,7 @@ class PostgresStore(Store):
         committed = False
         try:
             with self._borrow(max(0.0, job.deadline - time.monotonic())) as conn:
-                conn.execute("BEGIN")
+                _command(conn, b"BEGIN")
                 here.write, here.depth, here.owner, here.callbacks = conn, 1, None, []
                 try:
                     job.result = job.fn(self)
@@ -348,14 +370,11 @@ class PostgresStore(Store):
                     job.error = exc
                     _rollback(conn)
                 else:
-                    callbacks = here.callbacks
-                    with self._commit_lock:
-                        self._commit(conn)
-                        job.callbacks = callbacks
-                        self._order.due([job])
-                        committed = True
+                    job.callbacks = here.callbacks
+                    self._commit(conn, [job])
+                    committed = True
                 finally:
-                    here.write, here.depth, here.callbacks = None, 0, []
+                    here.write, here.depth, here.callbacks, here.appended = None, 0, [], False
         except BaseException as exc:  # the commit (or the connection) failed: nothing is durable
             if job.error is None:
                 job.error = exc
@@ -364,24 +383,69 @@ class PostgresStore(Store):
         else:
             self._order.settle([job])
 
-    def _commit(self, conn: psycopg.Connection[Any]) -> None:
+    def _commit(self, conn: psycopg.Connection[Any], jobs: list[Job]) -> None:
+        """Commit, then queue the jobs' callbacks and answers (in sequence order when the
+        transaction appended events)."""
+        lock = self._commit_lock if self._thread.appended else contextlib.nullcontext()
         started = time.monotonic()
-        try:
-            conn.execute("COMMIT")
-        except _BUSY:
-            raise StoreBusyError(time.monotonic() - started) from None
+        with lock:
+            try:
+                _command(conn, b"COMMIT")
+            except _BUSY:
+                raise StoreBusyError(time.monotonic() - started) from None
+            self._order.due(jobs)
 
     @contextmanager
     def _borrow(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
-        """A connection of the pool; waiting longer than the write bound is STORE_BUSY."""
+        """A connection for one transaction or statement. The store's own reader and writer
+        threads each keep one (taking it from the pool once, not per call: the pool's
+        checkout costs about what a statement does); other threads, and a store thread
+        needing a second one (a write inside a read), take one from the pool and give it
+        back. Waiting longer than the write bound for one is STORE_BUSY."""
         if self._closed:
             raise RuntimeError("the store is closed")
         wait = self.write_timeout if timeout is None else timeout
+        here = self._thread
+        if not here.own or here.busy:
+            try:
+                with self._pool.connection(timeout=wait) as borrowed:
+                    yield borrowed
+            except PoolTimeout:
+                raise StoreBusyError(wait) from None
+            return
+        kept = here.pinned
+        if kept is None or kept.closed or kept.broken:
+            if kept is not None:
+                self._unpin(kept)
+            try:
+                conn = self._pool.getconn(timeout=wait)
+            except PoolTimeout:
+                raise StoreBusyError(wait) from None
+            with self._pinned_lock:
+                self._pinned.add(conn)
+            here.pinned = conn
+        else:
+            conn = kept
+        here.busy = True
         try:
-            with self._pool.connection(timeout=wait) as conn:
-                yield conn
-        except PoolTimeout:
-            raise StoreBusyError(wait) from None
+            yield conn
+        finally:
+            here.busy = False
+            if conn.broken or conn.closed:
+                self._unpin(conn)
+                here.pinned = None
+            elif conn.info.transaction_status != pq.TransactionStatus.IDLE:
+                _rollback(conn)
+
+    def _unpin(self, conn: psycopg.Connection[Any]) -> None:
+        """Hand a kept connection back: the pool replaces it when it is broken."""
+        with self._pinned_lock:
+            self._pinned.discard(conn)
+        self._pool.putconn(conn)
+
+    def _own_thread(self) -> None:
+        """Marks a thread of the store's reader or writer pool (ThreadPoolExecutor's initializer)."""
+        self._thread.own = True
 
     # transactions ---------------------------------------------------------------------
 
@@ -401,7 +465,7 @@ class PostgresStore(Store):
                 here.depth -= 1
             return
         with self._borrow() as conn:
-            conn.execute("BEGIN")
+            _command(conn, b"BEGIN")
             here.write, here.depth, here.owner, here.callbacks = conn, 1, current_task(), []
             try:
                 yield
@@ -410,11 +474,9 @@ class PostgresStore(Store):
                 _rollback(conn)
                 raise
             else:
-                with self._commit_lock:
-                    self._commit(conn)
-                    self._order.due([done(here.callbacks)])
+                self._commit(conn, [done(here.callbacks)])
             finally:
-                here.write, here.depth, here.owner, here.callbacks = None, 0, None, []
+                here.write, here.depth, here.owner, here.callbacks, here.appended = None, 0, None, [], False
         self._order.drain()
 
     def after_commit(self, callback: Callable[[], None]) -> None:
@@ -688,6 +750,7 @@ class PostgresStore(Store):
                     "channel": self.channel,
                 },
             )
+            self._thread.appended = True
             last = int(row[0])
             return list(range(last - len(events) + 1, last + 1))
 
@@ -749,6 +812,10 @@ class PostgresStore(Store):
         self._readers.shutdown(wait=True)
         self._order.drain()
         self._closed = True
+        with self._pinned_lock:
+            pinned, self._pinned = self._pinned, set()
+        for conn in pinned:
+            self._pool.putconn(conn)
         self._pool.close()
 
 

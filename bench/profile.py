@@ -1,6 +1,6 @@
 """Where the server's time goes under one figure's load: py-spy samples ``agents serve``.
 
-``python -m bench.profile envelope|rest|grpc|sse|sse-fanout [--seconds N] [--top N]`` starts the
+``python -m bench.profile envelope|create|rest|grpc|sse|sse-fanout [--seconds N] [--top N]`` starts the
 server, puts the figure's load on it (wrk/h2load or the Python generators, SSE clients),
 samples the server with ``py-spy record`` meanwhile, and prints the functions holding the
 most samples: inclusive (the function or anything it called) and self. py-spy is a dev
@@ -44,6 +44,13 @@ def _loads(
     return {
         "envelope": lambda: load.http_load(
             f"{product.http_url}/api/v1/acp", body=body, headers=product.auth_header, seconds=seconds
+        ),
+        # write_read_ratio's write half: a new session per call, over the envelope.
+        "create": lambda: load.http_load(
+            f"{product.http_url}/api/v1/acp",
+            body=orjson.dumps({"operation": "session.create", "params": {"title": "profiled"}}),
+            headers=product.auth_header,
+            seconds=seconds,
         ),
         "rest": lambda: load.http_load(
             f"{product.http_url}/api/v1/sessions/{session_id}",
@@ -100,7 +107,7 @@ def summarize(collapsed: str, top: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
-    parser.add_argument("figure", choices=["envelope", "rest", "grpc", "sse", "sse-fanout"])
+    parser.add_argument("figure", choices=["envelope", "create", "rest", "grpc", "sse", "sse-fanout"])
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args(argv)

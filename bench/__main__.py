@@ -11,7 +11,19 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-from bench import actors, local, memory, neighbours, postgres, report, scaling, storage, streams, unary
+from bench import (
+    actors,
+    idempotency,
+    local,
+    memory,
+    neighbours,
+    postgres,
+    report,
+    scaling,
+    storage,
+    streams,
+    unary,
+)
 from bench.modes import FULL, QUICK, SMOKE
 from bench.run import Run
 
@@ -26,6 +38,7 @@ FAMILIES: dict[str, Callable[[Run], None]] = {
     # Only where a PostgreSQL is reachable (bench/postgres.py); otherwise it says so.
     "postgres": postgres.run_all,
     "storage": storage.run_all,
+    "idempotency": idempotency.run_all,
 }
 
 DEFAULT_OUT = pathlib.Path(__file__).parent / "results.json"

@@ -170,6 +170,8 @@ class HTTPTransport:
             )
         except httpx.HTTPError as exc:
             raise _unreachable(exc, self.client.base_url) from exc
+        if options.reply is not None:
+            options.reply.replayed = response.headers.get("acp-replayed") == "true"
         data = envelope.raise_for_error(_decode_envelope(response, response.content))
         return codec.response_from_dict(data, op.response_type)
 

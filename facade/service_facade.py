@@ -25,8 +25,10 @@ from cleveragents.acp.facade import observer as observing
 from cleveragents.acp.facade.domain import roles
 from cleveragents.acp.facade.domain.tickets import PrincipalLookup
 from cleveragents.acp.facade.handlers.table import Handler, Streaming, Unary
+from cleveragents.acp.facade.idempotency import Idempotency
 from cleveragents.acp.facade.observer import CallObserver
 from cleveragents.acp.facade.store.base import StoreObserver
+from cleveragents.acp.facade.store.requests import RequestClaimedError
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +75,12 @@ class ServiceFacade:
         resources: Iterable[Closeable] = (),
         observer: CallObserver | None = None,
         inspector: Inspector | None = None,
+        idempotency: Idempotency | None = None,
     ) -> None:
-        """``handlers`` is a table from ``handlers.table.build``, checked against the catalog."""
+        """``handlers`` is a table from ``handlers.table.build``, checked against the catalog;
+        ``idempotency`` keeps and replays the answers of mutating calls by request id."""
         self.observer = observer
+        self.idempotency = idempotency
         self.inspector = inspector
         self.authenticator = authenticator
         self.tickets = tickets
@@ -151,15 +156,31 @@ class ServiceFacade:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is a stream; subscribe to it")
         await self._redeem(op, request, ctx)
         handler = cast(Unary, self._admit(op, request, ctx))
-        try:
-            response = await handler(request, ctx)
-        except ACPError:
-            raise
-        except Exception as exc:
-            raise internal_error(exc, op.name) from exc
+        if op.read_only or not ctx.request_id_given or self.idempotency is None:
+            try:
+                response = await handler(request, ctx)
+            except ACPError:
+                raise
+            except Exception as exc:
+                raise internal_error(exc, op.name) from exc
+        else:
+            response = await self.idempotency.run(
+                op, request, ctx, lambda: self._call(handler, op, request, ctx)
+            )
         if ctx.served_version != op.version_table.current:
             return surface.strip(response, ctx.served_version)
         return response
+
+    @staticmethod
+    async def _call(
+        handler: Unary, op: Operation, request: message.Message, ctx: CallContext
+    ) -> message.Message:
+        try:
+            return await handler(request, ctx)
+        except (ACPError, RequestClaimedError):
+            raise
+        except Exception as exc:
+            raise internal_error(exc, op.name) from exc
 
     async def stream(
         self, op: Operation, request: message.Message, ctx: CallContext
@@ -249,6 +270,8 @@ class ServiceFacade:
             )
 
     async def close(self) -> None:
+        if self.idempotency is not None:
+            await self.idempotency.close()
         for resource in reversed(self._resources):
             await resource.close()
 

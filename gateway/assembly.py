@@ -176,7 +176,13 @@ def serve(flags: Mapping[str, Any], config: pathlib.Path | None) -> int:
 
     def opened() -> ServiceFacade:
         authenticator = auth.TokenAuthenticator(token_file)
-        return open_facade(store, authenticator=authenticator, policy=policy, follow=True)
+        return open_facade(
+            store,
+            authenticator=authenticator,
+            policy=policy,
+            follow=True,
+            request_retention=settings.request_retention,
+        )
 
     return asyncio.run(
         _serve(server, opened, store, tokens, dev=state_dir is not None, first_start=first_start)

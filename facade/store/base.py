@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.store.requests import CLAIM, RequestClaimedError, RequestEntry
 
 T = TypeVar("T")
 
@@ -269,6 +270,41 @@ class Store(abc.ABC):
     def event_wakeups(self) -> EventWakeups:
         """A wake-up source for one follower of the event log (see EventWakeups)."""
         return EventWakeups()
+
+    # request ids (facade/store/requests.py, docs/idempotency.md) ----------------------
+
+    def note_claim(self, kind: str | None = None, id: str = "", body: bytes | None = None) -> None:
+        """Called by every writing method inside its transaction: when a call runs under a
+        request id (``CLAIM``), stamp its row in this same transaction, with the record
+        ``(kind, id)`` as written (``body``; a deleted record's body as it was). Raises
+        RequestClaimedError, rolling the write back, when another live claim owns the id."""
+        claim = CLAIM.get()
+        if claim is None or not claim.open:
+            return
+        if kind is not None and body is not None:
+            written = claim.entry.written
+            written.pop((kind, id), None)
+            written[(kind, id)] = body
+        if not self.stamp_request(claim.entry, claim.cutoff):
+            raise RequestClaimedError(f"request id {claim.entry.request_id!r} is another run's")
+        claim.stamped = True
+
+    @abc.abstractmethod
+    def stamp_request(self, entry: RequestEntry, cutoff: float) -> bool:
+        """In the current write transaction: insert ``entry`` (no answer), or replace the
+        row of the same (principal, request_id) when it has the same owner or is older than
+        ``cutoff``; False (nothing written) when another owner's live row is there."""
+
+    @abc.abstractmethod
+    def answer_request(self, entry: RequestEntry, cutoff: float) -> bool:
+        """Store ``entry`` with its answer, under the same rule as ``stamp_request``."""
+
+    @abc.abstractmethod
+    def get_request(self, principal: str, request_id: str) -> RequestEntry | None: ...
+
+    @abc.abstractmethod
+    def prune_requests(self, older_than: float) -> int:
+        """Retention: drop rows whose run started before ``older_than``; how many went."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -61,4 +61,21 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT r.kind, 'l:' || j.key, j.value, r.namespace, r.id FROM records r, json_each(r.labels) j
         WHERE j.type = 'text';
     """,
+    # 3: request ids (facade/store/requests.py): the first answer of a mutating call per
+    # (principal, request_id), stamped in the transaction of the call's effect.
+    """
+    CREATE TABLE requests (
+        principal TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        operation TEXT NOT NULL,
+        digest BLOB NOT NULL,
+        owner TEXT NOT NULL,
+        time REAL NOT NULL,
+        answer BLOB,
+        error INTEGER NOT NULL DEFAULT 0,
+        written BLOB NOT NULL,
+        PRIMARY KEY (principal, request_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX requests_by_time ON requests (time);
+    """,
 )

@@ -58,4 +58,20 @@ PG_MIGRATIONS: tuple[str, ...] = (
     );
     INSERT INTO event_sequence (one, last) VALUES (TRUE, 0);
     """,
+    # 2: request ids (facade/store/requests.py), as migration 3 of the SQLite schema.
+    """
+    CREATE TABLE requests (
+        principal TEXT COLLATE "C" NOT NULL,
+        request_id TEXT COLLATE "C" NOT NULL,
+        operation TEXT COLLATE "C" NOT NULL,
+        digest BYTEA NOT NULL,
+        owner TEXT COLLATE "C" NOT NULL,
+        time DOUBLE PRECISION NOT NULL,
+        answer BYTEA,
+        error BOOLEAN NOT NULL DEFAULT FALSE,
+        written BYTEA NOT NULL,
+        PRIMARY KEY (principal, request_id)
+    );
+    CREATE INDEX requests_by_time ON requests (time);
+    """,
 )

@@ -65,6 +65,7 @@ from cleveragents.acp.facade.store.base import (
 )
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
 from cleveragents.acp.facade.store.pg_migrations import PG_MIGRATIONS
+from cleveragents.acp.facade.store.requests import RequestEntry, decode_written, encode_written
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -566,27 +567,30 @@ class PostgresStore(Store):
     def insert(self, record: Record) -> None:
         # ON CONFLICT DO NOTHING (every unique index): a clash leaves the transaction usable,
         # as SQLite's does, for callers that catch StoreConflictError and go on.
-        inserted = self._count(
-            f"INSERT INTO records ({_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
-            "ON CONFLICT DO NOTHING",
-            (
-                record.kind,
-                record.id,
-                record.namespace,
-                record.name,
-                record.revision,
-                record.state,
-                Jsonb(record.attrs),
-                Jsonb(record.labels),
-                record.create_time,
-                record.update_time,
-                record.body,
-            ),
-        )
-        if not inserted:
-            raise StoreConflictError(
-                f"a {record.kind} with id {record.id} or name {record.name!r} exists in {record.namespace!r}"
+        with self.transaction():
+            inserted = self._count(
+                f"INSERT INTO records ({_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                "ON CONFLICT DO NOTHING",
+                (
+                    record.kind,
+                    record.id,
+                    record.namespace,
+                    record.name,
+                    record.revision,
+                    record.state,
+                    Jsonb(record.attrs),
+                    Jsonb(record.labels),
+                    record.create_time,
+                    record.update_time,
+                    record.body,
+                ),
             )
+            if not inserted:
+                raise StoreConflictError(
+                    f"a {record.kind} with id {record.id} or name {record.name!r} "
+                    f"exists in {record.namespace!r}"
+                )
+            self.note_claim(record.kind, record.id, record.body)
 
     def update(self, record: Record, expected_revision: int | None = None) -> None:
         # One conditional UPDATE: it locks the row and checks the revision it finds then.
@@ -616,14 +620,17 @@ class PostgresStore(Store):
                 if current is None:
                     raise KeyError(f"{record.kind} {record.id}")
                 raise StaleRevisionError(int(current[0]))
+            self.note_claim(record.kind, record.id, record.body)
 
     def delete(self, kind: str, id: str, expected_revision: int | None = None) -> bool:
         with self.transaction():
-            removed = self._count(
-                "DELETE FROM records WHERE kind=%s AND id=%s AND (%s::bigint IS NULL OR revision=%s)",
+            removed = self._one(
+                "DELETE FROM records WHERE kind=%s AND id=%s AND (%s::bigint IS NULL OR revision=%s) "
+                "RETURNING body",
                 (kind, id, expected_revision, expected_revision),
             )
             if removed:
+                self.note_claim(kind, id, bytes(removed[0]))
                 return True
             if expected_revision is None:
                 return False
@@ -700,17 +707,20 @@ class PostgresStore(Store):
                     "SELECT %s, %s, i, b FROM unnest(%s::bigint[], %s::bytea[]) AS u(i, b)",
                     (collection, owner_id, indices, list(bodies)),
                 )
+            self.note_claim()
             return indices
 
     def put_items(self, collection: str, owner_id: str, items: Mapping[int, bytes]) -> None:
         if not items:
             return
-        self._count(
-            "INSERT INTO items (collection, owner_id, idx, body) "
-            "SELECT %s, %s, i, b FROM unnest(%s::bigint[], %s::bytea[]) AS u(i, b) "
-            "ON CONFLICT (collection, owner_id, idx) DO UPDATE SET body = excluded.body",
-            (collection, owner_id, list(items), list(items.values())),
-        )
+        with self.transaction():
+            self._count(
+                "INSERT INTO items (collection, owner_id, idx, body) "
+                "SELECT %s, %s, i, b FROM unnest(%s::bigint[], %s::bytea[]) AS u(i, b) "
+                "ON CONFLICT (collection, owner_id, idx) DO UPDATE SET body = excluded.body",
+                (collection, owner_id, list(items), list(items.values())),
+            )
+            self.note_claim()
 
     def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
         rows = self._all(
@@ -752,6 +762,7 @@ class PostgresStore(Store):
             )
             self._thread.appended = True
             last = int(row[0])
+            self.note_claim()
             return list(range(last - len(events) + 1, last + 1))
 
     def read_events(
@@ -798,6 +809,64 @@ class PostgresStore(Store):
                     "DELETE FROM events WHERE time < %s AND sequence < %s", (older_than, last)
                 )
             return removed
+
+    # request ids ----------------------------------------------------------------------
+
+    def stamp_request(self, entry: RequestEntry, cutoff: float) -> bool:
+        return self._put_request(entry, cutoff, answer=False)
+
+    def answer_request(self, entry: RequestEntry, cutoff: float) -> bool:
+        return self._put_request(entry, cutoff, answer=True)
+
+    def _put_request(self, entry: RequestEntry, cutoff: float, *, answer: bool) -> bool:
+        with self.transaction():
+            return bool(
+                self._count(
+                    "INSERT INTO requests (principal, request_id, operation, digest, owner, time, answer, "
+                    "error, written) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                    "ON CONFLICT (principal, request_id) DO UPDATE SET operation=excluded.operation, "
+                    "digest=excluded.digest, owner=excluded.owner, time=excluded.time, "
+                    "answer=excluded.answer, error=excluded.error, written=excluded.written "
+                    "WHERE requests.owner = excluded.owner OR requests.time < %s",
+                    (
+                        entry.principal,
+                        entry.request_id,
+                        entry.operation,
+                        entry.digest,
+                        entry.owner,
+                        entry.time,
+                        entry.answer if answer else None,
+                        entry.error if answer else False,
+                        encode_written(entry.written),
+                        cutoff,
+                    ),
+                )
+            )
+
+    def get_request(self, principal: str, request_id: str) -> RequestEntry | None:
+        row = self._one(
+            "SELECT operation, digest, owner, time, answer, error, written FROM requests "
+            "WHERE principal=%s AND request_id=%s",
+            (principal, request_id),
+        )
+        if row is None:
+            return None
+        operation, digest, owner, time_, answer, error, written = row
+        return RequestEntry(
+            principal=principal,
+            request_id=request_id,
+            operation=operation,
+            digest=bytes(digest),
+            owner=owner,
+            time=float(time_),
+            answer=None if answer is None else bytes(answer),
+            error=bool(error),
+            written=decode_written(bytes(written)),
+        )
+
+    def prune_requests(self, older_than: float) -> int:
+        with self.transaction():
+            return self._count("DELETE FROM requests WHERE time < %s", (older_than,))
 
     def event_wakeups(self) -> EventWakeups:
         """LISTEN on a connection of its own: woken when an append commits on any replica."""

@@ -47,6 +47,7 @@ from cleveragents.acp.facade.store.base import (
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
 from cleveragents.acp.facade.store.migrations import MIGRATIONS
 from cleveragents.acp.facade.store.reads import ReadLane
+from cleveragents.acp.facade.store.requests import RequestEntry, decode_written, encode_written
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, DataVersionWakeups, PeerChannel
 
 log = logging.getLogger(__name__)
@@ -460,6 +461,7 @@ class SQLiteStore(Store):
                     ),
                 )
                 lists.add_tags(self._db, record.kind, record.namespace, record.id, lists.record_tags(record))
+                self.note_claim(record.kind, record.id, record.body)
         except sqlite3.IntegrityError as exc:
             raise StoreConflictError(str(exc)) from None
 
@@ -497,11 +499,12 @@ class SQLiteStore(Store):
                 (namespace, lists.tags(state, _loads(attrs), _loads(labels))),
                 (record.namespace, lists.record_tags(record)),
             )
+            self.note_claim(record.kind, record.id, record.body)
 
     def delete(self, kind: str, id: str, expected_revision: int | None = None) -> bool:
         with self.transaction():
             current = self._one(
-                "SELECT revision, namespace, state, attrs, labels FROM records WHERE kind=? AND id=?",
+                "SELECT revision, namespace, state, attrs, labels, body FROM records WHERE kind=? AND id=?",
                 (kind, id),
             )
             if current is None:
@@ -509,8 +512,9 @@ class SQLiteStore(Store):
             if expected_revision is not None and current[0] != expected_revision:
                 raise StaleRevisionError(current[0])
             self.execute("DELETE FROM records WHERE kind=? AND id=?", (kind, id))
-            _, namespace, state, attrs, labels = current
+            _, namespace, state, attrs, labels, body = current
             lists.drop_tags(self._db, kind, namespace, id, lists.tags(state, _loads(attrs), _loads(labels)))
+            self.note_claim(kind, id, bytes(body))
             return True
 
     def query(self, query: ListQuery) -> list[Record]:
@@ -543,6 +547,7 @@ class SQLiteStore(Store):
                 "INSERT INTO items (collection, owner_id, idx, body) VALUES (?,?,?,?)",
                 [(collection, owner_id, idx, body) for idx, body in zip(indices, bodies, strict=True)],
             )
+            self.note_claim()
             return indices
 
     def put_items(self, collection: str, owner_id: str, items: Mapping[int, bytes]) -> None:
@@ -552,6 +557,7 @@ class SQLiteStore(Store):
                 "ON CONFLICT (collection, owner_id, idx) DO UPDATE SET body=excluded.body",
                 [(collection, owner_id, idx, body) for idx, body in items.items()],
             )
+            self.note_claim()
 
     def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
         rows = self._all(
@@ -581,6 +587,7 @@ class SQLiteStore(Store):
                     for seq, e in zip(sequences, events, strict=True)
                 ],
             )
+            self.note_claim()
             return sequences
 
     def read_events(
@@ -636,6 +643,62 @@ class SQLiteStore(Store):
         return DataVersionWakeups(
             self.path, self.wakeup_tick, self.peers.listen() if self.peers is not None else None
         )
+
+    # request ids ----------------------------------------------------------------------
+
+    def stamp_request(self, entry: RequestEntry, cutoff: float) -> bool:
+        return self._put_request(entry, cutoff, answer=False)
+
+    def answer_request(self, entry: RequestEntry, cutoff: float) -> bool:
+        return self._put_request(entry, cutoff, answer=True)
+
+    def _put_request(self, entry: RequestEntry, cutoff: float, *, answer: bool) -> bool:
+        with self.transaction():
+            cursor = self.execute(
+                "INSERT INTO requests (principal, request_id, operation, digest, owner, time, answer, "
+                "error, written) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT (principal, request_id) DO UPDATE "
+                "SET operation=excluded.operation, digest=excluded.digest, owner=excluded.owner, "
+                "time=excluded.time, answer=excluded.answer, error=excluded.error, written=excluded.written "
+                "WHERE requests.owner = excluded.owner OR requests.time < ?",
+                (
+                    entry.principal,
+                    entry.request_id,
+                    entry.operation,
+                    entry.digest,
+                    entry.owner,
+                    entry.time,
+                    entry.answer if answer else None,
+                    int(entry.error) if answer else 0,
+                    encode_written(entry.written),
+                    cutoff,
+                ),
+            )
+            return cursor.rowcount > 0
+
+    def get_request(self, principal: str, request_id: str) -> RequestEntry | None:
+        row = self._one(
+            "SELECT operation, digest, owner, time, answer, error, written FROM requests "
+            "WHERE principal=? AND request_id=?",
+            (principal, request_id),
+        )
+        if row is None:
+            return None
+        operation, digest, owner, time_, answer, error, written = row
+        return RequestEntry(
+            principal=principal,
+            request_id=request_id,
+            operation=operation,
+            digest=bytes(digest),
+            owner=owner,
+            time=float(time_),
+            answer=None if answer is None else bytes(answer),
+            error=bool(error),
+            written=decode_written(bytes(written)),
+        )
+
+    def prune_requests(self, older_than: float) -> int:
+        with self.transaction():
+            return int(self.execute("DELETE FROM requests WHERE time < ?", (older_than,)).rowcount)
 
     def close(self) -> None:
         """Commit what is queued, stop the threads, close every connection."""

@@ -100,6 +100,7 @@ class GrpcHandlers:
             ticket=tickets[0] if tickets and tickets[0] else None,
             acp_version=metadata.get(common.VERSION_HEADER) or None,
             request_id=common.request_id(metadata.get(common.REQUEST_ID_HEADER)),
+            request_id_given=bool(metadata.get(common.REQUEST_ID_HEADER)),
             transport="grpc",
             traceparent=metadata.get("traceparent"),
         )
@@ -135,6 +136,12 @@ class GrpcHandlers:
         version = ctx.served_version or common.served_version(
             ctx.acp_version, op.version_table if op is not None else versions.V1
         )
+        if ctx.replayed:
+            return (
+                (common.REQUEST_ID_HEADER, ctx.request_id),
+                (common.VERSION_HEADER, version),
+                (common.REPLAYED_HEADER, "true"),
+            )
         return ((common.REQUEST_ID_HEADER, ctx.request_id), (common.VERSION_HEADER, version))
 
     async def _abort(

@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 
 _VERSION_HEADER = common.VERSION_HEADER.encode()
 _REQUEST_ID_HEADER = common.REQUEST_ID_HEADER.encode()
+_IDEMPOTENCY_KEY_HEADER = common.IDEMPOTENCY_KEY_HEADER.encode()
 _TRACEPARENT_HEADER = b"traceparent"
+_REPLAYED = "ACP-Replayed"
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -119,8 +121,10 @@ class Gateway:
         try:
             exchange.acp_version = binding.header(request, _VERSION_HEADER) or None
             # Validated when given; made once, when the answer needs it, when not.
-            given_id = binding.header(request, _REQUEST_ID_HEADER)
-            exchange.request_id = common.request_id(given_id) if given_id else None
+            exchange.request_id = common.given_request_id(
+                binding.header(request, _REQUEST_ID_HEADER), binding.header(request, _IDEMPOTENCY_KEY_HEADER)
+            )
+            exchange.request_id_given = exchange.request_id is not None
             exchange.traceparent = binding.header(request, _TRACEPARENT_HEADER)
             route, variables = found or self.routes.match(request.method, route_path(request.scope))
             exchange.version_table = route.version_table
@@ -155,6 +159,7 @@ class Gateway:
         exchange.acp_version = parsed.acp_version or exchange.acp_version
         if parsed.request_id:
             exchange.request_id = common.request_id(parsed.request_id)
+            exchange.request_id_given = True
         op = major.operations.get(parsed.operation)
         if op is None:
             raise ACPError(
@@ -175,6 +180,7 @@ class Gateway:
             token=token,
             acp_version=exchange.acp_version,
             request_id=exchange.ensure_request_id(),
+            request_id_given=exchange.request_id_given,
             transport=exchange.transport,
             traceparent=exchange.traceparent,
         )
@@ -184,7 +190,11 @@ class Gateway:
     ) -> Response:
         request = codec.from_dict(params, op.request_type)
         ctx = self._context(token, exchange)
-        response = await self.service.invoke(op, request, ctx)
+        try:
+            response = await self.service.invoke(op, request, ctx)
+        finally:
+            if ctx.reply is not None and ctx.reply.replayed:
+                exchange.extra_headers[_REPLAYED] = "true"
         exchange.served = ctx.served_version
         return exchange.ok(codec.to_dict(response))
 
@@ -237,8 +247,15 @@ def build_app(
             EnvelopeCORSMiddleware,
             allow_origins=list(settings.cors_origins),
             allow_methods=ALL_METHODS,
-            allow_headers=["Authorization", "Content-Type", "ACP-Version", "X-Request-ID", "Last-Event-ID"],
-            expose_headers=["X-Request-ID", "ACP-Version", "WWW-Authenticate"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "ACP-Version",
+                "X-Request-ID",
+                "Idempotency-Key",
+                "Last-Event-ID",
+            ],
+            expose_headers=["X-Request-ID", "ACP-Version", "WWW-Authenticate", _REPLAYED],
             max_age=600,
         )
     return app

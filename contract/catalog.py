@@ -200,6 +200,10 @@ class Catalog:
             {op.full_method: op for major in self.majors.values() for op in major.operations.values()}
         )
 
+    def served_versions(self) -> list[str]:
+        """Every version served, newest first: the newest major first, each newest minor first."""
+        return [v for n in sorted(self.majors, reverse=True) for v in self.majors[n].version_table.supported]
+
     def operations(self) -> Iterator[Operation]:
         """Every operation of every major."""
         for major in self.majors.values():

@@ -97,7 +97,8 @@ class Gateway:
         self.service = service
         self.settings = settings or GatewaySettings()
         self.closing = closing or asyncio.Event()
-        self.routes = RouteTable(contract=contract)
+        self.contract = contract or catalog.CATALOG
+        self.routes = RouteTable(contract=self.contract)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serves any path of the route table (NOT_FOUND envelopes for the others)."""

@@ -65,6 +65,7 @@ from cleveragents.acp.facade.store.base import (
 )
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
 from cleveragents.acp.facade.store.pg_migrations import PG_MIGRATIONS
+from cleveragents.acp.facade.store.reads import ReadLane
 from cleveragents.acp.facade.store.requests import RequestEntry, decode_written, encode_written
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ class PostgresStore(Store):
         self._pool.open()
         self._pinned: set[psycopg.Connection[Any]] = set()
         self._pinned_lock = threading.Lock()
-        self._readers = ThreadPoolExecutor(readers, "acp-store-read", initializer=self._own_thread)
+        self._reads = ReadLane(readers, "acp-store-read")
         self._writers = ThreadPoolExecutor(writers, "acp-store-write", initializer=self._own_thread)
 
     def __repr__(self) -> str:
@@ -325,13 +326,19 @@ class PostgresStore(Store):
         if self._closing:
             raise RuntimeError("the store is closed")
         # The caller's context travels with fn (its trace, read by what fn records).
-        run = contextvars.copy_context().run
-        return await asyncio.get_running_loop().run_in_executor(self._readers, run, self._read_now, fn)
+        context = contextvars.copy_context()
+        queued = time.monotonic()
+        return await self._reads.run(lambda: context.run(self._read_now, fn, queued))
 
-    def _read_now(self, fn: Callable[[Store], T]) -> T:
+    def _read_now(self, fn: Callable[[Store], T], queued: float) -> T:
         here = self._thread
+        # The read lane's threads are the store's own: each keeps its connection.
+        here.own = True
         with self._borrow() as conn:
             _command(conn, b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            observer = self.observer
+            if observer is not None:
+                observer.waited("read", time.monotonic() - queued)
             here.read = conn
             try:
                 result = fn(self)
@@ -364,6 +371,10 @@ class PostgresStore(Store):
         try:
             with self._borrow(max(0.0, job.deadline - time.monotonic())) as conn:
                 _command(conn, b"BEGIN")
+                began = time.monotonic()
+                observer = self.observer
+                if observer is not None:
+                    observer.waited("write", began - job.queued)
                 here.write, here.depth, here.owner, here.callbacks = conn, 1, None, []
                 try:
                     job.result = job.fn(self)
@@ -374,6 +385,8 @@ class PostgresStore(Store):
                     job.callbacks = here.callbacks
                     self._commit(conn, [job])
                     committed = True
+                    if observer is not None:
+                        observer.committed(time.monotonic() - began)
                 finally:
                     here.write, here.depth, here.callbacks, here.appended = None, 0, [], False
         except BaseException as exc:  # the commit (or the connection) failed: nothing is durable
@@ -878,7 +891,7 @@ class PostgresStore(Store):
             return
         self._closing = True
         self._writers.shutdown(wait=True)
-        self._readers.shutdown(wait=True)
+        self._reads.close()
         self._order.drain()
         self._closed = True
         with self._pinned_lock:

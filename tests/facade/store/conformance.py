@@ -478,6 +478,31 @@ class StoreConformance:
         await writing
         assert await store.read(lambda s: s.get("session", "01B")) is not None
 
+    async def test_the_observer_hears_every_read_write_and_commit(self, store: Store) -> None:
+        heard: list[tuple[str, float]] = []
+
+        class Recorder:
+            def committed(self, seconds: float) -> None:
+                heard.append(("commit", seconds))
+
+            def waited(self, access: str, seconds: float) -> None:
+                heard.append((access, seconds))
+
+        store.observe(Recorder())
+
+        def insert(id: str) -> Callable[[Store], None]:
+            return lambda s: s.insert(record(id=id))
+
+        # One call after another: each write is its own commit.
+        for index in range(3):
+            await store.write(insert(f"01{index}"))
+        for _ in range(2):
+            await store.read(lambda s: s.get("session", "010"))
+        store.observe(None)
+        await store.read(lambda s: s.last_sequence())
+        assert [kind for kind, _ in heard] == ["write", "commit"] * 3 + ["read", "read"]
+        assert all(seconds >= 0 for _, seconds in heard)
+
     # durability and misuse ------------------------------------------------------------
 
     def test_reopen_keeps_everything(self, open_store: Callable[[], Store]) -> None:

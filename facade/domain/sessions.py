@@ -8,6 +8,7 @@ closes it and ``resume`` reopens it. Semantics in docs/sessions.md.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
@@ -93,6 +94,8 @@ class Sessions:
         self.events = events
         self.context = context
         self.pages = paging.Pager(store)
+        # Turns whose caller stopped waiting, finishing on their own (``tell``).
+        self._turns: set[asyncio.Task[session_pb2.TellSessionResponse]] = set()
         builtin = BuiltinOrchestrator(registries, plan_starter)
         # Actor provider -> the orchestrator that runs sessions of actors of that provider.
         self.orchestrators: dict[str, Orchestrator] = {BuiltinOrchestrator.provider: builtin}
@@ -272,9 +275,19 @@ class Sessions:
             return session, self._orchestrator(session)
 
         session, orchestrator = await self.store.read(admitted)
-        user = session_pb2.Message(role=session_pb2.MESSAGE_ROLE_USER, content=req.content)
+        # A caller that stops waiting (a deadline, a dropped connection) does not cut the turn
+        # in half: the message and the replies are stored and published all the same.
+        turn = asyncio.get_running_loop().create_task(self._turn(ctx, session, orchestrator, req.content))
+        self._turns.add(turn)
+        turn.add_done_callback(self._turns.discard)
+        return await asyncio.shield(turn)
+
+    async def _turn(
+        self, ctx: CallContext, session: session_pb2.Session, orchestrator: Orchestrator, content: str
+    ) -> session_pb2.TellSessionResponse:
+        user = session_pb2.Message(role=session_pb2.MESSAGE_ROLE_USER, content=content)
         (stored_user,) = await self._append(session.meta.id, [user])
-        outcome = await orchestrator.respond(ctx, session, req.content)
+        outcome = await orchestrator.respond(ctx, session, content)
         replies = [
             session_pb2.Message(
                 role=session_pb2.MESSAGE_ROLE_ORCHESTRATOR, content=r.content, plan_id=r.plan_id

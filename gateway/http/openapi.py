@@ -227,7 +227,8 @@ def _operation(op: Operation, builder: SchemaBuilder) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "operationId": op.name,
         "summary": op.summary,
-        "description": f"ACP operation `{op.name}` (since ACP {op.since}); gRPC `{op.full_method}`.",
+        "description": f"ACP operation `{op.name}` (since ACP {op.since}); gRPC `{op.full_method}`. "
+        f"If the caller stops waiting: {op.abandoned}",
         "tags": [op.group],
         "parameters": _parameters(op, builder),
     }

@@ -198,16 +198,21 @@ async def _serve(
     dev: bool,
     first_start: bool,
 ) -> int:
-    try:
-        facade = opened()
-    except (OSError, ValueError, sqlite3.Error) as exc:
-        # An unreachable database, a file that is not one, a schema too new: one line.
-        return _fail("serve", f"cannot open the store {describe_db(db)}: {exc}")
-    server = Server(config, facade=facade)
+    def opening() -> ServiceFacade:
+        try:
+            return opened()
+        except (OSError, ValueError, sqlite3.Error) as exc:
+            # An unreachable database, a file that is not one, a schema too new: one line.
+            raise ServeError(f"cannot open the store {describe_db(db)}: {exc}") from None
+
+    # The server listens (and /readyz says ``migrating``) while the store opens off the loop.
+    server = Server(config, opening=opening)
     try:
         addresses = await server.start()
     except ServeError as exc:
         return _fail("serve", str(exc))
+    facade = server.facade
+    assert facade is not None
     server.install_signal_handlers()
     try:
         token = None

@@ -218,6 +218,8 @@ async def _serve(
         token = None
         if first_start:
             token = auth.create_token(tokens, DEV_PRINCIPAL, [DEV_NAMESPACE], role="admin")
+            if isinstance(facade.authenticator, auth.TokenAuthenticator):
+                facade.authenticator.reload()
         lines = [
             "ACP server listening",
             f"  HTTP    {addresses.http_url}   (agents --server {addresses.http_url}; "

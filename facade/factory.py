@@ -184,6 +184,7 @@ def open_facade(
     follow: bool = False,
     peers: PeerChannel | None = None,
     request_retention: float = DEFAULT_RETENTION_SECONDS,
+    takeover: bool = False,
 ) -> ServiceFacade:
     """A facade over the database ``db``: a SQLite file or a PostgreSQL URL (default:
     ``default_db_path()``).
@@ -195,14 +196,16 @@ def open_facade(
     Without an authenticator the facade runs in local mode: every call acts as the
     local principal with access to all namespaces. ``policy`` is what the operator
     allows (resource roots, commands); by default the local one (``Policy.local``).
-    ``request_retention``: seconds a mutating call's answer is kept for retries."""
+    ``request_retention``: seconds a mutating call's answer is kept for retries.
+    ``takeover`` (a server; needs a running loop): take over, while open, the plans of
+    processes on the same database that stop (docs/plans.md, "Leases")."""
     store = open_store(db if db is not None else default_db_path(), peers=peers)
     events = open_event_log(store, follow=follow)
     registries = Registries(store, policy if policy is not None else Policy.local())
     context = Context(store, registries)
     # Model servers: retries, backoff and timeouts from $ACP_MODEL_* (docs/actors.md).
     models = ChatModels(ModelSettings.from_env(os.environ))
-    plans = PlanEngine(events, registries, models)
+    plans = PlanEngine(events, registries, models, takeover=takeover)
     # Settles plans a stopped server left running or half-applied, before any call.
     plans.recover()
     sessions = Sessions(store, registries, events, context, plan_starter=plans, models=models)

@@ -182,6 +182,7 @@ def serve(flags: Mapping[str, Any], config: pathlib.Path | None) -> int:
             policy=policy,
             follow=True,
             request_retention=settings.request_retention,
+            takeover=True,
         )
 
     return asyncio.run(

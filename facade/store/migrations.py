@@ -78,4 +78,16 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX requests_by_time ON requests (time);
     """,
+    # 4: leases (plan execution owned by one process until its lease expires, on the store's
+    # clock; ``token`` fences a holder's writes: facade/store/base.py, docs/plans.md).
+    """
+    CREATE TABLE leases (
+        name TEXT PRIMARY KEY,
+        owner TEXT NOT NULL DEFAULT '',
+        token INTEGER NOT NULL DEFAULT 0,
+        expires REAL NOT NULL DEFAULT 0,
+        request TEXT NOT NULL DEFAULT ''
+    ) WITHOUT ROWID;
+    CREATE INDEX leases_held ON leases (expires) WHERE owner != '';
+    """,
 )

@@ -35,6 +35,9 @@ from cleveragents.acp.facade.store.base import (
     DEFAULT_WRITE_TIMEOUT,
     EventFilter,
     EventWakeups,
+    Lease,
+    LeaseHeldError,
+    LeaseLostError,
     ListQuery,
     Record,
     SchemaTooNewError,
@@ -52,6 +55,10 @@ from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, DataVersi
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# The store's clock: SQLite's own 'now' (one value per statement), in seconds since the epoch.
+_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+_LEASE = f"name, owner, token, expires, expires > {_NOW}, request"
 
 _COLUMNS = "kind, id, namespace, name, revision, state, attrs, labels, create_time, update_time, body"
 
@@ -71,6 +78,11 @@ def _record(row: sqlite3.Row | tuple[Any, ...]) -> Record:
         update_time=updated,
         body=bytes(body),
     )
+
+
+def _lease(row: tuple[Any, ...]) -> Lease:
+    name, owner, token, expires, live, request = row
+    return Lease(name, owner, int(token), float(expires), bool(live) and bool(owner), request)
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -699,6 +711,79 @@ class SQLiteStore(Store):
     def prune_requests(self, older_than: float) -> int:
         with self.transaction():
             return int(self.execute("DELETE FROM requests WHERE time < ?", (older_than,)).rowcount)
+
+    # leases ---------------------------------------------------------------------------
+
+    def store_time(self) -> float:
+        return float(self._one(f"SELECT {_NOW}")[0])
+
+    def get_lease(self, name: str) -> Lease | None:
+        row = self._one(f"SELECT {_LEASE} FROM leases WHERE name=?", (name,))
+        return _lease(row) if row else None
+
+    def held_leases(self, prefix: str, limit: int) -> list[Lease]:
+        rows = self._all(
+            f"SELECT {_LEASE} FROM leases WHERE owner != '' AND substr(name, 1, ?) = ? "
+            "ORDER BY expires LIMIT ?",
+            (len(prefix), prefix, limit),
+        )
+        return [_lease(row) for row in rows]
+
+    def claim_lease(
+        self, name: str, owner: str, ttl: float, *, steal_token: int | None = None
+    ) -> Lease | None:
+        """Inside BEGIN IMMEDIATE: no other process claims between the look and the update."""
+        with self.transaction():
+            self.execute("INSERT INTO leases (name) VALUES (?) ON CONFLICT (name) DO NOTHING", (name,))
+            row = self._one(
+                f"UPDATE leases SET owner=?, token=token + 1, expires={_NOW} + ?, request='' "
+                f"WHERE name=? AND (owner = '' OR expires <= {_NOW} OR token = ?) RETURNING {_LEASE}",
+                (owner, ttl, name, -1 if steal_token is None else steal_token),
+            )
+            return _lease(row) if row else None
+
+    def renew_leases(self, owner: str, tokens: Mapping[str, int], ttl: float) -> dict[str, str]:
+        renewed: dict[str, str] = {}
+        with self.transaction():
+            for name, token in tokens.items():
+                row = self._one(
+                    f"UPDATE leases SET expires={_NOW} + ? "
+                    "WHERE name=? AND owner=? AND token=? RETURNING request",
+                    (ttl, name, owner, token),
+                )
+                if row is not None:
+                    renewed[name] = row[0]
+        return renewed
+
+    def release_lease(self, name: str, token: int) -> bool:
+        with self.transaction():
+            row = self._one(
+                "UPDATE leases SET owner='', expires=0, request='' WHERE name=? AND token=? AND owner != '' "
+                "RETURNING name",
+                (name, token),
+            )
+            return row is not None
+
+    def check_lease(self, name: str, token: int | None) -> Lease | None:
+        """In the write transaction (BEGIN IMMEDIATE holds every other writer off until it
+        ends, so the answer holds until the guarded writes commit)."""
+        with self.transaction():
+            lease = self.get_lease(name)
+        if token is None:
+            if lease is not None and lease.live:
+                raise LeaseHeldError(lease)
+        elif lease is None or lease.token != token or not lease.live:
+            raise LeaseLostError(name, token, lease)
+        return lease
+
+    def request_lease(self, name: str, request: str) -> bool:
+        with self.transaction():
+            row = self._one(
+                "UPDATE leases SET request=? "
+                f"WHERE name=? AND owner != '' AND expires > {_NOW} RETURNING name",
+                (request, name),
+            )
+            return row is not None
 
     def close(self) -> None:
         """Commit what is queued, stop the threads, close every connection."""

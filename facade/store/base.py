@@ -381,7 +381,8 @@ class Store(abc.ABC):
         """The fence, called inside the write transaction it guards. With a token: raise
         LeaseLostError unless the lease is at that token and live. Without: raise
         LeaseHeldError if anyone holds it live. Either way nobody may claim the lease
-        until this transaction ends. Returns the lease (None if it never existed)."""
+        until this transaction ends. Returns the lease (None, or a free one at token 0, if
+        nobody ever held it)."""
 
     @abc.abstractmethod
     def request_lease(self, name: str, request: str) -> bool:

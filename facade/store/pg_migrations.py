@@ -74,4 +74,17 @@ PG_MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX requests_by_time ON requests (time);
     """,
+    # 3: leases (plan execution owned by one replica until its lease expires, on the
+    # database's clock; ``token`` fences a holder's writes: facade/store/base.py), as
+    # migration 4 of the SQLite schema.
+    """
+    CREATE TABLE leases (
+        name TEXT COLLATE "C" PRIMARY KEY,
+        owner TEXT NOT NULL DEFAULT '',
+        token BIGINT NOT NULL DEFAULT 0,
+        expires DOUBLE PRECISION NOT NULL DEFAULT 0,
+        request TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX leases_held ON leases (expires) WHERE owner <> '';
+    """,
 )

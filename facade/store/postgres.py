@@ -53,6 +53,9 @@ from cleveragents.acp.facade.store.base import (
     DEFAULT_WRITE_TIMEOUT,
     EventFilter,
     EventWakeups,
+    Lease,
+    LeaseHeldError,
+    LeaseLostError,
     ListQuery,
     Record,
     SchemaTooNewError,
@@ -73,6 +76,10 @@ T = TypeVar("T")
 
 SCHEMES = ("postgresql://", "postgres://")
 _COLUMNS = "kind, id, namespace, name, revision, state, attrs, labels, create_time, update_time, body"
+# The database server's clock, in seconds since the epoch (clock_timestamp: the time now,
+# not the transaction's start, so a long transaction does not see a lease as younger).
+_NOW = "extract(epoch FROM clock_timestamp())::double precision"
+_LEASE = f"name, owner, token, expires, expires > {_NOW}, request"
 _EVENT_COLUMNS = "sequence, namespace, type, plan_id, session_id, time, body"
 # How long opening a connection may take before the store gives up on the server.
 CONNECT_TIMEOUT = 10
@@ -146,6 +153,11 @@ def _record(row: Sequence[Any]) -> Record:
         update_time=updated,
         body=bytes(body),
     )
+
+
+def _lease(row: Sequence[Any]) -> Lease:
+    name, owner, token, expires, live, request = row
+    return Lease(name, owner, int(token), float(expires), bool(live) and bool(owner), request)
 
 
 def _event(row: Sequence[Any]) -> StoredEvent:
@@ -880,6 +892,85 @@ class PostgresStore(Store):
     def prune_requests(self, older_than: float) -> int:
         with self.transaction():
             return self._count("DELETE FROM requests WHERE time < %s", (older_than,))
+
+    # leases ---------------------------------------------------------------------------
+
+    def store_time(self) -> float:
+        return float(self._one(f"SELECT {_NOW}")[0])
+
+    def get_lease(self, name: str) -> Lease | None:
+        row = self._one(f"SELECT {_LEASE} FROM leases WHERE name = %s", (name,))
+        return _lease(row) if row else None
+
+    def held_leases(self, prefix: str, limit: int) -> list[Lease]:
+        rows = self._all(
+            f"SELECT {_LEASE} FROM leases WHERE owner <> '' AND left(name, %s) = %s "
+            "ORDER BY expires LIMIT %s",
+            (len(prefix), prefix, limit),
+        )
+        return [_lease(row) for row in rows]
+
+    def claim_lease(
+        self, name: str, owner: str, ttl: float, *, steal_token: int | None = None
+    ) -> Lease | None:
+        """The row exists first, so the conditional UPDATE always has one to lock: a second
+        claimant waits for the first's commit, then finds the lease held (READ COMMITTED
+        re-checks the WHERE on the row it waited for)."""
+        with self.transaction():
+            self._count("INSERT INTO leases (name) VALUES (%s) ON CONFLICT (name) DO NOTHING", (name,))
+            row = self._one(
+                f"UPDATE leases SET owner = %s, token = token + 1, expires = {_NOW} + %s, request = '' "
+                f"WHERE name = %s AND (owner = '' OR expires <= {_NOW} OR token = %s) RETURNING {_LEASE}",
+                (owner, ttl, name, -1 if steal_token is None else steal_token),
+            )
+            return _lease(row) if row else None
+
+    def renew_leases(self, owner: str, tokens: Mapping[str, int], ttl: float) -> dict[str, str]:
+        renewed: dict[str, str] = {}
+        with self.transaction():
+            for name, token in sorted(tokens.items()):
+                row = self._one(
+                    f"UPDATE leases SET expires = {_NOW} + %s "
+                    "WHERE name = %s AND owner = %s AND token = %s RETURNING request",
+                    (ttl, name, owner, token),
+                )
+                if row is not None:
+                    renewed[name] = row[0]
+        return renewed
+
+    def release_lease(self, name: str, token: int) -> bool:
+        with self.transaction():
+            row = self._one(
+                "UPDATE leases SET owner = '', expires = 0, request = '' "
+                "WHERE name = %s AND token = %s AND owner <> '' RETURNING name",
+                (name, token),
+            )
+            return row is not None
+
+    def check_lease(self, name: str, token: int | None) -> Lease | None:
+        """FOR SHARE: a claim (an UPDATE of the row) waits until the guarded transaction
+        ends, so the writes it guards commit before any new holder's token exists. Checking
+        a lease nobody ever held makes its row, so there is a row to lock."""
+        with self.transaction():
+            if token is None:
+                self._count("INSERT INTO leases (name) VALUES (%s) ON CONFLICT (name) DO NOTHING", (name,))
+            row = self._one(f"SELECT {_LEASE} FROM leases WHERE name = %s FOR SHARE", (name,))
+        lease = _lease(row) if row else None
+        if token is None:
+            if lease is not None and lease.live:
+                raise LeaseHeldError(lease)
+        elif lease is None or lease.token != token or not lease.live:
+            raise LeaseLostError(name, token, lease)
+        return lease
+
+    def request_lease(self, name: str, request: str) -> bool:
+        with self.transaction():
+            row = self._one(
+                "UPDATE leases SET request = %s "
+                f"WHERE name = %s AND owner <> '' AND expires > {_NOW} RETURNING name",
+                (request, name),
+            )
+            return row is not None
 
     def event_wakeups(self) -> EventWakeups:
         """LISTEN on a connection of its own: woken when an append commits on any replica."""

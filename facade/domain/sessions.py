@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+import orjson
 from ulid import ULID
 
 from cleveragents.acp.contract import limits
@@ -376,8 +377,23 @@ class Sessions:
         record, session = load(self.store, ctx, session_id)
         history = messages(self.store, session_id)
         config = self.context.configs.get(record.namespace, session_key(session_id))
+        document = session_export.build(session, history, config, now())
         response = session_pb2.ExportSessionResponse()
-        response.document.update(session_export.build(session, history, config, now()))
+        response.document.update(document)
+        # Never a document session.import would refuse: measured as JSON (HTTP) and protobuf (gRPC).
+        size = max(len(orjson.dumps(document)), response.ByteSize())
+        if size > limits.MAX_SESSION_DOCUMENT_BYTES:
+            raise ACPError(
+                ErrorCode.INVALID_STATE,
+                f"session {session_id} exports as {size} bytes, more than the "
+                f"{limits.MAX_SESSION_DOCUMENT_BYTES} an import takes; its history is too long to export",
+                {
+                    "session_id": session_id,
+                    "bytes": size,
+                    "max_bytes": limits.MAX_SESSION_DOCUMENT_BYTES,
+                },
+                refinement="SESSION_TOO_LARGE",
+            )
         return response
 
     async def import_(self, ctx: CallContext, req: session_pb2.ImportSessionRequest) -> session_pb2.Session:

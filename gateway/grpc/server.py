@@ -37,11 +37,12 @@ DEFAULT_MAX_MESSAGE_BYTES = limits.DEFAULT_MAX_BODY_BYTES
 
 
 def runtime_cap(max_message_bytes: int) -> int:
-    """The gRPC runtime's own receive cap, far above ours, so a request over our limit gets
-    our INVALID_PARAMS with details. The runtime buffers a whole message before any handler
-    runs, so it cannot be unbounded: past this cap it answers its own bare RESOURCE_EXHAUSTED
-    (docs/server.md, "Limits")."""
-    return limits.GRPC_RUNTIME_FACTOR * max_message_bytes + 1024 * 1024
+    """The gRPC runtime's own receive cap, far above ours (and above a session.import's), so
+    a request over our limit gets our INVALID_PARAMS with details. The runtime buffers a
+    whole message before any handler runs, so it cannot be unbounded: past this cap it
+    answers its own bare RESOURCE_EXHAUSTED (docs/server.md, "Limits")."""
+    ours = max(limits.GRPC_RUNTIME_FACTOR * max_message_bytes, limits.import_limit(max_message_bytes))
+    return ours + 1024 * 1024
 
 
 def _identity(data: bytes) -> bytes:
@@ -85,6 +86,7 @@ class GrpcHandlers:
         self._facade = facade
         self._closing = closing
         self._max_bytes = max_message_bytes
+        self._import_bytes = limits.import_limit(max_message_bytes)
         self._contract = contract or catalog.CATALOG
 
     def _context(self, context: grpc.aio.ServicerContext[Any, Any]) -> CallContext:
@@ -107,11 +109,13 @@ class GrpcHandlers:
 
     def _decode(self, op: Operation, data: bytes) -> message.Message:
         if len(data) > self._max_bytes:
-            raise ACPError(
-                ErrorCode.INVALID_PARAMS,
-                f"the request is {len(data)} bytes; the limit is {self._max_bytes}",
-                {"field": "request", "max_bytes": self._max_bytes},
-            )
+            limit = self._import_bytes if op.name == limits.IMPORT_OPERATION else self._max_bytes
+            if len(data) > limit:
+                raise ACPError(
+                    ErrorCode.INVALID_PARAMS,
+                    f"the request is {len(data)} bytes; the limit is {limit}",
+                    {"field": "request", "max_bytes": limit},
+                )
         try:
             request = op.request_type.FromString(data)
         except DecodeError:

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from cleveragents.acp.contract import catalog, codec, envelope, sse
+from cleveragents.acp.contract import catalog, codec, envelope, limits, sse
 from cleveragents.acp.contract.call import CallContext, ambiguous_credentials
 from cleveragents.acp.contract.catalog import Catalog, Major, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
@@ -99,6 +99,8 @@ class Gateway:
         self.closing = closing or asyncio.Event()
         self.contract = contract or catalog.CATALOG
         self.routes = RouteTable(contract=self.contract)
+        # session.import may exceed the body limit, up to a whole export document.
+        self.large = binding.LargeBodies(limits.import_limit(self.settings.max_body_bytes))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serves any path of the route table (NOT_FOUND envelopes for the others)."""
@@ -148,15 +150,21 @@ class Gateway:
                     route.op, request, variables, self.settings.max_body_bytes, skip=TICKET_PARAMETER
                 )
                 return await self._stream(route.op, data, token, request, exchange)
-            data = await binding.bind_rest(route.op, request, variables, self.settings.max_body_bytes)
+            large = self.large if route.op.name == limits.IMPORT_OPERATION else None
+            data = await binding.bind_rest(
+                route.op, request, variables, self.settings.max_body_bytes, large=large
+            )
             return await self._call(route.op, data, token, exchange)
         if route.endpoint == "envelope" and route.major is not None:
             return await self._envelope(route.major, request, exchange)
         return await self._health(exchange)
 
     async def _envelope(self, major: Major, request: Request, exchange: Exchange) -> Response:
-        body = binding.parse_json(await binding.read_body(request, self.settings.max_body_bytes))
+        raw = await binding.read_body(request, self.settings.max_body_bytes, self.large)
+        body = binding.parse_json(raw)
         parsed = envelope.parse_request(body)
+        if len(raw) > self.settings.max_body_bytes and parsed.operation != limits.IMPORT_OPERATION:
+            raise binding.over_limit(self.settings.max_body_bytes)
         exchange.acp_version = parsed.acp_version or exchange.acp_version
         if parsed.request_id:
             exchange.request_id = common.request_id(parsed.request_id)

@@ -269,6 +269,14 @@ class ServiceFacade:
                 refinement="PRINCIPAL_REVOKED",
             )
 
+    def start(self) -> None:
+        """On the serving loop, once the facade is attached: start what its resources run
+        in the background (the plan engine's takeover scanner)."""
+        for resource in self._resources:
+            start = getattr(resource, "start", None)
+            if callable(start):
+                start()
+
     async def close(self) -> None:
         if self.idempotency is not None:
             await self.idempotency.close()

@@ -188,6 +188,10 @@ class Server:
     def _attach(self, facade: ServiceFacade) -> None:
         """Observe the facade's calls, and read readiness and gauges from its store."""
         facade.observer = self.observability.telemetry
+        with contextlib.suppress(RuntimeError):
+            # On the serving loop (the takeover scanner belongs to it); none yet: at start.
+            asyncio.get_running_loop()
+            facade.start()
         if facade.inspector is not None:
             self.observability.readiness.probe_with(facade.inspector.probe)
             self.observability.metrics.sample_with(facade.inspector.census)
@@ -210,6 +214,8 @@ class Server:
 
     async def start(self) -> Addresses:
         config = self.config
+        if self.facade is not None:
+            self.facade.start()
         tls = config.tls
         check_exposure(config.host, tls, config.insecure)
         if tls is not None:

@@ -162,7 +162,16 @@ class PlanEngine:
         self._scanner: asyncio.Task[None] | None = None
         # Plans whose resources this process could not see, already logged.
         self._unseen: set[str] = set()
-        if takeover:
+        self._takeover = takeover
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop()
+            self.start()
+
+    def start(self) -> None:
+        """On the loop that serves: with ``takeover``, start the scanner (once). Opened on
+        a worker thread (a server migrating while it listens), the server calls this when
+        the facade is attached (``ServiceFacade.start``)."""
+        if self._takeover and self._scanner is None and not self._closed:
             interval = min(1.0, self.leases.ttl / 4)
             self._scanner = asyncio.get_running_loop().create_task(
                 self._every(interval, self._scan), name="plan-lease-scanner"

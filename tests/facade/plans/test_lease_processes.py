@@ -1,6 +1,9 @@
-"""Leases with real processes over one SQLite file: a runner frozen past its lease is taken
-over and, resumed, writes nothing; an ``agents serve`` SIGKILLed mid-plan or mid-apply has
-its plan settled by another server on the same database, which keeps serving."""
+"""Leases with real processes: a runner frozen past its lease is taken over and, resumed,
+writes nothing; an ``agents serve`` SIGKILLed mid-plan or mid-apply has its plan settled by
+another server on the same database, which keeps serving; ``session.tell`` on one session
+through two servers at once keeps one history, indexes 0..n-1. The server pairs run over
+one SQLite file and over one PostgreSQL schema (skipped loudly without PostgreSQL, required
+under CI=true)."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.facade.domain.plans import leases, model
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.v1 import plan_pb2, session_pb2
+from tests import postgres
 from tests.facade.plans.helpers import (
     INPUTS,
     PY,
@@ -46,6 +50,7 @@ from tests.server_process import ServerProcess, Tokens, kill_group, start_server
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 TIMEOUT = 30.0
+TELLS_EACH = 10
 
 
 def _wait_for_text(path: pathlib.Path, text: str, child: subprocess.Popen[bytes]) -> None:
@@ -149,10 +154,20 @@ def _command_user() -> list[str]:
 COMMAND_PY = "/usr/bin/python3" if os.geteuid() == 0 and os.path.exists("/usr/bin/python3") else PY
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[str]:
+    """One database two servers share: a SQLite file, or a fresh PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "shared.db")
+        return
+    with postgres.fresh_schema("leases") as url:
+        yield url
+
+
 @pytest.fixture
-def servers(tmp_path: pathlib.Path) -> Iterator[tuple[ServerProcess, ServerProcess, Tokens]]:
+def servers(tmp_path: pathlib.Path, database: str) -> Iterator[tuple[ServerProcess, ServerProcess, Tokens]]:
     tokens = Tokens.create(tmp_path)
-    db = str(tmp_path / "shared.db")
+    db = database
     pause = tmp_path / "pause"
     env = {leases.TTL_ENV: "3", "ACP_TEST_APPLY_PAUSE_FILE": str(pause)}
     started: list[ServerProcess] = []
@@ -279,3 +294,29 @@ async def test_sigkill_mid_apply_another_server_restores_the_project(
     assert isinstance(applied, plan_pb2.ApplyPlanResponse)
     assert applied.plan.state == model.SUCCEEDED
     await _keeps_serving(through_b)
+
+
+async def test_tells_through_two_servers_at_once_keep_one_history(
+    clients: tuple[ACPClient, ACPClient],
+) -> None:
+    """On SQLite the one writer serializes them; on PostgreSQL the append locks the session's
+    row until it commits."""
+    through_a, through_b = clients
+    created = await through_a.call("session.create", namespace="default", title="shared")
+    assert isinstance(created, session_pb2.CreateSessionResponse)
+    session_id = created.session.meta.id
+
+    async def tell(client: ACPClient, text: str) -> None:
+        told = await client.call("session.tell", session_id=session_id, content=text)
+        assert isinstance(told, session_pb2.TellSessionResponse)
+
+    texts = [f"{name}-{i}" for i in range(TELLS_EACH) for name in ("a", "b")]
+    await asyncio.gather(*(tell(through_a if t.startswith("a") else through_b, t) for t in texts))
+    for client in clients:
+        shown = await client.call("session.show", session_id=session_id)
+        assert isinstance(shown, session_pb2.GetSessionResponse)
+        history = list(shown.messages)
+        assert [m.index for m in history] == list(range(len(history)))
+        said = [m.content for m in history if m.role == session_pb2.MESSAGE_ROLE_USER]
+        # Every tell once: none lost, none doubled.
+        assert sorted(said) == sorted(texts)

@@ -125,16 +125,15 @@ class ServiceFacade:
         return self.authenticator.authenticate(ctx.token)
 
     async def _redeem(self, op: Operation, request: message.Message, ctx: CallContext) -> None:
-        """A stream ticket, used up in the store (off the loop) before any other check."""
-        if ctx.ticket is None:
-            return
+        """A stream ticket, used up in the store (off the loop) before any other check;
+        awaited only when the call presents one."""
         if ctx.token is not None:
             raise ambiguous_credentials("a bearer token and a stream ticket")
         if self.tickets is None:
             raise ACPError(
                 ErrorCode.AUTH_REQUIRED, "this server issues no stream tickets", {"scheme": "Bearer"}
             )
-        ctx.principal = await self.tickets.redeem(ctx.ticket, op.name, request)
+        ctx.principal = await self.tickets.redeem(ctx.ticket or "", op.name, request)
 
     async def invoke(self, op: Operation, request: message.Message, ctx: CallContext) -> message.Message:
         if self.observer is None:
@@ -154,7 +153,8 @@ class ServiceFacade:
     async def _invoke(self, op: Operation, request: message.Message, ctx: CallContext) -> message.Message:
         if op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is a stream; subscribe to it")
-        await self._redeem(op, request, ctx)
+        if ctx.ticket is not None:
+            await self._redeem(op, request, ctx)
         handler = cast(Unary, self._admit(op, request, ctx))
         if op.read_only or not ctx.request_id_given or self.idempotency is None:
             try:
@@ -206,7 +206,8 @@ class ServiceFacade:
     ) -> AsyncIterator[message.Message]:
         if not op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is not a stream")
-        await self._redeem(op, request, ctx)
+        if ctx.ticket is not None:
+            await self._redeem(op, request, ctx)
         handler = cast(Streaming, self._admit(op, request, ctx))
         try:
             items = handler(request, ctx)

@@ -52,7 +52,7 @@ from cleveragents.acp.facade.domain.plans import (
     tools,
     validations,
 )
-from cleveragents.acp.facade.domain.plans.apply import Write
+from cleveragents.acp.facade.domain.plans.apply import Restored, Write
 from cleveragents.acp.facade.domain.plans.leases import PlanLeases
 from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
 from cleveragents.acp.facade.domain.plans.records import CheckpointEntry, PlanRecords
@@ -1008,15 +1008,8 @@ class PlanEngine:
         try:
             await asyncio.to_thread(apply.write_all, writes)
         except OSError as exc:
-            await asyncio.to_thread(apply.restore, entries)
-            message = f"apply failed and was undone: {exc}"
-            failed = common_pb2.ErrorInfo(code=ErrorCode.Name(ErrorCode.INTERNAL_ERROR), message=message)
-            await self._write(
-                lambda: self._transition(
-                    plan, model.APPLY, model.FAILED, error=failed, journal=records.JOURNAL_ABORTED
-                )
-            )
-            raise ACPError(ErrorCode.INTERNAL_ERROR, message, {"plan_id": plan.meta.id}) from None
+            undone = await asyncio.to_thread(apply.restore_all, entries)
+            raise await self._apply_failed(plan, exc, undone) from None
         changed = [e.path for e in entries]
         completed = events_pb2.PlanApplyCompleted(changed_paths=changed, checkpoint_id=plan.meta.id)
         await self._write(
@@ -1030,18 +1023,43 @@ class PlanEngine:
         )
         return changed
 
+    async def _apply_failed(self, plan: plan_pb2.Plan, exc: OSError, undone: Restored) -> ACPError:
+        """Record the failed apply (undone) on the plan and return the error to raise: a
+        folder swapped for a symlink under the plan is the caller's INVALID_STATE
+        (``PATH_CROSSES_SYMLINK``), any other I/O failure the server's INTERNAL_ERROR."""
+        code, refinement = ErrorCode.INTERNAL_ERROR, None
+        details: dict[str, object] = {"plan_id": plan.meta.id}
+        message = f"apply failed and was undone: {exc}"
+        if isinstance(exc, apply.CrossedLinkError):
+            code, refinement = ErrorCode.INVALID_STATE, "PATH_CROSSES_SYMLINK"
+            details["path"] = exc.path
+            message = (
+                f"apply stopped at {exc.path!r}: a folder on the way is now a symlink or a file "
+                "(never followed); every file written was undone"
+            )
+        if undone.skipped:
+            details["skipped_paths"] = undone.skipped
+            message += f", except {', '.join(undone.skipped)} (a folder on the way is now a symlink)"
+        failed = common_pb2.ErrorInfo(code=ErrorCode.Name(code), message=message)
+        await self._write(
+            lambda: self._transition(
+                plan, model.APPLY, model.FAILED, error=failed, journal=records.JOURNAL_ABORTED
+            )
+        )
+        return ACPError(code, message, details, refinement=refinement)
+
     # plan.rollback ----------------------------------------------------------------------
 
     async def rollback(
         self, ctx: CallContext, plan_id: str, *, force: bool = False
-    ) -> tuple[plan_pb2.Plan, list[str]]:
+    ) -> tuple[plan_pb2.Plan, Restored]:
         plan, entries = await self._read(lambda: (self.load(ctx, plan_id), self.records.checkpoint(plan_id)))
         model.require("rollback", plan)
         return plan, await asyncio.shield(self._rollback_files(plan, entries, force))
 
     async def _rollback_files(
         self, plan: plan_pb2.Plan, entries: list[CheckpointEntry], force: bool
-    ) -> list[str]:
+    ) -> Restored:
         """Off the loop and shielded, like apply."""
         with self._exclusive(plan.meta.id):
             await asyncio.to_thread(rollback.check, plan.meta.id, entries, force=force)
@@ -1062,13 +1080,24 @@ class PlanEngine:
                 raise
             self._start_heartbeat()
             try:
-                restored = await asyncio.to_thread(apply.restore, entries)
+                restored = await asyncio.to_thread(apply.restore_all, entries)
+                # Paths never followed through a symlink are not restored: the plan says so.
+                skipped = (
+                    common_pb2.ErrorInfo(
+                        code=ErrorCode.Name(ErrorCode.INVALID_STATE),
+                        message=f"rolled back except {', '.join(restored.skipped)}: a folder on the "
+                        "way is now a symlink or a file (never followed); those are left as they are",
+                    )
+                    if restored.skipped
+                    else None
+                )
                 await self._write(
                     lambda: self._transition(
                         plan,
                         model.APPLY,
                         model.ROLLED_BACK,
                         reason="rollback",
+                        error=skipped,
                         journal=records.JOURNAL_ROLLED_BACK,
                     )
                 )

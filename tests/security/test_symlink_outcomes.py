@@ -6,6 +6,7 @@ not INTERNAL_ERROR. On every transport."""
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import threading
 
@@ -106,8 +107,8 @@ def test_a_symlink_met_mid_apply_is_invalid_state(
                 with pytest.raises(ACPError) as info:
                     await alice.call("plan.apply", plan_id=plan.meta.id)
             finally:
-                swapper.join(30)
-            assert paused.exists()
+                await asyncio.to_thread(swapper.join, 30)
+            assert await asyncio.to_thread(paused.exists)
             err = info.value
             assert err.code == "INVALID_STATE", err
             assert err.details["refinement"] == "PATH_CROSSES_SYMLINK"

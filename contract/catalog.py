@@ -219,6 +219,15 @@ class Catalog:
         """Every version served, newest first: the newest major first, each newest minor first."""
         return [v for n in sorted(self.majors, reverse=True) for v in self.majors[n].version_table.supported]
 
+    def commands(self) -> list[Operation]:
+        """One operation per name across the majors, as a CLI offers them: the default
+        major's where it has the name, else that of the newest major that has it."""
+        chosen = dict(self.default.operations)
+        for number in sorted(self.majors, reverse=True):
+            for name, op in self.majors[number].operations.items():
+                chosen.setdefault(name, op)
+        return list(chosen.values())
+
     def operations(self) -> Iterator[Operation]:
         """Every operation of every major."""
         for major in self.majors.values():

@@ -17,7 +17,7 @@ from google.protobuf import message
 from cleveragents.acp.contract import rich_status
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, TransportError
-from cleveragents.acp.contract.retry import RetryPolicy, again
+from cleveragents.acp.contract.retry import RetryPolicy, again, retryable
 from cleveragents.acp.contract.transport import TICKET_METADATA, CallOptions, StreamItems
 
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
@@ -116,9 +116,9 @@ class GrpcTransport:
         (retry.py), with the same ``x-request-id``."""
         try:
             return await self._call(op, request, options)
-        except TransportError as exc:
+        except ACPError as exc:
             policy = options.retry or self.retry
-            if not policy.enabled:
+            if not (policy.enabled and retryable(exc)):
                 raise
             return await again(policy, op, exc, lambda: self._call(op, request, options))
 
@@ -168,9 +168,9 @@ class GrpcTransport:
         that cannot be reached is retried as for calls."""
         try:
             return await self._open_stream(op, request, options)
-        except TransportError as exc:
+        except ACPError as exc:
             policy = options.retry or self.retry
-            if not policy.enabled:
+            if not (policy.enabled and retryable(exc)):
                 raise
             return await again(policy, op, exc, lambda: self._open_stream(op, request, options))
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import signal
@@ -33,7 +34,6 @@ from typing import Any
 
 import orjson
 from google.protobuf import message
-from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext, Reply
 from cleveragents.acp.contract.catalog import Operation
@@ -42,6 +42,10 @@ from cleveragents.acp.facade.store.base import Store
 from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestClaimedError, RequestEntry
 
 log = logging.getLogger(__name__)
+
+# A claim's owner: this process and a counter (unique among the claims of every process).
+_PROCESS = os.urandom(8).hex()
+_CLAIMS = itertools.count()
 
 DEFAULT_RETENTION_SECONDS = 24 * 3600.0
 # How long a retry waits for the run of the same request id still going before it is told
@@ -120,17 +124,29 @@ class _Outcome:
 
 
 class _Running:
-    """A run of one request id in this process; duplicates wait on ``done``."""
+    """A run of one request id in this process; duplicates wait on ``done`` (made by the
+    first duplicate: most runs have none)."""
+
+    __slots__ = ("digest", "done", "operation", "outcome", "settled")
 
     def __init__(self, operation: str, digest: bytes) -> None:
         self.operation = operation
         self.digest = digest
-        self.done = asyncio.Event()
+        self.done: asyncio.Event | None = None
         self.outcome: _Outcome | None = None
+        self.settled = False
+
+    async def wait(self) -> None:
+        if not self.settled:
+            if self.done is None:
+                self.done = asyncio.Event()
+            await self.done.wait()
 
     def settle(self, outcome: _Outcome | None) -> None:
         self.outcome = outcome
-        self.done.set()
+        self.settled = True
+        if self.done is not None:
+            self.done.set()
 
 
 # A response field filled from the records a call wrote (entity kinds), or from the
@@ -184,10 +200,13 @@ class Idempotency:
         outcome: _Outcome | None = None
         try:
             self._maybe_prune()
-            stored = await self.store.read(lambda store: store.get_request(principal, ctx.request_id))
-            if stored is not None and stored.time >= self.clock() - self.retention:
-                outcome = self._stored_outcome(stored, op, request, digest)
-                return _replay(outcome, ctx)
+            if self._shape(op) is None:
+                # Its answer cannot be rebuilt and it may act outside the store (a model, files)
+                # before it first writes: look for a stored answer before running it.
+                stored = await self.store.read(lambda store: store.get_request(principal, ctx.request_id))
+                if stored is not None and stored.time >= self.clock() - self.retention:
+                    outcome = self._stored_outcome(stored, op, request, digest)
+                    return _replay(outcome, ctx)
             outcome, replayed = await self._first(op, request, ctx, call, digest)
             return _replay(outcome, ctx) if replayed else outcome.unwrap()
         finally:
@@ -202,7 +221,7 @@ class Idempotency:
             raise reused(ctx.request_id, running.operation)
         started = time.monotonic()
         try:
-            await asyncio.wait_for(running.done.wait(), self.wait_seconds)
+            await asyncio.wait_for(running.wait(), self.wait_seconds)
         except TimeoutError:
             raise in_progress(ctx.request_id, time.monotonic() - started) from None
         if running.outcome is None:
@@ -219,53 +238,70 @@ class Idempotency:
         call: Callable[[], Awaitable[message.Message]],
         digest: bytes,
     ) -> tuple[_Outcome, bool]:
-        """Run the call under a claim; (outcome, whether it is another run's replayed)."""
+        """Run the call under a claim; (outcome, whether it is another run's replayed).
+
+        A retry of an operation whose answer can be rebuilt is not looked up first: its
+        first write finds the stored row (the stamp conflicts), rolls back, and the stored
+        answer is replayed; so is one that ends without writing and finds the row when it
+        stores its answer. Every such operation writes before it acts outside the store."""
         now = self.clock()
         entry = RequestEntry(
             principal=ctx.require_principal().name,
             request_id=ctx.request_id,
             operation=op.key,
             digest=digest,
-            owner=str(ULID()),
+            owner=f"{_PROCESS}-{next(_CLAIMS)}",
             time=now,
         )
         claim = Claim(entry, cutoff=now - self.retention)
         token = CLAIM.set(claim)
+        outcome: _Outcome | None = None
         try:
-            response = await call()
+            outcome = _Outcome(response=await call())
         except RequestClaimedError:
-            # Another server process runs this id: its effect, not ours (ours rolled back).
-            claim.open = False
-            return await self._claimed_elsewhere(op, request, ctx, digest), True
+            pass
         except ACPError as err:
-            claim.open = False
-            if claim.stamped or not nothing_happened(err):
-                entry.answer, entry.error = _error_bytes(err), True
-                await self._store_answer(claim)
-            return _Outcome(error=err), False
+            outcome = _Outcome(error=err)
         finally:
             claim.open = False
             CLAIM.reset(token)
+        if outcome is None or claim.conflict:
+            # Another run of this id stored its row first: its effect and answer, not ours
+            # (our write rolled back).
+            return await self._theirs(op, request, ctx, digest), True
+        if outcome.error is not None:
+            if claim.stamped or not nothing_happened(outcome.error):
+                entry.answer, entry.error = _error_bytes(outcome.error), True
+                if not await self._store_answer(claim):
+                    return await self._theirs(op, request, ctx, digest), True
+            return outcome, False
+        response = outcome.unwrap()
         if self._kill_after == op.name:
             log.warning("%s=%s: killing the server after the commit", KILL_AFTER_COMMIT_ENV, op.name)
             os.kill(os.getpid(), signal.SIGKILL)
-        if not (claim.stamped and self.rebuild(op, request, entry.written) == response):
+        if not (claim.stamped and self._stamp_answers(op, request, entry.written, response)):
             entry.answer = response.SerializeToString(deterministic=True)
-            await self._store_answer(claim)
-        return _Outcome(response=response), False
+            if not await self._store_answer(claim):
+                return await self._theirs(op, request, ctx, digest), True
+        return outcome, False
 
-    async def _store_answer(self, claim: Claim) -> None:
-        """Keep the answer; a failure to is logged, not the caller's: its call happened, and
-        a retry is answered from the stamp (or told REQUEST_ANSWER_LOST)."""
+    async def _store_answer(self, claim: Claim) -> bool:
+        """Keep the answer; False when another run's row holds the id. A failure to store
+        is logged, not the caller's: its call happened, and a retry is answered from the
+        stamp (or told REQUEST_ANSWER_LOST)."""
         entry, cutoff = claim.entry, claim.cutoff
         try:
-            await self.store.write(lambda store: store.answer_request(entry, cutoff))
+            return await self.store.write(lambda store: store.answer_request(entry, cutoff))
         except Exception:
             log.exception("storing the answer of request id %r failed", entry.request_id)
+            return True
 
-    async def _claimed_elsewhere(
+    async def _theirs(
         self, op: Operation, request: message.Message, ctx: CallContext, digest: bytes
     ) -> _Outcome:
+        """The outcome of the run whose row holds the id (an earlier one, or one still
+        going in another process: its answer, waited for up to ``wait_seconds`` when it
+        cannot be rebuilt)."""
         principal = ctx.require_principal().name
         started = time.monotonic()
         while True:
@@ -337,6 +373,31 @@ class Idempotency:
             if body is not None:
                 getattr(response, field.name).ParseFromString(body)
         return response
+
+    def _stamp_answers(
+        self,
+        op: Operation,
+        request: message.Message,
+        written: Mapping[tuple[str, str], bytes],
+        response: message.Message,
+    ) -> bool:
+        """Whether ``rebuild`` gives ``response`` (then the stamp is the stored answer): the
+        bytes of each entity field compared first, the messages only when those differ."""
+        shape = self._shape(op)
+        if shape is None:
+            return False
+        for field, kinds in shape:
+            if kinds is None:
+                if getattr(response, field.name) != getattr(request, field.name):
+                    return False
+                continue
+            body = next((b for (kind, _), b in reversed(list(written.items())) if kind in kinds), None)
+            if body is None or not response.HasField(field.name):
+                return False
+            value = getattr(response, field.name)
+            if value.SerializeToString(deterministic=True) != body and value != type(value).FromString(body):
+                return False
+        return True
 
     # retention ---------------------------------------------------------------------
 

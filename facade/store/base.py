@@ -324,6 +324,7 @@ class Store(abc.ABC):
             written.pop((kind, id), None)
             written[(kind, id)] = body
         if not self.stamp_request(claim.entry, claim.cutoff):
+            claim.conflict = True
             raise RequestClaimedError(f"request id {claim.entry.request_id!r} is another run's")
         claim.stamped = True
 

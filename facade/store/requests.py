@@ -54,6 +54,8 @@ class Claim:
     open: bool = True
     # Whether a write under the claim reached the store (it may have been rolled back).
     stamped: bool = False
+    # Whether a write found another live claim's row (and was rolled back).
+    conflict: bool = False
 
 
 CLAIM: ContextVar[Claim | None] = ContextVar("acp_request_claim", default=None)

@@ -250,3 +250,42 @@ async def test_a_restarted_facade_replays_the_stored_answer(tmp_path: pathlib.Pa
         assert await sessions(facade) == []
     finally:
         await facade.close()
+
+
+async def test_a_second_process_on_the_same_store_replays_instead_of_running(tmp_path: pathlib.Path) -> None:
+    """Two facades over one file stand for two server processes: the second finds the
+    first's row at its first write (the stamp conflicts), rolls its write back and replays."""
+    db = tmp_path / "acp.db"
+    first, second = open_facade(db), open_facade(db)
+    try:
+        request = session_pb2.CreateSessionRequest(title="shared")
+        made, replayed = await call(first, CREATE, request, "two-1")
+        assert not replayed
+        again, replayed = await call(second, CREATE, request, "two-1")
+        assert replayed
+        assert again == made
+        with pytest.raises(ACPError) as other:
+            await call(second, CREATE, session_pb2.CreateSessionRequest(title="else"), "two-1")
+        assert other.value.details["refinement"] == "REQUEST_ID_REUSED"
+        assert len(await sessions(second)) == 1
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_told_message_is_stored_once(facade: ServiceFacade, tmp_path: pathlib.Path) -> None:
+    """session.tell's answer holds its messages (not rebuildable from records): its retry is
+    looked up before it runs, so the orchestrator does not run again."""
+    made, _ = await call(facade, CREATE, session_pb2.CreateSessionRequest(title="talk"), "talk-1")
+    session_id = made.session.meta.id  # type: ignore[attr-defined]
+    tell = catalog.OPERATIONS["session.tell"]
+    request = session_pb2.TellSessionRequest(session_id=session_id, content="hello")
+    first, replayed = await call(facade, tell, request, "tell-1")
+    assert not replayed
+    again, replayed = await call(facade, tell, request, "tell-1")
+    assert replayed
+    assert again == first
+    show = catalog.OPERATIONS["session.show"]
+    shown, _ = await call(facade, show, session_pb2.GetSessionRequest(session_id=session_id), "show-1")
+    assert [m.content for m in shown.messages].count("hello") == 1  # type: ignore[attr-defined]
+    assert ("tell-1", "session.tell", 1, 0) in rows(tmp_path / "acp.db")

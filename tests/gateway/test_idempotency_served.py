@@ -19,7 +19,7 @@ from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.errors import http_status
 from cleveragents.acp.facade.idempotency import KILL_AFTER_COMMIT_ENV
 from cleveragents.acp.v1 import session_pb2
-from tests.gateway.test_http import data_of, envelope
+from tests.gateway.test_http import data_of, envelope, error_of
 from tests.server_process import ServerProcess, Tokens, kill_group, start_server
 
 
@@ -250,3 +250,42 @@ def test_a_restart_keeps_the_answers(tmp_path: pathlib.Path) -> None:
             assert sessions(client, token) == [first["session"]["meta"]["id"]]
     finally:
         assert server.stop() == 0, server.stderr()
+
+
+def test_killed_after_a_tell_the_retry_says_the_answer_was_lost_and_nothing_runs_twice(
+    tmp_path: pathlib.Path,
+) -> None:
+    """session.tell's answer (its messages) is not rebuildable from records: after a kill
+    between its effect and its answer the retry is INVALID_STATE REQUEST_ANSWER_LOST, and the
+    user's message is stored once."""
+    tokens = Tokens.create(tmp_path)
+    token = tokens.tokens["alice"]
+    server: ServerProcess | None = start_server(
+        tmp_path, tokens=tokens.path, env={KILL_AFTER_COMMIT_ENV: "session.tell"}
+    )
+    tell: dict[str, Any] = {"operation": "session.tell", "request_id": "tell-1"}
+    try:
+        assert server is not None
+        with httpx.Client(base_url=server.http, timeout=30) as client:
+            made = data_of(envelope(client, {"operation": "session.create", "params": {}}, token))
+            session_id = made["session"]["meta"]["id"]
+            tell["params"] = {"session_id": session_id, "content": "hello"}
+            with pytest.raises(httpx.HTTPError):
+                envelope(client, tell, token)
+        assert server.process.wait(15) == -9
+        server.stop()
+        server = start_server(tmp_path, tokens=tokens.path)
+        with httpx.Client(base_url=server.http, timeout=30) as client:
+            for _ in range(2):
+                lost = envelope(client, tell, token)
+                assert error_of(lost, "INVALID_STATE")["refinement"] == "REQUEST_ANSWER_LOST"
+                assert lost.headers["acp-replayed"] == "true"
+            show = {"operation": "session.show", "params": {"session_id": session_id}}
+            messages = data_of(envelope(client, show, token))["messages"]
+            assert [m["content"] for m in messages].count("hello") == 1
+    finally:
+        if server is not None:
+            if server.process.poll() is None:
+                assert server.stop() == 0, server.stderr()
+            else:
+                kill_group(server.process)

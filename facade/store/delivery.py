@@ -22,17 +22,14 @@ log = logging.getLogger(__name__)
 
 
 def current_task() -> asyncio.Task[Any] | None:
-    try:
-        return asyncio.current_task()
-    except RuntimeError:
-        return None
+    """The task running on this thread's loop; None on a thread without one (a store
+    thread), found without raising: the writer asks at every statement of every write."""
+    loop = asyncio._get_running_loop()
+    return None if loop is None else asyncio.current_task(loop)
 
 
 def running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
+    return asyncio._get_running_loop()
 
 
 def run_callback(callback: Callable[[], None]) -> None:

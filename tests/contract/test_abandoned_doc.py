@@ -38,3 +38,16 @@ def test_every_mutating_operation_says_what_happens() -> None:
         "plan.rollback",
         "session.tell",
     }
+
+
+def test_the_openapi_descriptions_say_it_too() -> None:
+    from cleveragents.acp.gateway.http import openapi
+
+    described = {
+        spec["operationId"]: spec.get("description", "")
+        for item in openapi.document()["paths"].values()
+        for spec in item.values()
+        if isinstance(spec, dict) and "operationId" in spec
+    }
+    for op in catalog.OPERATIONS.values():
+        assert described[op.name].endswith(f"If the caller stops waiting: {op.abandoned}"), op.name

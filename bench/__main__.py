@@ -18,6 +18,7 @@ from bench import (
     memory,
     neighbours,
     postgres,
+    replicas,
     report,
     scaling,
     storage,
@@ -37,6 +38,8 @@ FAMILIES: dict[str, Callable[[Run], None]] = {
     "scaling": scaling.run_all,
     # Only where a PostgreSQL is reachable (bench/postgres.py); otherwise it says so.
     "postgres": postgres.run_all,
+    # Replicas over one PostgreSQL schema: event latency across them, plan takeover.
+    "replicas": replicas.run_all,
     "storage": storage.run_all,
     "idempotency": idempotency.run_all,
 }

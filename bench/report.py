@@ -50,6 +50,9 @@ GOALS = {
     # Only where PostgreSQL is reachable, so not among FIGURES.
     "pg_gateway_envelope_ratio": Goal(0.6, at_most=False),
     "pg_write_read_ratio": Goal(0.6, at_most=False),
+    "replica_event_latency_p99_ms": Goal(20, at_most=True),
+    # The lease (bench/replicas.py: TAKEOVER_LEASE_S = 3) + 2 s.
+    "takeover_s": Goal(5, at_most=True),
     "idempotent_write_cpu_ratio": Goal(1.1, at_most=True),
 }
 

@@ -80,10 +80,13 @@ def _kernel() -> str:
 
 
 def _started(pid: int) -> str:
-    """When ``pid`` started (clock ticks since boot), so a reused pid is not mistaken for it."""
+    """When ``pid`` started (clock ticks since boot), so a reused pid is not mistaken for it;
+    '' for a process that is gone, a zombie included (dead, not yet reaped by its parent)."""
     stat = _read(f"/proc/{pid}/stat")
     fields = stat.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else ""
+    if len(fields) <= 19 or fields[0] in ("Z", "X"):
+        return ""
+    return fields[19]
 
 
 def new_owner() -> str:

@@ -9,6 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
@@ -150,6 +154,23 @@ def test_a_holder_is_gone_only_when_this_kernel_says_so(store: Store) -> None:
     # Another kernel or host cannot be checked from here, nor can a malformed owner.
     assert not leases.holder_gone("|".join((host, "other-boot:pid:[1]", pid, "0", "01X")))
     assert not leases.holder_gone("someone")
+
+
+def test_a_holder_killed_but_not_yet_reaped_is_gone() -> None:
+    """A server SIGKILLed whose parent has not waited for it yet is a zombie: gone."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host, kernel, _, _, _ = leases.new_owner().split("|")
+        owner = "|".join((host, kernel, str(child.pid), leases._started(child.pid), "01CHILD"))
+        assert not leases.holder_gone(owner)
+        child.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not leases.holder_gone(owner):
+            assert time.monotonic() < deadline, "the killed child never counted as gone"
+            time.sleep(0.01)
+    finally:
+        child.kill()
+        child.wait(10)
 
 
 # engines on one database -----------------------------------------------------------------

@@ -9,18 +9,23 @@ import asyncio
 import pathlib
 import sqlite3
 import threading
+import time
 from typing import Any
 
 import grpc
 import httpx
 import pytest
 
+from cleveragents.acp.client.grpc_transport import GrpcTransport
+from cleveragents.acp.client.http_transport import HTTPTransport
 from cleveragents.acp.contract import catalog
-from cleveragents.acp.contract.errors import http_status
+from cleveragents.acp.contract.call import Reply
+from cleveragents.acp.contract.errors import ACPError, http_status
+from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.facade.idempotency import KILL_AFTER_COMMIT_ENV
 from cleveragents.acp.v1 import session_pb2
 from tests.gateway.test_http import data_of, envelope, error_of
-from tests.server_process import ServerProcess, Tokens, kill_group, start_server
+from tests.server_process import ServerProcess, Tokens, kill_group, run_agents, start_gateway, start_server
 
 
 def events_of(db: pathlib.Path, plan_id: str) -> list[str]:
@@ -289,3 +294,92 @@ def test_killed_after_a_tell_the_retry_says_the_answer_was_lost_and_nothing_runs
                 assert server.stop() == 0, server.stderr()
             else:
                 kill_group(server.process)
+
+
+def test_the_client_transports_read_the_marker_into_call_options(served: Any) -> None:
+    """``CallOptions(reply=Reply())``: HTTPTransport and GrpcTransport fill ``reply.replayed``
+    from the header and the trailer, on an answer and on an error."""
+    server, tokens = served
+    token = tokens.tokens["alice"]
+    op = catalog.OPERATIONS["session.create"]
+    delete = catalog.OPERATIONS["session.delete"]
+
+    async def main() -> None:
+        transports: list[tuple[str, Transport]] = [
+            ("http", HTTPTransport.connect(server.http)),
+            ("grpc", GrpcTransport.connect(server.grpc_target, timeout=30)),
+        ]
+        try:
+            for name, transport in transports:
+                replies = []
+                answers = []
+                for _ in range(2):
+                    reply = Reply()
+                    options = CallOptions(acp_version=None, token=token, request_id=f"{name}-t", reply=reply)
+                    create = session_pb2.CreateSessionRequest(title=name)
+                    answers.append(await transport.call(op, create, options))
+                    replies.append(reply.replayed)
+                assert replies == [False, True], name
+                assert answers[0] == answers[1]
+                refused = []
+                gone = session_pb2.DeleteSessionRequest(session_id="nope")
+                for _ in range(2):
+                    reply = Reply()
+                    options = CallOptions(acp_version=None, token=token, request_id=f"{name}-d", reply=reply)
+                    with pytest.raises(ACPError) as missing:
+                        await transport.call(delete, gone, options)
+                    assert missing.value.code == "NOT_FOUND"
+                    refused.append(reply.replayed)
+                assert refused == [False, True], name
+        finally:
+            for _, transport in transports:
+                await transport.close()
+
+    asyncio.run(main())
+
+
+def test_gateway_only_mode_passes_the_id_up_and_the_marker_back(served: Any, tmp_path: pathlib.Path) -> None:
+    server, tokens = served
+    token = tokens.tokens["alice"]
+    gateway = start_gateway(tmp_path, server.grpc_target)
+    try:
+        body = {"operation": "session.create", "params": {"title": "via gw"}, "request_id": "gw-1"}
+        with httpx.Client(base_url=gateway.http, timeout=30) as client:
+            first = envelope(client, body, token)
+            second = envelope(client, body, token)
+        assert "acp-replayed" not in first.headers
+        assert second.headers["acp-replayed"] == "true"
+        assert data_of(second) == data_of(first)
+        with httpx.Client(base_url=server.http, timeout=30) as direct:
+            again = envelope(direct, body, token)
+        assert again.headers["acp-replayed"] == "true"
+        assert data_of(again) == data_of(first)
+    finally:
+        assert gateway.stop() == 0, gateway.stderr()
+
+
+def test_request_retention_is_a_serve_setting(tmp_path: pathlib.Path) -> None:
+    """Past ``--request-retention`` the id is new again: the call runs a second time."""
+    tokens = Tokens.create(tmp_path)
+    token = tokens.tokens["alice"]
+    server = start_server(tmp_path, "--request-retention", "0.5", tokens=tokens.path)
+    try:
+        body = {"operation": "session.create", "params": {"title": "short"}, "request_id": "short-1"}
+        with httpx.Client(base_url=server.http, timeout=30) as client:
+            first = data_of(envelope(client, body, token))
+            assert envelope(client, body, token).headers["acp-replayed"] == "true"
+            time.sleep(0.7)
+            later = envelope(client, body, token)
+            assert "acp-replayed" not in later.headers
+            assert data_of(later)["session"]["meta"]["id"] != first["session"]["meta"]["id"]
+    finally:
+        assert server.stop() == 0, server.stderr()
+    args = ["serve", "--request-retention", "0", "--tokens", str(tokens.path)]
+    refused = run_agents(args, tmp_path, name="bad")
+    try:
+        assert refused.wait(60) != 0
+    finally:
+        kill_group(refused)
+        if refused.stdout is not None:
+            refused.stdout.close()
+    assert "request_retention" in (tmp_path / "bad.stderr").read_text()

@@ -97,11 +97,11 @@ def _line(child: subprocess.Popen[bytes]) -> str:
 
 
 async def test_a_frozen_runner_is_taken_over_and_writes_nothing_when_it_wakes(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, database: str
 ) -> None:
     folder = tmp_path / "repo"
     write_tree(folder)
-    db = tmp_path / "acp.db"
+    db = database
     pid_file, gate, stderr = tmp_path / "pid", tmp_path / "gate", tmp_path / "child.stderr"
     env = {leases.TTL_ENV: "1"}
     with _child("gated", str(db), str(folder), str(pid_file), str(gate), stderr=stderr, env=env) as child:

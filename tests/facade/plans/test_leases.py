@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -27,9 +29,11 @@ from cleveragents.acp.facade.domain.plans.leases import PlanLeases
 from cleveragents.acp.facade.domain.plans.records import Change, CheckpointEntry, PlanRecords
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
-from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Store
+from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, Store
+from cleveragents.acp.facade.store.postgres import PostgresStore
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2
+from tests import postgres
 from tests.facade.plans.helpers import (
     PY,
     add_action,
@@ -44,13 +48,23 @@ from tests.facade.plans.helpers import (
     write_tree,
 )
 from tests.facade.plans.plan_child import GATED
+from tests.facade.store.test_postgres_store import waiting_on_a_lock
 
 
-@pytest.fixture
-def store(db_path: pathlib.Path) -> Iterator[SQLiteStore]:
-    opened = SQLiteStore(db_path)
-    yield opened
-    opened.close()
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, db_path: pathlib.Path) -> Iterator[Store]:
+    """A SQLite file, or a fresh PostgreSQL schema (skipped loudly without one)."""
+    if request.param == "sqlite":
+        opened: Store = SQLiteStore(db_path)
+        yield opened
+        opened.close()
+        return
+    with postgres.fresh_schema("fence") as url:
+        opened = PostgresStore(url)
+        try:
+            yield opened
+        finally:
+            opened.close()
 
 
 def _plan(plan_id: str = "01PLAN") -> plan_pb2.Plan:
@@ -128,6 +142,58 @@ def test_a_refused_write_undoes_the_whole_transaction(store: Store) -> None:
     with pytest.raises(LeaseLostError):
         guarded()
     assert store.list_items("plan.steps", "01PLAN") == []
+
+
+def test_on_postgres_a_claim_waits_for_the_fenced_writes_to_commit() -> None:
+    """The fence locks the lease row (FOR SHARE) until the guarded transaction ends: another
+    replica's claim waits, so the holder's checked writes commit before any new token exists."""
+    with postgres.fresh_schema("fence") as url:
+        holder = PostgresStore(url)
+        application = f"acp_claimer_{secrets.token_hex(4)}"
+        claimer = PostgresStore(f"{url}&application_name={application}")
+        try:
+            first = holder.claim_lease("plan:01P", "one", 0.5)
+            assert first is not None
+            checked, release = threading.Event(), threading.Event()
+            claimed: list[Lease | None] = []
+
+            def fenced_write() -> None:
+                with holder.transaction():
+                    holder.check_lease("plan:01P", first.token)
+                    holder.insert(_record("01W"))
+                    checked.set()
+                    assert release.wait(30)
+
+            def claim() -> None:
+                claimed.append(claimer.claim_lease("plan:01P", "two", 30, steal_token=first.token))
+
+            writer = threading.Thread(target=fenced_write)
+            taker = threading.Thread(target=claim)
+            writer.start()
+            try:
+                assert checked.wait(30)
+                taker.start()
+                assert waiting_on_a_lock(application)
+                assert claimed == []
+            finally:
+                release.set()
+                writer.join(30)
+                taker.join(30)
+            assert holder.get("session", "01W") is not None
+            (taken,) = claimed
+            assert taken is not None
+            assert taken.token == first.token + 1
+            with pytest.raises(LeaseLostError), holder.transaction():
+                holder.check_lease("plan:01P", first.token)
+        finally:
+            holder.close()
+            claimer.close()
+
+
+def _record(record_id: str) -> Record:
+    return Record(
+        kind="session", id=record_id, namespace="default", body=b"b", create_time=1.0, update_time=1.0
+    )
 
 
 def test_the_lease_setting_is_checked() -> None:

@@ -11,6 +11,7 @@ import pathlib
 import pwd
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from google.protobuf import message
 
@@ -114,6 +115,20 @@ def open_store(db: str | pathlib.Path, *, peers: PeerChannel | None = None) -> S
     )
 
 
+@dataclass(frozen=True)
+class WorkerSlot:
+    """Which worker of ``agents serve --workers count`` a process is, and the private folder
+    of the workers' wake-up sockets."""
+
+    directory: pathlib.Path
+    index: int
+    count: int
+
+    def channel(self) -> PeerChannel:
+        names = [f"w{index}" for index in range(self.count)]
+        return PeerChannel(self.directory, names[self.index], names)
+
+
 class _StoreResource:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -182,7 +197,7 @@ def open_facade(
     authenticator: Authenticator | None = None,
     policy: Policy | None = None,
     follow: bool = False,
-    peers: PeerChannel | None = None,
+    worker: WorkerSlot | None = None,
     request_retention: float = DEFAULT_RETENTION_SECONDS,
     takeover: bool = False,
 ) -> ServiceFacade:
@@ -190,8 +205,8 @@ def open_facade(
     ``default_db_path()``).
 
     ``follow``: its subscribers also get the events other processes commit to the file
-    (servers, workers, a local ``events watch``; see ``EventLog``). ``peers``: the other
-    workers of this server, which wake this one's follower at once (``--workers``).
+    (servers, workers, a local ``events watch``; see ``EventLog``). ``worker``: this process is
+    one of a server's workers, which wake each other's followers at once (``--workers``).
 
     Without an authenticator the facade runs in local mode: every call acts as the
     local principal with access to all namespaces. ``policy`` is what the operator
@@ -199,7 +214,10 @@ def open_facade(
     ``request_retention``: seconds a mutating call's answer is kept for retries.
     ``takeover`` (a server; needs a running loop): take over, while open, the plans of
     processes on the same database that stop (docs/plans.md, "Leases")."""
-    store = open_store(db if db is not None else default_db_path(), peers=peers)
+    where = db if db is not None else default_db_path()
+    # PostgreSQL wakes followers itself (LISTEN/NOTIFY): the sockets are for a SQLite file.
+    on_sqlite = not (isinstance(where, str) and is_postgres_url(where))
+    store = open_store(where, peers=worker.channel() if worker is not None and on_sqlite else None)
     events = open_event_log(store, follow=follow)
     registries = Registries(store, policy if policy is not None else Policy.local())
     context = Context(store, registries)

@@ -69,6 +69,9 @@ class ServerConfig:
     access_log: bool = True
     # None: /metrics on the HTTP port for loopback clients only.
     metrics_port: int | None = None
+    # A worker of ``agents serve --workers``: share the HTTP and gRPC ports with the other
+    # workers (SO_REUSEPORT on these listeners only; the parent checked the ports are free).
+    reuse_port: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -115,6 +118,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
     try:
         # Reuse a port in TIME_WAIT; Linux still refuses a port another socket listens on.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
         sock.listen(2048)
     except OSError as exc:
@@ -225,7 +230,7 @@ class Server:
         observability = self.observability
         if observability.logging is not None:
             observability.logging.start()
-        self._socket = bind_socket(config.host, config.http_port)
+        self._socket = bind_socket(config.host, config.http_port, reuse_port=config.reuse_port)
         try:
             grpc_target = await self._start_grpc()
             app = self.app = build_app(self.service, config.http, closing=self.closing)
@@ -297,10 +302,13 @@ class Server:
             self.service,
             closing=self.closing,
             max_message_bytes=self.config.http.max_body_bytes,
+            reuse_port=self.config.reuse_port,
         )
         address = f"{_url_host(self.config.host)}:{self.config.grpc_port}"
         try:
-            port = grpc_server.bind(self._grpc, address, self._grpc_credentials())
+            port = grpc_server.bind(
+                self._grpc, address, self._grpc_credentials(), probe=not self.config.reuse_port
+            )
         except OSError as exc:
             raise ServeError(str(exc)) from None
         await self._grpc.start()

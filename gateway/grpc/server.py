@@ -281,13 +281,15 @@ def build_server(
     *,
     closing: asyncio.Event,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, HealthServicer]:
-    """A grpc.aio server with the ACP services, reflection and health; no port bound yet."""
+    """A grpc.aio server with the ACP services, reflection and health; no port bound yet.
+    ``reuse_port``: a worker sharing its port with the other workers of one server."""
     handlers = GrpcHandlers(facade, closing=closing, max_message_bytes=max_message_bytes)
     server = grpc.aio.server(
         options=[
             # A leftover server on the same port must make this one fail, not share its traffic.
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
             ("grpc.max_receive_message_length", runtime_cap(max_message_bytes)),
             ("grpc.max_send_message_length", -1),
         ]
@@ -324,9 +326,13 @@ def _probe(address: str) -> None:
         raise OSError(f"cannot listen for gRPC on {address}: {exc.strerror or exc}") from None
 
 
-def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
-    """Bind ``host:port``; the bound port (``0`` asks for an ephemeral one)."""
-    _probe(address)
+def bind(
+    server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None, *, probe: bool = True
+) -> int:
+    """Bind ``host:port``; the bound port (``0`` asks for an ephemeral one). ``probe``: refuse
+    a port in use first (a worker skips it: its parent holds the port for the workers)."""
+    if probe:
+        _probe(address)
     try:
         port = (
             server.add_secure_port(address, credentials)

@@ -71,51 +71,64 @@ def run_all(run: Run) -> None:
 
         smoke = run.mode.name == "smoke"
         a, b = replica("a"), replica("b")
-        latencies = sorted(_event_latencies(a, b, 20 if smoke else 400))
+        other, same = (sorted(found) for found in _event_latencies(a, b, 20 if smoke else 400))
         asyncio.run(_setup(a, project))
         frozen = _takeover(a, b, shared / "frozen", signal.SIGSTOP)
         # The smoke run (a test) starts no third server: the code is the same.
         if not smoke:
             run.note("takeover_killed_s", _takeover(replica("c"), b, shared / "killed", signal.SIGKILL))
-    run.note("replica_event_latency_p50_ms", latencies[len(latencies) // 2])
-    run.note("replica_event_latency_events", len(latencies))
-    run.record("replica_event_latency_p99_ms", latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))])
+    run.note("replica_event_latency_p50_ms", _percentile(other, 0.5))
+    run.note("replica_event_latency_events", len(other))
+    # The control: the same events at a subscriber of the replica that committed them.
+    run.note("same_replica_event_latency_p50_ms", _percentile(same, 0.5))
+    run.note("same_replica_event_latency_p99_ms", _percentile(same, 0.99))
+    run.record("replica_event_latency_p99_ms", _percentile(other, 0.99))
     run.note("takeover_lease_s", TAKEOVER_LEASE_S)
     run.record("takeover_s", frozen)
+
+
+def _percentile(ordered: list[float], share: float) -> float:
+    return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
 
 
 # replica_event_latency ---------------------------------------------------------------------
 
 
-def _event_latencies(a: Product, b: Product, tells: int) -> list[float]:
+def _event_latencies(a: Product, b: Product, tells: int) -> tuple[list[float], list[float]]:
+    """Milliseconds from each event's time to its frame: at a subscriber of B (the other
+    replica), and, as the control, at one of A (the replica that committed it)."""
     with httpx.Client(base_url=a.http_url, headers=a.auth_header, timeout=30) as client:
         created = client.post(
             "/api/v1/acp", content=orjson.dumps({"operation": "session.create", "params": {"title": "r"}})
         )
         session_id = created.raise_for_status().json()["data"]["session"]["meta"]["id"]
-        arrivals: list[tuple[float, bytes]] = []
-        ready = threading.Event()
-        reader = threading.Thread(target=_subscribe, args=(b, session_id, arrivals, ready), daemon=True)
-        reader.start()
-        if not ready.wait(30):
-            raise RuntimeError("the subscriber of replica B never opened its stream")
+        arrivals: dict[str, list[tuple[float, bytes]]] = {"a": [], "b": []}
+        for name, product in (("a", a), ("b", b)):
+            ready = threading.Event()
+            reader = threading.Thread(
+                target=_subscribe, args=(product, session_id, arrivals[name], ready), daemon=True
+            )
+            reader.start()
+            if not ready.wait(30):
+                raise RuntimeError(f"the subscriber of replica {name} never opened its stream")
         for index in range(tells):
-            body = {
-                "operation": "session.tell",
-                "params": {"session_id": session_id, "content": f"m{index}"},
-            }
+            body = {"operation": "session.tell", "params": {"session_id": session_id, "content": f"m{index}"}}
             client.post("/api/v1/acp", content=orjson.dumps(body)).raise_for_status()
             # Paced: a latency, not a queue under load.
             time.sleep(0.005)
     # Every tell's events (its message, and the orchestrator's answer), until quiet.
     deadline = time.monotonic() + 60
-    seen = -1
-    while len(arrivals) < tells or len(arrivals) != seen:
+    seen = (-1, -1)
+    while (
+        min(len(arrivals["a"]), len(arrivals["b"])) < tells
+        or (len(arrivals["a"]), len(arrivals["b"])) != seen
+    ):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"replica B's subscriber got {len(arrivals)} events for {tells} tells")
-        seen = len(arrivals)
+            raise RuntimeError(f"the subscribers got {len(arrivals['a'])} and {len(arrivals['b'])} events")
+        seen = (len(arrivals["a"]), len(arrivals["b"]))
         time.sleep(0.5)
-    return [(arrived - _event_time(data)) * 1000 for arrived, data in list(arrivals)]
+    a_ms, b_ms = ([(arrived - _event_time(data)) * 1000 for arrived, data in list(arrivals[n])] for n in "ab")
+    return b_ms, a_ms
 
 
 def _subscribe(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -43,12 +44,14 @@ def run_callback(callback: Callable[[], None]) -> None:
 class Job:
     """One ``write`` call on its way through a store thread."""
 
-    __slots__ = ("callbacks", "deadline", "error", "fn", "future", "loop", "queued", "result")
+    __slots__ = ("callbacks", "context", "deadline", "error", "fn", "future", "loop", "queued", "result")
 
     def __init__(
         self, fn: Callable[[Any], Any], loop: asyncio.AbstractEventLoop | None, deadline: float
     ) -> None:
         self.fn = fn
+        # The caller's context travels with fn (the trace id an event it appends carries).
+        self.context = contextvars.copy_context()
         self.loop = loop
         self.future: asyncio.Future[Any] | None = loop.create_future() if loop is not None else None
         self.deadline = deadline
@@ -57,6 +60,10 @@ class Job:
         self.result: Any = None
         self.error: BaseException | None = None
         self.callbacks: list[Callable[[], None]] = []
+
+    def run(self, store: Any) -> Any:
+        """``fn(store)`` in the caller's context, on the store thread."""
+        return self.context.run(self.fn, store)
 
 
 def done(callbacks: list[Callable[[], None]]) -> Job:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import hashlib
 import logging
 import threading
@@ -340,7 +341,7 @@ class PostgresStore(Store):
         # The caller's context travels with fn (its trace, read by what fn records).
         context = contextvars.copy_context()
         queued = time.monotonic()
-        return await self._reads.run(lambda: context.run(self._read_now, fn, queued))
+        return await self._reads.run(functools.partial(context.run, self._read_now, fn, queued))
 
     def _read_now(self, fn: Callable[[Store], T], queued: float) -> T:
         here = self._thread
@@ -363,10 +364,8 @@ class PostgresStore(Store):
             return result
 
     async def write(self, fn: Callable[[Store], T]) -> T:
-        # The caller's context travels with fn (the trace id an event it appends carries).
-        context = contextvars.copy_context()
         job = Job(
-            lambda store: context.run(fn, store),
+            fn,
             asyncio.get_running_loop(),
             time.monotonic() + self.write_timeout,
         )
@@ -389,7 +388,7 @@ class PostgresStore(Store):
                     observer.waited("write", began - job.queued)
                 here.write, here.depth, here.owner, here.callbacks = conn, 1, None, []
                 try:
-                    job.result = job.fn(self)
+                    job.result = job.run(self)
                 except BaseException as exc:  # handed to the caller
                     job.error = exc
                     _rollback(conn)

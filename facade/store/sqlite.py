@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import functools
 import json
 import logging
 import pathlib
@@ -243,7 +244,7 @@ class SQLiteStore(Store):
         # The caller's context travels with fn (its trace, read by what fn records).
         context = contextvars.copy_context()
         queued = time.monotonic()
-        return await self._reads.run(lambda: context.run(self._read_now, fn, queued))
+        return await self._reads.run(functools.partial(context.run, self._read_now, fn, queued))
 
     def _read_now(self, fn: Callable[[Store], T], queued: float) -> T:
         observer = self.observer
@@ -257,10 +258,8 @@ class SQLiteStore(Store):
             db.execute("COMMIT")
 
     async def write(self, fn: Callable[[Store], T]) -> T:
-        # The caller's context travels with fn (the trace id an event it appends carries).
-        context = contextvars.copy_context()
         job = Job(
-            lambda store: context.run(fn, store),
+            fn,
             asyncio.get_running_loop(),
             time.monotonic() + self.write_timeout,
         )
@@ -330,7 +329,7 @@ class SQLiteStore(Store):
                 self._after_commit = []
                 self._db.execute("SAVEPOINT job")
                 try:
-                    job.result = job.fn(self)
+                    job.result = job.run(self)
                     job.callbacks = self._after_commit
                 except BaseException as exc:  # handed to the caller
                     job.error = exc

@@ -24,6 +24,7 @@ from bench import (
     storage,
     streams,
     unary,
+    workers,
 )
 from bench.modes import FULL, QUICK, SMOKE
 from bench.run import Run
@@ -42,6 +43,8 @@ FAMILIES: dict[str, Callable[[Run], None]] = {
     "replicas": replicas.run_all,
     "storage": storage.run_all,
     "idempotency": idempotency.run_all,
+    # agents serve --workers 2 against one worker: event latency across them, CPU per request.
+    "workers": workers.run_all,
 }
 
 DEFAULT_OUT = pathlib.Path(__file__).parent / "results.json"

@@ -131,6 +131,31 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
+# Insert a request's row, or replace it when it is the same claim's or past retention.
+_PUT_REQUEST = (
+    "INSERT INTO requests (principal, request_id, operation, digest, owner, time, answer, error, written) "
+    "VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT (principal, request_id) DO UPDATE SET "
+    "operation=excluded.operation, digest=excluded.digest, owner=excluded.owner, time=excluded.time, "
+    "answer=excluded.answer, error=excluded.error, written=excluded.written "
+    "WHERE requests.owner = excluded.owner OR requests.time < ?"
+)
+
+
+def _request_row(entry: RequestEntry, cutoff: float, *, answer: bool) -> tuple[Any, ...]:
+    return (
+        entry.principal,
+        entry.request_id,
+        entry.operation,
+        entry.digest,
+        entry.owner,
+        entry.time,
+        entry.answer if answer else None,
+        int(entry.error) if answer else 0,
+        encode_written(entry.written),
+        cutoff,
+    )
+
+
 class SQLiteStore(Store):
     def __init__(
         self,
@@ -658,33 +683,16 @@ class SQLiteStore(Store):
     # request ids ----------------------------------------------------------------------
 
     def stamp_request(self, entry: RequestEntry, cutoff: float) -> bool:
-        return self._put_request(entry, cutoff, answer=False)
+        if self._depth and self._owner_thread == threading.get_ident():
+            # Inside the write's own transaction (note_claim, on every stamped write): the
+            # statement alone, no nested transaction to enter.
+            return self._db.execute(_PUT_REQUEST, _request_row(entry, cutoff, answer=False)).rowcount > 0
+        with self.transaction():
+            return self.execute(_PUT_REQUEST, _request_row(entry, cutoff, answer=False)).rowcount > 0
 
     def answer_request(self, entry: RequestEntry, cutoff: float) -> bool:
-        return self._put_request(entry, cutoff, answer=True)
-
-    def _put_request(self, entry: RequestEntry, cutoff: float, *, answer: bool) -> bool:
         with self.transaction():
-            cursor = self.execute(
-                "INSERT INTO requests (principal, request_id, operation, digest, owner, time, answer, "
-                "error, written) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT (principal, request_id) DO UPDATE "
-                "SET operation=excluded.operation, digest=excluded.digest, owner=excluded.owner, "
-                "time=excluded.time, answer=excluded.answer, error=excluded.error, written=excluded.written "
-                "WHERE requests.owner = excluded.owner OR requests.time < ?",
-                (
-                    entry.principal,
-                    entry.request_id,
-                    entry.operation,
-                    entry.digest,
-                    entry.owner,
-                    entry.time,
-                    entry.answer if answer else None,
-                    int(entry.error) if answer else 0,
-                    encode_written(entry.written),
-                    cutoff,
-                ),
-            )
-            return cursor.rowcount > 0
+            return self.execute(_PUT_REQUEST, _request_row(entry, cutoff, answer=True)).rowcount > 0
 
     def get_request(self, principal: str, request_id: str) -> RequestEntry | None:
         row = self._one(

@@ -110,6 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("figure", choices=["envelope", "create", "rest", "grpc", "sse", "sse-fanout"])
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument(
+        "--db", metavar="URL", help="a postgresql:// URL: profile the server on PostgreSQL (not with sse)"
+    )
     args = parser.parse_args(argv)
     spy = shutil.which("py-spy") or str(pathlib.Path(sys.executable).parent / "py-spy")
     if not pathlib.Path(spy).exists():
@@ -120,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.figure.startswith("sse"):
             # Subscribers replay this backlog, as in the benchmark.
             streams.fill_log(folder / "acp.db", SSE_BACKLOG)
-        with Product(folder, db=folder / "acp.db") as product:
+        with Product(folder, db=args.db or folder / "acp.db") as product:
             _profile(product, folder, args.figure, args.seconds, args.top, spy)
     return 0
 

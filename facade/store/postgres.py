@@ -69,6 +69,7 @@ from cleveragents.acp.facade.store.base import (
 )
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
 from cleveragents.acp.facade.store.pg_migrations import PG_MIGRATIONS
+from cleveragents.acp.facade.store.pg_wire import NulInTextError, Wire
 from cleveragents.acp.facade.store.reads import ReadLane
 from cleveragents.acp.facade.store.requests import RequestEntry, decode_written, encode_written
 
@@ -248,6 +249,7 @@ class PostgresStore(Store):
             name="acp-store",
         )
         self._pool.open()
+        self._wire = Wire()
         self._pinned: set[psycopg.Connection[Any]] = set()
         self._pinned_lock = threading.Lock()
         self._reads = ReadLane(readers, "acp-store-read")
@@ -531,10 +533,12 @@ class PostgresStore(Store):
         with self._borrow() as conn:
             return self._on(conn, statement, params, fetch)
 
-    @staticmethod
-    def _on(conn: psycopg.Connection[Any], statement: Any, params: Any, fetch: str) -> Any:
+    def _on(self, conn: psycopg.Connection[Any], statement: Any, params: Any, fetch: str) -> Any:
         started = time.monotonic()
         try:
+            if isinstance(statement, str) and not isinstance(params, Mapping):
+                with contextlib.suppress(NotImplementedError):
+                    return self._wire.run(conn, statement, params, fetch)
             cursor = conn.execute(statement, params)
             if fetch == "one":
                 return cursor.fetchone()
@@ -545,6 +549,8 @@ class PostgresStore(Store):
             raise StoreConflictError(str(exc).splitlines()[0]) from None
         except _BUSY:
             raise StoreBusyError(time.monotonic() - started) from None
+        except NulInTextError:
+            raise NulCharacterError() from None
         except psycopg.DataError as exc:
             # PostgreSQL's text (and jsonb) cannot hold U+0000, which SQLite's can: a value
             # with one is refused as the caller's, never an internal error.

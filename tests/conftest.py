@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pathlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -12,6 +12,7 @@ from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from tests import browser
+from tests.server_process import Children
 
 # tests.postgres: the pg_url fixture (a fresh PostgreSQL schema per test) and its header line.
 pytest_plugins = ["tests.hygiene", "tests.postgres"]
@@ -49,3 +50,13 @@ async def client(facade: ServiceFacade) -> AsyncIterator[ACPClient]:
     client = ACPClient(LocalTransport(facade))
     yield client
     await client.close()
+
+
+@pytest.fixture
+def children() -> Iterator[Children]:
+    """Start a test's processes here: killed with their process groups however it ends."""
+    started = Children()
+    try:
+        yield started
+    finally:
+        started.kill_all()

@@ -81,6 +81,41 @@ def kill_group(process: subprocess.Popen[Any]) -> None:
     process.wait(5)
 
 
+@dataclass
+class Children:
+    """The processes one test starts (the ``children`` fixture). Each runs in a process group
+    of its own; when the test ends, passed or failed, whatever is left of each group (and of
+    any group named with ``group``) is SIGKILLed, the process reaped and its pipes closed.
+    A test still stops its children itself where how they stop is what it checks."""
+
+    started: list[subprocess.Popen[Any]] = field(default_factory=list)
+    groups: list[int] = field(default_factory=list)
+
+    def popen(self, args: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        process: subprocess.Popen[Any] = subprocess.Popen(args, start_new_session=True, **kwargs)
+        self.started.append(process)
+        return process
+
+    def server(self, server: ServerProcess) -> ServerProcess:
+        """A server started by ``start_server``/``start_gateway``, killed at the end if alive."""
+        self.started.append(server.process)
+        return server
+
+    def group(self, pgid: int) -> None:
+        """A process group a child left behind (a command it ran in a group of its own)."""
+        self.groups.append(pgid)
+
+    def kill_all(self) -> None:
+        for pgid in self.groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        for process in reversed(self.started):
+            kill_group(process)
+            for stream in (process.stdin, process.stdout, process.stderr):
+                if stream is not None:
+                    stream.close()
+
+
 def agents_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "cleveragents.acp.client.cli.main", *args]
 

@@ -177,6 +177,8 @@ class Printer:
     args: argparse.Namespace
     conn: Connection
     out: TextIO
+    # Whether the column headers of a stream of events were written.
+    headed: bool = False
 
     def response(self, response: message.Message, request_id: str, started: float) -> None:
         if option(self.args, "value"):
@@ -201,6 +203,9 @@ class Printer:
         elif option(self.args, "json") or option(self.args, "envelope"):
             self.out.write(json.dumps(codec.to_dict(item), ensure_ascii=False) + "\n")
         elif isinstance(item, events_pb2.SubscribeEventsResponse):
+            if not self.headed:
+                self.out.write(render.event_header() + "\n")
+                self.headed = True
             self.out.write(render.event_line(item.event) + "\n")
         else:
             render.human(item, self.out, color=self.out.isatty())
@@ -236,7 +241,7 @@ async def _progress(client: ACPClient, conn: Connection, plan_id: str, err: Text
         if delta is not None:
             lines.delta("plan", delta.turn, delta.text)
             continue
-        lines.line(f"  {render.event_line(item.event)}")
+        lines.line(f"  {render.progress_line(item.event)}")
         if ends_run(item.event):
             return
 
@@ -261,11 +266,8 @@ async def _settle(err: TextIO) -> None:
 
 
 async def _call(conn: Connection, op: Operation, request: message.Message, args: argparse.Namespace) -> int:
-    # A command is the default major's operation where it has one; --acp-version 2.0 calls
-    # ACP 2's of the same name. One only a later major has is called there unless the
-    # connection names a version (then that major's NOT_FOUND says it lacks the operation).
-    if conn.acp_version or op.major == catalog.CATALOG.default.number:
-        op, request = in_major(op, request, catalog.CATALOG.major_for(conn.acp_version))
+    # The commands are ACP 1's; --acp-version 2.0 calls ACP 2's operation of the same name.
+    op, request = in_major(op, request, catalog.CATALOG.major_for(conn.acp_version))
     printer = Printer(args, conn, sys.stdout)
     client = open_client(conn)
     options = call_options(conn)

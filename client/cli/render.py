@@ -16,6 +16,7 @@ from google.protobuf import descriptor, message
 
 from cleveragents.acp.client.cli.fields import enum_choices, enum_prefix, is_map
 from cleveragents.acp.contract import codec
+from cleveragents.acp.contract.catalog import BUILTIN_LABEL
 from cleveragents.acp.v1 import events_pb2, plan_pb2, session_pb2
 
 FD = descriptor.FieldDescriptor
@@ -67,6 +68,9 @@ def _columns(item: descriptor.Descriptor) -> list[tuple[str, Callable[[Any], str
         columns.insert(1 if "name" not in fields else 0, ("namespace", lambda m: m.meta.namespace))
     if "progress" in fields:
         columns.append(("progress", lambda m: f"{m.progress.done}/{m.progress.total}"))
+    if "labels" in fields:
+        # Entries every namespace has, marked (a table shows no other labels).
+        columns.append((BUILTIN_LABEL, lambda m: "yes" if m.labels.get(BUILTIN_LABEL) == "true" else ""))
     return columns
 
 
@@ -233,41 +237,60 @@ def _state(number: int) -> str:
     return short_enum(events_pb2.PlanStateChanged.DESCRIPTOR.fields_by_name["to_state"], number)
 
 
-def describe(event: events_pb2.Event) -> str:
-    """What an event says, in a few words, for one line of ``events watch`` or progress."""
+def detail(event: events_pb2.Event) -> str:
+    """What an event says beyond its type, in a few words, for one line of ``events watch``
+    or progress."""
     kind = event.WhichOneof("payload")
-    detail = ""
+    text = ""
     if kind == "tool_invoked":
-        detail = f"{event.tool_invoked.tool} ({event.tool_invoked.step_id})"
+        text = f"{event.tool_invoked.tool} ({event.tool_invoked.step_id})"
     elif kind == "tool_completed":
         done = event.tool_completed
         result = "ok" if done.ok else f"error: {done.error.message}"
-        detail = f"{done.tool} {result} in {done.duration_ms:.0f} ms"
+        text = f"{done.tool} {result} in {done.duration_ms:.0f} ms"
     elif kind == "plan_state_changed":
         change = event.plan_state_changed
-        detail = f"{_phase(change.phase)}: {_state(change.from_state) or '-'} -> {_state(change.to_state)}"
+        text = f"{_phase(change.phase)}: {_state(change.from_state) or '-'} -> {_state(change.to_state)}"
     elif kind == "plan_phase_changed":
-        detail = f"-> {_phase(event.plan_phase_changed.to_phase)}"
+        text = f"-> {_phase(event.plan_phase_changed.to_phase)}"
     elif kind == "validation_completed":
         check = event.validation_completed
-        detail = f"{check.validation} {'passed' if check.passed else 'failed: ' + '; '.join(check.messages)}"
+        text = f"{check.validation} {'passed' if check.passed else 'failed: ' + '; '.join(check.messages)}"
     elif kind == "plan_decision_made":
-        detail = f"{event.plan_decision_made.node.question} -> {event.plan_decision_made.node.choice}"
+        text = f"{event.plan_decision_made.node.question} -> {event.plan_decision_made.node.choice}"
     elif kind == "session_message":
         content = event.session_message.message.content
-        detail = content.splitlines()[0] if content else ""
+        text = content.splitlines()[0] if content else ""
     elif kind == "plan_error":
-        detail = f"{event.plan_error.error.code}: {event.plan_error.error.message}"
-    ids = " ".join(
-        part
-        for part in (
-            event.plan_id and f"plan={event.plan_id}",
-            event.session_id and f"session={event.session_id}",
-        )
-        if part
-    )
-    return f"{event.type:<22} {detail}  {ids}".rstrip()
+        text = f"{event.plan_error.error.code}: {event.plan_error.error.message}"
+    return text
+
+
+# ``events watch`` columns: every one but the last has a fixed width, so lines stay aligned
+# as they stream. Types come from the Event payloads (``plan_state_changed`` ->
+# ``plan.state_changed``); plan and session ids are ULIDs ("-": none).
+TYPE_WIDTH = max(len(f.name) for f in events_pb2.Event.DESCRIPTOR.oneofs_by_name["payload"].fields)
+ID_WIDTH = 26
+SEQUENCE_WIDTH = 6
+
+
+def event_header() -> str:
+    columns = ["SEQ".rjust(SEQUENCE_WIDTH), "TYPE".ljust(TYPE_WIDTH), "PLAN".ljust(ID_WIDTH)]
+    return "  ".join([*columns, "SESSION".ljust(ID_WIDTH), "DETAIL"])
 
 
 def event_line(event: events_pb2.Event) -> str:
-    return f"{event.sequence:>6}  {describe(event)}"
+    columns = [
+        str(event.sequence).rjust(SEQUENCE_WIDTH),
+        event.type.ljust(TYPE_WIDTH),
+        (event.plan_id or "-").ljust(ID_WIDTH),
+        (event.session_id or "-").ljust(ID_WIDTH),
+        detail(event),
+    ]
+    return "  ".join(columns).rstrip()
+
+
+def progress_line(event: events_pb2.Event) -> str:
+    """A line of one plan's live progress: its events without the ids."""
+    columns = [str(event.sequence).rjust(SEQUENCE_WIDTH), event.type.ljust(TYPE_WIDTH), detail(event)]
+    return "  ".join(columns).rstrip()

@@ -143,10 +143,8 @@ class PlanHandlers:
     async def RollbackPlan(
         self, request: plan_pb2.RollbackPlanRequest, ctx: CallContext
     ) -> plan_pb2.RollbackPlanResponse:
-        plan, outcome = await self.engine.rollback(ctx, request.plan_id, force=request.force)
-        return plan_pb2.RollbackPlanResponse(
-            plan=plan, restored_paths=outcome.restored, skipped_paths=outcome.skipped
-        )
+        plan, restored = await self.engine.rollback(ctx, request.plan_id, force=request.force)
+        return plan_pb2.RollbackPlanResponse(plan=plan, restored_paths=restored)
 
     @handles("plan.list")
     async def ListPlans(

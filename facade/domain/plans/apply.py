@@ -14,7 +14,6 @@ records the apply as failed with reason ``interrupted``.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import os
 import pathlib
@@ -141,60 +140,31 @@ def _pause(count: int) -> None:
             time.sleep(0.02)
 
 
-class CrossedLinkError(OSError):
-    """A write met a symlink (or a file) where a folder of ``path`` was: never followed."""
-
-    def __init__(self, path: str, cause: OSError) -> None:
-        super().__init__(cause.errno, f"a folder on the way to {path!r} is now a symlink or a file")
-        self.path = path
-
-
 def write_all(writes: Sequence[Write]) -> None:
-    """Blocking (fsync): run it off the event loop. OSError when a write failed (a
-    CrossedLinkError when its path met a symlink or a file where a folder was): the caller
-    restores the checkpoint."""
+    """Blocking (fsync): run it off the event loop. OSError when a path met a symlink or
+    a file where a folder was: the caller restores the checkpoint."""
     for count, write in enumerate(writes, start=1):
-        try:
-            with fsat.open_root(write.entry.root) as root_fd:
-                if write.content is None:
-                    if not fsat.remove(root_fd, write.entry.path):
-                        raise OSError(errno.ELOOP, "symlink on the way")
-                else:
-                    _write(root_fd, write.entry.path, write.content, write.entry.mode)
-        except OSError as exc:
-            if fsat.crosses_link(exc):
-                raise CrossedLinkError(write.entry.path, exc) from exc
-            raise
+        with fsat.open_root(write.entry.root) as root_fd:
+            if write.content is None:
+                fsat.remove(root_fd, write.entry.path)
+            else:
+                _write(root_fd, write.entry.path, write.content, write.entry.mode)
         _pause(count)
 
 
-@dataclass(frozen=True)
-class Restored:
-    """What ``restore`` did: paths put back, and paths left alone because a folder on the
-    way is now a symlink or a file (never followed)."""
-
-    restored: list[str]
-    skipped: list[str]
-
-
 def restore(entries: Sequence[CheckpointEntry]) -> list[str]:
-    """The paths ``restore_all`` restored."""
-    return restore_all(entries).restored
-
-
-def restore_all(entries: Sequence[CheckpointEntry]) -> Restored:
-    """Put every pre-image back (idempotent: safe to run again after a crash in it). A path
-    that now crosses a symlink or a non-folder is left alone (never followed) and reported
-    skipped. Blocking: run it off the event loop."""
+    """Put every pre-image back (idempotent: safe to run again after a crash in it);
+    returns the paths it restored. A path that now crosses a symlink or a non-folder is
+    left alone (never followed) and not listed. Blocking: run it off the event loop."""
     restored: list[str] = []
-    skipped: list[str] = []
     for entry in reversed(entries):
         try:
             with fsat.open_root(entry.root) as root_fd:
-                (restored if _restore_one(root_fd, entry) else skipped).append(entry.path)
+                if _restore_one(root_fd, entry):
+                    restored.append(entry.path)
         except FileNotFoundError:
             continue
-    return Restored(list(reversed(restored)), list(reversed(skipped)))
+    return list(reversed(restored))
 
 
 def _restore_one(root_fd: int, entry: CheckpointEntry) -> bool:
@@ -210,8 +180,8 @@ def _restore_one(root_fd: int, entry: CheckpointEntry) -> bool:
                 if fsat.crosses_link(exc):
                     return False
                 raise
-    elif not fsat.remove(root_fd, entry.path):
-        return False
+    else:
+        fsat.remove(root_fd, entry.path)
     for folder in reversed(entry.created_dirs):
         fsat.remove_dir(root_fd, folder)
     return True

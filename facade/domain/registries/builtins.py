@@ -15,13 +15,15 @@ from typing import Any, cast
 from google.protobuf import message
 from ulid import ULID
 
+from cleveragents.acp.contract.catalog import BUILTIN_LABEL
+from cleveragents.acp.facade.domain.models.functions import BUILTIN as FILE_TOOLS
 from cleveragents.acp.facade.domain.registries.kinds import KINDS
 from cleveragents.acp.v1 import common_pb2, specs_pb2
 
-BUILTIN_LABEL = "builtin"
-# The file tools working on a plan's staged artifacts; steps and automation profiles
-# may name them without registering anything.
-BUILTIN_TOOLS: frozenset[str] = frozenset({"fs.read", "fs.list", "fs.write", "fs.replace", "fs.delete"})
+# The file tools working on a plan's staged artifacts (defined, with what they do and their
+# parameters, where a model is offered them); steps and automation profiles may name them
+# without registering anything, and ``tool.list`` shows them as built-ins.
+BUILTIN_TOOLS: frozenset[str] = frozenset(FILE_TOOLS)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ BUILTINS: Mapping[tuple[str, str], Builtin] = MappingProxyType(
             "A folder on the server's disk.",
             specs_pb2.ResourceTypeSpec(driver="directory"),
         ),
+        **{("tool", name): Builtin(tool[0], specs_pb2.ToolSpec()) for name, tool in FILE_TOOLS.items()},
     }
 )
 

@@ -78,7 +78,8 @@ def references(kind: str, spec: message.Message) -> list[Hit]:
 
 
 def resolvable_without_registry(hit: Hit) -> bool:
-    """Built-in tools are named like entries but are not registry entries."""
+    """The built-in file tools resolve without a stored entry (steps and profiles name them
+    before any namespace has one)."""
     return hit.target == "tool" and hit.name in BUILTIN_TOOLS
 
 

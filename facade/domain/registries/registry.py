@@ -19,12 +19,11 @@ from ulid import ULID
 
 from cleveragents.acp.contract import limits
 from cleveragents.acp.contract.call import DEFAULT_NAMESPACE
+from cleveragents.acp.contract.catalog import BUILTIN_LABEL
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import paging
 from cleveragents.acp.facade.domain.policy import Policy
 from cleveragents.acp.facade.domain.registries.builtins import (
-    BUILTIN_LABEL,
-    BUILTIN_TOOLS,
     builtin_entry,
     builtin_names,
     is_builtin,
@@ -203,7 +202,7 @@ class Registries:
         check_name(name)
         _check_description(description)
         _check_labels(labels or {})
-        if is_builtin(k.name, name) or (k.name == "tool" and name in BUILTIN_TOOLS):
+        if is_builtin(k.name, name):
             raise _exists(k, namespace, name, builtin=True)
         with self.store.transaction():
             if self.store.get_by_name(k.record_kind, namespace, name) is not None:

@@ -16,9 +16,14 @@ import time
 import pytest
 
 from cleveragents.acp.client.cli.calls import EXIT_INTERRUPTED
+from cleveragents.acp.v1 import events_pb2
 from tests.client.cli.conftest import CLI_TIMEOUT, Cli, clean_env, make_cli
 from tests.client.cli.test_flows import ACTION_SPEC
-from tests.server_process import Tokens, agents_command, kill_group, start_server
+from tests.server_process import Children, Tokens, agents_command, kill_group, start_server
+
+# Event types by payload (``plan_state_changed`` -> ``plan.state_changed``).
+PAYLOADS = events_pb2.Event.DESCRIPTOR.oneofs_by_name["payload"].fields
+EVENT_TYPES = {field.name.replace("_", ".", 1) for field in PAYLOADS}
 
 WAIT = 30.0
 
@@ -50,14 +55,15 @@ class Lines:
         return self.lines
 
 
-def _watch(args: list[str], env: dict[str, str], stderr: pathlib.Path) -> subprocess.Popen[bytes]:
+def _watch(
+    children: Children, args: list[str], env: dict[str, str], stderr: pathlib.Path
+) -> subprocess.Popen[bytes]:
     with stderr.open("w") as err:
-        return subprocess.Popen(
+        return children.popen(
             agents_command("events", "watch", *args),
             env=env,
             stdout=subprocess.PIPE,
             stderr=err,
-            start_new_session=True,
         )
 
 
@@ -75,16 +81,18 @@ def _stop(process: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> int:
         process.stdout.close()
 
 
-def test_watch_resumes_after_the_server_is_killed_and_restarted(tmp_path: pathlib.Path) -> None:
+def test_watch_resumes_after_the_server_is_killed_and_restarted(
+    tmp_path: pathlib.Path, children: Children
+) -> None:
     tokens = Tokens.create(tmp_path)
-    server = start_server(tmp_path, tokens=tokens.path, name="acp")
+    server = children.server(start_server(tmp_path, tokens=tokens.path, name="acp"))
     http_port, grpc_port = server.http.rsplit(":", 1)[1], server.grpc_target.rsplit(":", 1)[1]
     env = {**clean_env(tmp_path), "ACP_TOKEN": tokens.tokens["root"]}
     remote = Cli("http", {**env, "ACP_SERVER": server.http}, tmp_path)
     local = Cli("local", {**clean_env(tmp_path), "ACP_DB": str(tmp_path / "acp.db")}, tmp_path)
     watchers = [
-        _watch(["--json", "--server", server.http], env, tmp_path / "http.err"),
-        _watch(["--json", "--grpc", server.grpc_target], env, tmp_path / "grpc.err"),
+        _watch(children, ["--json", "--server", server.http], env, tmp_path / "http.err"),
+        _watch(children, ["--json", "--grpc", server.grpc_target], env, tmp_path / "grpc.err"),
     ]
     try:
         session_id = remote("session", "create", "--value", "session.meta.id").out.strip()
@@ -95,8 +103,10 @@ def test_watch_resumes_after_the_server_is_killed_and_restarted(tmp_path: pathli
         assert server.stop(signal.SIGKILL) == -signal.SIGKILL
         # While the server is down its database moves on; the watchers must get these too.
         local("session", "tell", session_id, "two")
-        server = start_server(
-            tmp_path, "--http-port", http_port, "--grpc-port", grpc_port, tokens=tokens.path, name="acp"
+        server = children.server(
+            start_server(
+                tmp_path, "--http-port", http_port, "--grpc-port", grpc_port, tokens=tokens.path, name="acp"
+            )
         )
         remote("session", "tell", session_id, "three")
         for reader, name in zip(readers, ("http", "grpc"), strict=True):
@@ -131,12 +141,14 @@ def _plan(cli: Cli) -> str:
     ).out.strip()
 
 
-def test_local_watch_follows_another_process_until_the_run_ends(local_cli: Cli) -> None:
+def test_local_watch_follows_another_process_until_the_run_ends(local_cli: Cli, children: Children) -> None:
     plan_id = _plan(local_cli)
-    watcher = _watch(["--plan", plan_id, "--until-done"], local_cli.env, local_cli.cwd / "watch.err")
+    watcher = _watch(
+        children, ["--plan", plan_id, "--until-done"], local_cli.env, local_cli.cwd / "watch.err"
+    )
     try:
         reader = Lines(watcher)
-        reader.until(1)
+        reader.until(2)  # the column headers and the first event
         # Local mode: the command returns once the background run it started is over.
         local_cli("plan", "execute", plan_id)
         assert local_cli("plan", "status", plan_id, "--value", "plan.state").out == "PLAN_STATE_SUCCEEDED\n"
@@ -145,12 +157,14 @@ def test_local_watch_follows_another_process_until_the_run_ends(local_cli: Cli) 
         reader.lines += [line.decode() for line in (reader.buffer + watcher.stdout.read()).splitlines()]
     finally:
         _stop(watcher)
-    sequences = [int(line.split()[0]) for line in reader.lines]
+    header, *events = reader.lines
+    assert header.split() == ["SEQ", "TYPE", "PLAN", "SESSION", "DETAIL"], header
+    sequences = [int(line.split()[0]) for line in events]
     assert sequences == sorted(set(sequences))
-    kinds = [line.split()[1] for line in reader.lines]
+    kinds = [line.split()[1] for line in events]
     assert kinds[0] == "plan.created"
     assert kinds.count("tool.completed") == 2
-    assert "execute: running -> succeeded" in reader.lines[-1]
+    assert "execute: running -> succeeded" in events[-1]
     assert (local_cli.cwd / "watch.err").read_text() == ""
 
 
@@ -176,8 +190,17 @@ def test_until_done_on_a_finished_plan_shows_everything_through_rollback(
     cli("plan", "execute", plan_id, "--wait")
     cli("plan", "apply", plan_id)
     cli("plan", "rollback", plan_id)
-    story = cli("events", "watch", "--plan", plan_id, "--until-done").out.splitlines()
-    changes = [line.split(None, 2)[2].split("  ")[0] for line in story if " plan.state_changed " in line]
+    header, *story = cli("events", "watch", "--plan", plan_id, "--until-done").out.splitlines()
+    # Columns line up (issue 18, item 7): each value starts where its header does.
+    starts = [header.index(name) for name in ("TYPE", "PLAN", "SESSION", "DETAIL")]
+    assert header.split() == ["SEQ", "TYPE", "PLAN", "SESSION", "DETAIL"], header
+    rows = [[line[a:b].strip() for a, b in zip([0, *starts], [*starts, None], strict=True)] for line in story]
+    for line, (sequence, kind, plan, session, _) in zip(story, rows, strict=True):
+        assert sequence.isdigit(), line
+        assert (kind in EVENT_TYPES, plan, session) == (True, plan_id, "-"), line
+        assert all(line[start - 2 : start] == "  " for start in starts if start < len(line)), line
+    assert [int(row[0]) for row in rows] == sorted({int(row[0]) for row in rows}), story
+    changes = [row[4] for row in rows if row[1] == "plan.state_changed"]
     assert changes[-3:] == [
         "apply: succeeded -> running",
         "apply: running -> succeeded",
@@ -192,7 +215,7 @@ def test_until_done_on_an_unknown_plan_is_not_found(local_cli: Cli) -> None:
     assert result.err.startswith("NOT_FOUND"), result
 
 
-def test_execute_wait_shows_live_progress_on_a_terminal(local_cli: Cli) -> None:
+def test_execute_wait_shows_live_progress_on_a_terminal(local_cli: Cli, children: Children) -> None:
     plan_id = _plan(local_cli)
     primary, secondary = pty.openpty()
     shown: list[bytes] = []
@@ -210,7 +233,7 @@ def test_execute_wait_shows_live_progress_on_a_terminal(local_cli: Cli) -> None:
     reader = threading.Thread(target=read_terminal, daemon=True)
     reader.start()
     try:
-        process = subprocess.Popen(
+        process = children.popen(
             agents_command("plan", "execute", plan_id, "--wait"),
             env=local_cli.env,
             stdout=subprocess.PIPE,
@@ -230,7 +253,7 @@ def test_execute_wait_shows_live_progress_on_a_terminal(local_cli: Cli) -> None:
     assert b"\x1b[" not in out
 
 
-def test_ctrl_c_interrupts_a_local_run(local_cli: Cli) -> None:
+def test_ctrl_c_interrupts_a_local_run(local_cli: Cli, children: Children) -> None:
     (local_cli.cwd / "site").mkdir()
     local_cli(
         "resource",
@@ -245,7 +268,7 @@ def test_ctrl_c_interrupts_a_local_run(local_cli: Cli) -> None:
     spec = {"actor": "scripted", "automation_profile": "slow", "steps": [{"id": "nap", "tool": "nap"}]}
     local_cli("action", "add", "nap", "--spec", json.dumps(spec))
     plan_id = local_cli("plan", "use", "nap", "demo", "--value", "plan.meta.id").out.strip()
-    process = subprocess.Popen(
+    process = children.popen(
         agents_command("plan", "execute", plan_id, "--value", "plan.state"),
         env=local_cli.env,
         stdout=subprocess.PIPE,
@@ -269,17 +292,21 @@ def _ends_the_run(line: str) -> bool:
     return changed.get("phase") == "PLAN_PHASE_EXECUTE" and changed.get("to_state") == "PLAN_STATE_SUCCEEDED"
 
 
-def test_watch_resumes_after_the_server_ends_it_as_too_slow(tmp_path: pathlib.Path) -> None:
+def test_watch_resumes_after_the_server_ends_it_as_too_slow(
+    tmp_path: pathlib.Path, children: Children
+) -> None:
     """With a queue of one event, a commit of two events (a plan's phase change: phase and
     state changed) ends a live subscriber (SUBSCRIBER_TOO_SLOW); the watchers subscribe
     again and miss nothing."""
     tokens = Tokens.create(tmp_path)
-    server = start_server(tmp_path, tokens=tokens.path, env={"ACP_EVENT_QUEUE_SIZE": "1"}, name="slow")
+    server = children.server(
+        start_server(tmp_path, tokens=tokens.path, env={"ACP_EVENT_QUEUE_SIZE": "1"}, name="slow")
+    )
     env = {**clean_env(tmp_path), "ACP_TOKEN": tokens.tokens["root"]}
     remote = Cli("http", {**env, "ACP_SERVER": server.http}, tmp_path)
     watchers = [
-        _watch(["--json", "--server", server.http], env, tmp_path / "http.err"),
-        _watch(["--json", "--grpc", server.grpc_target], env, tmp_path / "grpc.err"),
+        _watch(children, ["--json", "--server", server.http], env, tmp_path / "http.err"),
+        _watch(children, ["--json", "--grpc", server.grpc_target], env, tmp_path / "grpc.err"),
     ]
     try:
         session_id = remote("session", "create", "--value", "session.meta.id").out.strip()

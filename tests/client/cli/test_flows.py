@@ -7,6 +7,7 @@ import json
 import pathlib
 
 from cleveragents.acp.contract.errors import exit_code
+from cleveragents.acp.facade.domain.models.functions import BUILTIN as FILE_TOOLS
 from tests.client.cli.conftest import Cli
 
 ACTION_SPEC = """\
@@ -136,6 +137,19 @@ def test_registry_crud(cli: Cli) -> None:
     gone = cli("skill", "show", name, expect=exit_code("NOT_FOUND"))
     assert gone.err.startswith("NOT_FOUND: ")
     assert name in gone.err
+
+
+def test_tool_list_shows_the_built_in_file_tools(local_cli: Cli) -> None:
+    """The ``fs.*`` tools a step may name are listed, marked built-in; a registered command
+    tool beside them is not marked (issue 18, item 7: the list said "no tools")."""
+    local_cli("tool", "add", "greet", "--spec", '{"argv": ["echo", "hi"]}')
+    rows = [line.split() for line in local_cli("tool", "list").out.splitlines()]
+    assert rows[0][-1] == "BUILTIN", rows
+    marked = {row[1] for row in rows[1:] if row[-1] == "yes"}
+    assert marked == set(FILE_TOOLS)
+    assert {row[1] for row in rows[1:]} - marked == {"greet"}
+    shown = local_cli("tool", "show", "fs.read").out
+    assert "builtin: 'true'" in shown or 'builtin: "true"' in shown, shown
 
 
 def test_session_tell_export_import_and_chat(cli: Cli, tmp_path: pathlib.Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from tests.client.cli.conftest import CLI_TIMEOUT, Cli
 from tests.facade.plans.model_world import KEY, KEY_ENV
 from tests.fake_openai import FakeOpenAI, turn
-from tests.server_process import agents_command
+from tests.server_process import Children, agents_command
 
 CHAT_TEXT = "Starting the rename for you now."
 DONE_TEXT = "It is running; watch it with events watch."
@@ -67,7 +67,9 @@ def test_chat_prints_a_streamed_reply_once_and_the_plan_it_started(local_cli: Cl
     assert KEY not in chat.out + chat.err
 
 
-def test_execute_wait_shows_the_models_text_on_a_terminal(local_cli: Cli, fake: FakeOpenAI) -> None:
+def test_execute_wait_shows_the_models_text_on_a_terminal(
+    local_cli: Cli, fake: FakeOpenAI, children: Children
+) -> None:
     world(local_cli, fake)
     plan_id = local_cli("plan", "use", "tidy", "demo", "--value", "plan.meta.id").out.strip()
     fake.then(turn(PLAN_TEXT, pieces=5, delay=0.05))
@@ -87,7 +89,7 @@ def test_execute_wait_shows_the_models_text_on_a_terminal(local_cli: Cli, fake: 
     reader = threading.Thread(target=read_terminal, daemon=True)
     reader.start()
     try:
-        process = subprocess.Popen(
+        process = children.popen(
             agents_command("plan", "execute", plan_id, "--wait"),
             env=local_cli.env,
             stdout=subprocess.PIPE,

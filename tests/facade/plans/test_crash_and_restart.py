@@ -30,13 +30,14 @@ from tests.facade.plans.helpers import (
     use,
     write_tree,
 )
+from tests.server_process import Children
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 TIMEOUT = 30
 
 
-def start_child(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+def start_child(children: Children, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return children.popen(
         [sys.executable, "-m", "tests.facade.plans.plan_child", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -75,20 +76,22 @@ def kill(child: subprocess.Popen[str]) -> None:
 
 
 @pytest.mark.parametrize("files_written", [1, 3])
-async def test_sigkill_during_apply_is_all_or_nothing(tmp_path: pathlib.Path, files_written: int) -> None:
+async def test_sigkill_during_apply_is_all_or_nothing(
+    tmp_path: pathlib.Path, files_written: int, children: Children
+) -> None:
     folder = tmp_path / "repo"
     write_tree(folder)
     before = snapshot(folder)
     db = tmp_path / "acp.db"
     pause = tmp_path / "pause"
     pause.write_text(str(files_written))
-    child = start_child("apply", str(db), str(folder), env={"ACP_TEST_APPLY_PAUSE_FILE": str(pause)})
-    try:
-        plan_id = read_line(child)
-        wait_for_file(tmp_path / f"pause.{files_written}", child)
-        assert snapshot(folder) != before, "the kill must land after apply wrote files"
-    finally:
-        kill(child)
+    child = start_child(
+        children, "apply", str(db), str(folder), env={"ACP_TEST_APPLY_PAUSE_FILE": str(pause)}
+    )
+    plan_id = read_line(child)
+    wait_for_file(tmp_path / f"pause.{files_written}", child)
+    assert snapshot(folder) != before, "the kill must land after apply wrote files"
+    kill(child)
 
     facade = open_facade(db)
     client = ACPClient(LocalTransport(facade, owns_facade=True))
@@ -112,25 +115,27 @@ async def test_sigkill_during_apply_is_all_or_nothing(tmp_path: pathlib.Path, fi
         await client.close()
 
 
-async def test_a_plan_running_when_the_server_dies_is_failed_as_interrupted(tmp_path: pathlib.Path) -> None:
+async def test_a_plan_running_when_the_server_dies_is_failed_as_interrupted(
+    tmp_path: pathlib.Path, children: Children
+) -> None:
     folder = tmp_path / "repo"
     write_tree(folder)
     db = tmp_path / "acp.db"
     pid_file = tmp_path / "pid"
-    child = start_child("running", str(db), str(folder), str(pid_file))
+    child = start_child(children, "running", str(db), str(folder), str(pid_file))
+    plan_id = read_line(child)
+    wait_for_file(pid_file, child, written=True)
+    # The command runs in a process group of its own, which outlives the killed child: the
+    # test kills it below, the fixture if the test fails before.
+    children.group(int(pid_file.read_text()))
+    # Another process opening the database leaves a live server's plan alone.
+    other = ACPClient(LocalTransport(open_facade(db), owns_facade=True))
     try:
-        plan_id = read_line(child)
-        wait_for_file(pid_file, child, written=True)
-        # Another process opening the database leaves a live server's plan alone.
-        other = ACPClient(LocalTransport(open_facade(db), owns_facade=True))
-        try:
-            plan = await status(other, plan_id)
-            assert (plan.phase, plan.state) == (plan_pb2.PLAN_PHASE_EXECUTE, plan_pb2.PLAN_STATE_RUNNING)
-        finally:
-            await other.close()
+        plan = await status(other, plan_id)
+        assert (plan.phase, plan.state) == (plan_pb2.PLAN_PHASE_EXECUTE, plan_pb2.PLAN_STATE_RUNNING)
     finally:
-        kill(child)
-    # The orphaned command would sleep on; this test cleans it up itself.
+        await other.close()
+    kill(child)
     os.killpg(int(pid_file.read_text()), signal.SIGKILL)
 
     client = ACPClient(LocalTransport(open_facade(db), owns_facade=True))

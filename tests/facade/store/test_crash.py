@@ -18,6 +18,7 @@ from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import events_pb2, session_pb2
 from tests.facade.store import crash_child
+from tests.server_process import Children
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 TIMEOUT = 30
@@ -29,10 +30,13 @@ def _pump(stream: IO[bytes], lines: queue.Queue[str | None]) -> None:
     lines.put(None)
 
 
-def write_then_kill(mode: str, db: pathlib.Path, acks_before_kill: int) -> list[list[str]]:
+def write_then_kill(
+    children: Children, mode: str, db: pathlib.Path, acks_before_kill: int
+) -> list[list[str]]:
     """Run the writer, SIGKILL it once ``acks_before_kill`` writes were acknowledged (it is
-    still writing then), and return every ack it printed."""
-    child = subprocess.Popen(
+    still writing then), and return every ack it printed. (The ``children`` fixture kills it
+    if the test fails first.)"""
+    child = children.popen(
         [sys.executable, crash_child.__file__, mode, str(db), "1000000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -43,30 +47,25 @@ def write_then_kill(mode: str, db: pathlib.Path, acks_before_kill: int) -> list[
     lines: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_pump, args=(child.stdout, lines), daemon=True).start()
     acks: list[list[str]] = []
-    try:
-        assert lines.get(timeout=TIMEOUT) == "ready"
-        while len(acks) < acks_before_kill:
-            line = lines.get(timeout=TIMEOUT)
-            assert line is not None, child.stderr.read().decode()
-            acks.append(line.split())
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=TIMEOUT)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(timeout=TIMEOUT)
-        child.stderr.close()
+    assert lines.get(timeout=TIMEOUT) == "ready"
+    while len(acks) < acks_before_kill:
+        line = lines.get(timeout=TIMEOUT)
+        assert line is not None, child.stderr.read().decode()
+        acks.append(line.split())
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=TIMEOUT)
     assert child.returncode == -signal.SIGKILL
     # Acks still in the pipe when the child died were acknowledged too.
     while (line := lines.get(timeout=TIMEOUT)) is not None:
         acks.append(line.split())
-    child.stdout.close()
     return acks
 
 
-def test_sigkill_after_acknowledged_store_writes_loses_nothing(tmp_path: pathlib.Path) -> None:
+def test_sigkill_after_acknowledged_store_writes_loses_nothing(
+    tmp_path: pathlib.Path, children: Children
+) -> None:
     db = tmp_path / "crash.db"
-    acks = write_then_kill("store", db, 600)
+    acks = write_then_kill(children, "store", db, 600)
     store = SQLiteStore(db)
     try:
         records = [ack[1] for ack in acks if ack[0] == "record"]
@@ -87,9 +86,11 @@ def test_sigkill_after_acknowledged_store_writes_loses_nothing(tmp_path: pathlib
         store.close()
 
 
-async def test_sigkill_after_acknowledged_acp_calls_loses_nothing(tmp_path: pathlib.Path) -> None:
+async def test_sigkill_after_acknowledged_acp_calls_loses_nothing(
+    tmp_path: pathlib.Path, children: Children
+) -> None:
     db = tmp_path / "crash.db"
-    acks = await asyncio.to_thread(write_then_kill, "facade", db, 120)
+    acks = await asyncio.to_thread(write_then_kill, children, "facade", db, 120)
     sessions = [ack[1] for ack in acks if ack[0] == "session"]
     told = {ack[1]: ack[2] for ack in acks if ack[0] == "tell"}
     assert len(sessions) >= 60
@@ -110,11 +111,13 @@ async def test_sigkill_after_acknowledged_acp_calls_loses_nothing(tmp_path: path
             assert first.session_message.message.content == content
 
 
-async def test_sigkill_amid_concurrent_writers_loses_nothing_acknowledged(tmp_path: pathlib.Path) -> None:
+async def test_sigkill_amid_concurrent_writers_loses_nothing_acknowledged(
+    tmp_path: pathlib.Path, children: Children
+) -> None:
     """Sixteen writers at once share commits (group commit); a SIGKILL in the middle still
     leaves every acknowledged session and message, and the event log without a gap."""
     db = tmp_path / "crash.db"
-    acks = await asyncio.to_thread(write_then_kill, "concurrent", db, 300)
+    acks = await asyncio.to_thread(write_then_kill, children, "concurrent", db, 300)
     sessions = [ack[1] for ack in acks if ack[0] == "session"]
     told = {ack[1]: ack[2] for ack in acks if ack[0] == "tell"}
     assert len(sessions) >= 150

@@ -8,7 +8,7 @@ import pathlib
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -17,6 +17,7 @@ from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.v1 import session_pb2
+from tests.server_process import Children
 
 TIMEOUT = 30
 # A loose bound: a read must not wait for the lock (seconds), yet not be timed tightly.
@@ -34,10 +35,11 @@ db.execute("ROLLBACK")
 
 
 class Locker:
-    """A real process holding the write lock until released (its transaction rolls back)."""
+    """A real process holding the write lock until released (its transaction rolls back);
+    the ``children`` fixture kills it if the test ends first."""
 
-    def __init__(self, db: pathlib.Path) -> None:
-        self.process = subprocess.Popen(
+    def __init__(self, db: pathlib.Path, children: Children) -> None:
+        self.process = children.popen(
             [sys.executable, "-c", LOCKER, str(db)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -51,22 +53,6 @@ class Locker:
             assert self.process.stdin is not None
             self.process.stdin.close()
             self.process.wait(timeout=TIMEOUT)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=TIMEOUT)
-        for stream in (self.process.stdin, self.process.stdout):
-            if stream is not None:
-                stream.close()
-
-
-@pytest.fixture
-def lockers(db_path: pathlib.Path) -> Iterator[list[Locker]]:
-    started: list[Locker] = []
-    yield started
-    for locker in started:
-        locker.kill()
 
 
 async def _client(
@@ -97,17 +83,17 @@ async def _worst_read(client: ACPClient, session_id: str, until: asyncio.Future[
 
 
 async def test_reads_go_on_and_the_write_completes_once_the_lock_goes(
-    db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, lockers: list[Locker]
+    db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, children: Children
 ) -> None:
     async for client in _client(db_path, monkeypatch, "30"):
         existing = await _session(client, "before")
-        lockers.append(Locker(db_path))
+        locker = Locker(db_path, children)
         write = asyncio.ensure_future(_session(client, "while locked"))
         # Reads answer while the write waits for the lock.
         reads = asyncio.ensure_future(_worst_read(client, existing, write))
         await asyncio.sleep(0.5)
         assert not write.done()
-        await asyncio.to_thread(lockers[0].release)
+        await asyncio.to_thread(locker.release)
         created = await asyncio.wait_for(write, TIMEOUT)
         assert await asyncio.wait_for(reads, TIMEOUT) < READ_BOUND
         shown = await client.call("session.show", session_id=created)
@@ -116,11 +102,11 @@ async def test_reads_go_on_and_the_write_completes_once_the_lock_goes(
 
 
 async def test_a_write_past_the_bound_fails_retryably_having_written_nothing(
-    db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, lockers: list[Locker]
+    db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, children: Children
 ) -> None:
     async for client in _client(db_path, monkeypatch, "0.5"):
         existing = await _session(client, "before")
-        lockers.append(Locker(db_path))
+        locker = Locker(db_path, children)
         tell = client.call("session.tell", session_id=existing, content="hello")
         with pytest.raises(ACPError) as caught:
             await asyncio.wait_for(tell, TIMEOUT)
@@ -135,7 +121,7 @@ async def test_a_write_past_the_bound_fails_retryably_having_written_nothing(
         shown = await asyncio.wait_for(client.call("session.show", session_id=existing), READ_BOUND * 5)
         assert isinstance(shown, session_pb2.GetSessionResponse)
         assert list(shown.messages) == []
-        await asyncio.to_thread(lockers[0].release)
+        await asyncio.to_thread(locker.release)
         # The same call again succeeds once the lock is gone; nothing of the first is there.
         told = await client.call("session.tell", session_id=existing, content="hello")
         assert isinstance(told, session_pb2.TellSessionResponse)

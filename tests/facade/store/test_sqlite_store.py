@@ -14,6 +14,7 @@ from cleveragents.acp.facade.store import migrations, sqlite
 from cleveragents.acp.facade.store.base import EventFilter, ListQuery, SchemaTooNewError
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from tests.facade.store.conformance import event, record
+from tests.server_process import Children
 
 
 def test_new_file_is_created_in_wal_mode_at_the_latest_version(tmp_path: pathlib.Path) -> None:
@@ -104,17 +105,19 @@ def test_database_from_a_newer_release_is_refused(db_path: pathlib.Path) -> None
         SQLiteStore(db_path)
 
 
-def test_processes_opening_one_new_file_together_migrate_it_once(tmp_path: pathlib.Path) -> None:
+def test_processes_opening_one_new_file_together_migrate_it_once(
+    tmp_path: pathlib.Path, children: Children
+) -> None:
     path = tmp_path / "shared.db"
     code = (
         "import sys\n"
         "from cleveragents.acp.facade.store.sqlite import SQLiteStore\n"
         "SQLiteStore(sys.argv[1]).close()\n"
     )
-    children = [
-        subprocess.Popen([sys.executable, "-c", code, str(path)], stderr=subprocess.PIPE) for _ in range(4)
+    started = [
+        children.popen([sys.executable, "-c", code, str(path)], stderr=subprocess.PIPE) for _ in range(4)
     ]
-    for child in children:
+    for child in started:
         _, err = child.communicate(timeout=30)
         assert child.returncode == 0, err.decode()
     store = SQLiteStore(path)

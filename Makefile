@@ -7,7 +7,7 @@ THIRD_PARTY := .build/third_party
 RELEASED_IMAGE := proto/released/acp-1.1.binpb
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup serve test browser fuzz lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick bench-tools release-image clean
+.PHONY: setup serve test browser postgres fuzz lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick bench-tools release-image clean
 
 setup: $(STAMP)
 
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/agents serve --state-dir .acp $(SERVE_FLAGS)
 
-test: $(STAMP) browser
+test: $(STAMP) browser postgres
 	$(MAKE) --no-print-directory lint typecheck buf-lint gen-check buf-breaking import-lint pytest
 
 # Debian's Chromium for the console tests (Playwright drives it; `playwright install` is
@@ -34,6 +34,18 @@ browser:
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null \
 		|| echo "!!! test: could not install chromium: the browser tests will skip (fail under CI=true)"; \
 	else echo "!!! test: $(CHROMIUM) is missing and apt-get cannot run here: the browser tests will skip (fail under CI=true)"; fi
+
+# The local PostgreSQL for the PostgreSQL tests (tests/postgres.py): started when it is
+# installed but stopped and we may (root); otherwise those tests skip, which the run says
+# loudly, and under CI=true they fail. $ACP_TEST_POSTGRES points them elsewhere instead.
+postgres:
+	@if [ -n "$$ACP_TEST_POSTGRES" ]; then :; \
+	elif command -v pg_isready >/dev/null && pg_isready -q -h 127.0.0.1 -p 5432; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then \
+		echo "test: starting the local PostgreSQL for the PostgreSQL tests"; \
+		pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head -1) main start \
+		|| echo "!!! test: could not start PostgreSQL: the PostgreSQL tests will skip (fail under CI=true)"; \
+	else echo "!!! test: no PostgreSQL on 127.0.0.1:5432: the PostgreSQL tests will skip (fail under CI=true)"; fi
 
 lint: $(STAMP)
 	ruff check .

@@ -11,7 +11,21 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-from bench import actors, local, memory, neighbours, postgres, report, scaling, storage, streams, unary
+from bench import (
+    actors,
+    idempotency,
+    local,
+    memory,
+    neighbours,
+    postgres,
+    replicas,
+    report,
+    scaling,
+    storage,
+    streams,
+    unary,
+    workers,
+)
 from bench.modes import FULL, QUICK, SMOKE
 from bench.run import Run
 
@@ -25,7 +39,12 @@ FAMILIES: dict[str, Callable[[Run], None]] = {
     "scaling": scaling.run_all,
     # Only where a PostgreSQL is reachable (bench/postgres.py); otherwise it says so.
     "postgres": postgres.run_all,
+    # Replicas over one PostgreSQL schema: event latency across them, plan takeover.
+    "replicas": replicas.run_all,
     "storage": storage.run_all,
+    "idempotency": idempotency.run_all,
+    # agents serve --workers 2 against one worker: event latency across them, CPU per request.
+    "workers": workers.run_all,
 }
 
 DEFAULT_OUT = pathlib.Path(__file__).parent / "results.json"

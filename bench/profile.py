@@ -1,6 +1,6 @@
 """Where the server's time goes under one figure's load: py-spy samples ``agents serve``.
 
-``python -m bench.profile envelope|rest|grpc|sse|sse-fanout [--seconds N] [--top N]`` starts the
+``python -m bench.profile envelope|create|rest|grpc|sse|sse-fanout [--seconds N] [--top N]`` starts the
 server, puts the figure's load on it (wrk/h2load or the Python generators, SSE clients),
 samples the server with ``py-spy record`` meanwhile, and prints the functions holding the
 most samples: inclusive (the function or anything it called) and self. py-spy is a dev
@@ -44,6 +44,13 @@ def _loads(
     return {
         "envelope": lambda: load.http_load(
             f"{product.http_url}/api/v1/acp", body=body, headers=product.auth_header, seconds=seconds
+        ),
+        # write_read_ratio's write half: a new session per call, over the envelope.
+        "create": lambda: load.http_load(
+            f"{product.http_url}/api/v1/acp",
+            body=orjson.dumps({"operation": "session.create", "params": {"title": "profiled"}}),
+            headers=product.auth_header,
+            seconds=seconds,
         ),
         "rest": lambda: load.http_load(
             f"{product.http_url}/api/v1/sessions/{session_id}",
@@ -100,9 +107,12 @@ def summarize(collapsed: str, top: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
-    parser.add_argument("figure", choices=["envelope", "rest", "grpc", "sse", "sse-fanout"])
+    parser.add_argument("figure", choices=["envelope", "create", "rest", "grpc", "sse", "sse-fanout"])
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument(
+        "--db", metavar="URL", help="a postgresql:// URL: profile the server on PostgreSQL (not with sse)"
+    )
     args = parser.parse_args(argv)
     spy = shutil.which("py-spy") or str(pathlib.Path(sys.executable).parent / "py-spy")
     if not pathlib.Path(spy).exists():
@@ -113,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.figure.startswith("sse"):
             # Subscribers replay this backlog, as in the benchmark.
             streams.fill_log(folder / "acp.db", SSE_BACKLOG)
-        with Product(folder, db=folder / "acp.db") as product:
+        with Product(folder, db=args.db or folder / "acp.db") as product:
             _profile(product, folder, args.figure, args.seconds, args.top, spy)
     return 0
 

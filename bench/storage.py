@@ -5,7 +5,8 @@
   ``session.create`` waits for it. Before the store had its own threads, every call waited
   with the blocked write (3-4.7 s).
 - ``write_read_ratio``: ``session.create`` req/s / ``session.show`` req/s over the envelope
-  at 16 connections: what a write costs beside a read (one group commit, off the loop).
+  at 16 connections, measured in turn: what a write costs beside a read (one group commit,
+  off the loop). Beside it the server's CPU µs per call of each, steadier on a busy machine.
 - ``mixed_read_p99_ratio``: ``session.show`` p99 over the envelope at 8 connections while
   8 connections of ``session.tell`` run / the same p99 without them.
 
@@ -26,6 +27,7 @@ import orjson
 
 from bench import load
 from bench.load import LoadResult
+from bench.procs import CPUMeter
 from bench.product import Product
 from bench.run import Run
 from bench.unary import seed_session
@@ -112,18 +114,24 @@ def _envelope(product: Product, run: Run, operation: str, params: dict[str, Any]
     return generate
 
 
-def _best(run: Run, generate: Any) -> LoadResult:
-    """Warm up, then the best of the mode's repeats (by req/s); errors void the figure."""
+def _best(run: Run, product: Product, loads: dict[str, Any]) -> dict[str, tuple[LoadResult, float]]:
+    """Warm up, then the loads in turn, the mode's repeats times (so a burst of other work on
+    the machine hits both sides alike); each one's best run by req/s, with the server's CPU
+    µs per request during it. Errors void the figure."""
     if run.mode.warmup_seconds:
-        generate(run.mode.warmup_seconds)
-    best: LoadResult | None = None
+        for generate in loads.values():
+            generate(run.mode.warmup_seconds)
+    best: dict[str, tuple[LoadResult, float]] = {}
     for _ in range(run.mode.repeats):
-        result = generate(run.mode.load_seconds)
-        if result.errors:
-            raise RuntimeError(f"{result.errors} of {result.requests} requests failed")
-        if best is None or result.rps > best.rps:
-            best = result
-    assert best is not None
+        for name, generate in loads.items():
+            meter = CPUMeter(product.server)
+            meter.start()
+            result = generate(run.mode.load_seconds)
+            meter.stop()
+            if result.errors:
+                raise RuntimeError(f"{name}: {result.errors} of {result.requests} requests failed")
+            if name not in best or result.rps > best[name][0].rps:
+                best[name] = (result, meter.us_per(result.requests))
     return best
 
 
@@ -177,10 +185,19 @@ def run_all(run: Run) -> None:
         run.note("loop_stall_blocked_write", stall["write"])
         run.note("loop_stall_blocked_write_ms", stall["write_ms"])
 
-        show = _best(run, _envelope(product, run, "session.show", {"session_id": session_id}, CONNECTIONS))
-        create = _best(run, _envelope(product, run, "session.create", {"title": "bench"}, CONNECTIONS))
+        best = _best(
+            run,
+            product,
+            {
+                "show": _envelope(product, run, "session.show", {"session_id": session_id}, CONNECTIONS),
+                "create": _envelope(product, run, "session.create", {"title": "bench"}, CONNECTIONS),
+            },
+        )
+        (show, show_cpu), (create, create_cpu) = best["show"], best["create"]
         run.note("envelope_show_rps", show.rps)
+        run.note("envelope_show_cpu_us", show_cpu)
         run.note("envelope_create_rps", create.rps)
+        run.note("envelope_create_cpu_us", create_cpu)
         run.note("envelope_create_p99_ms", create.p99_ms)
         run.record("write_read_ratio", create.rps / show.rps, create.generator)
 

@@ -17,7 +17,7 @@ from google.protobuf import message
 from cleveragents.acp.contract import rich_status
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, TransportError
-from cleveragents.acp.contract.retry import RetryPolicy, again
+from cleveragents.acp.contract.retry import RetryPolicy, again, retryable
 from cleveragents.acp.contract.transport import TICKET_METADATA, CallOptions, StreamItems
 
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
@@ -116,9 +116,9 @@ class GrpcTransport:
         (retry.py), with the same ``x-request-id``."""
         try:
             return await self._call(op, request, options)
-        except TransportError as exc:
+        except ACPError as exc:
             policy = options.retry or self.retry
-            if not policy.enabled:
+            if not (policy.enabled and retryable(exc)):
                 raise
             return await again(policy, op, exc, lambda: self._call(op, request, options))
 
@@ -133,12 +133,31 @@ class GrpcTransport:
                 response_deserializer=op.response_type.FromString,
             )
             self._unary[op.full_method] = method
+        if options.reply is not None:
+            return await self._call_reading_reply(method, request, options)
         try:
             response: message.Message = await method(
                 request, metadata=self._metadata(options), timeout=self.timeout
             )
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from None
+        return response
+
+    async def _call_reading_reply(
+        self,
+        method: grpc.aio.UnaryUnaryMultiCallable[Any, Any],
+        request: message.Message,
+        options: CallOptions,
+    ) -> message.Message:
+        """The call, filling ``options.reply`` from the trailing metadata (``acp-replayed``)."""
+        assert options.reply is not None
+        call = method(request, metadata=self._metadata(options), timeout=self.timeout)
+        try:
+            response: message.Message = await call
+        except grpc.aio.AioRpcError as exc:
+            options.reply.replayed = _replayed(exc.trailing_metadata())
+            raise error_from_rpc(exc) from None
+        options.reply.replayed = _replayed(await call.trailing_metadata())
         return response
 
     async def open_stream(
@@ -149,9 +168,9 @@ class GrpcTransport:
         that cannot be reached is retried as for calls."""
         try:
             return await self._open_stream(op, request, options)
-        except TransportError as exc:
+        except ACPError as exc:
             policy = options.retry or self.retry
-            if not policy.enabled:
+            if not (policy.enabled and retryable(exc)):
                 raise
             return await again(policy, op, exc, lambda: self._open_stream(op, request, options))
 
@@ -209,3 +228,7 @@ class GrpcTransport:
     async def close(self) -> None:
         if self._owns_channel:
             await self.channel.close(None)
+
+
+def _replayed(trailing: Any) -> bool:
+    return any(key == "acp-replayed" and value == "true" for key, value in trailing or ())

@@ -22,7 +22,7 @@ from google.protobuf import descriptor, message
 from cleveragents.acp.contract import codec, envelope, sse
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, TransportError
-from cleveragents.acp.contract.retry import RetryPolicy, again
+from cleveragents.acp.contract.retry import RetryPolicy, again, retryable
 from cleveragents.acp.contract.transport import CallOptions, StreamItems
 
 ENVELOPE_PATH = "/api/v1/acp"
@@ -147,9 +147,9 @@ class HTTPTransport:
         the same request id, so a server that replays by request id does it once."""
         try:
             return await self._call(op, request, options)
-        except TransportError as exc:
+        except ACPError as exc:
             policy = options.retry or self.retry
-            if not policy.enabled:
+            if not (policy.enabled and retryable(exc)):
                 raise
             return await again(policy, op, exc, lambda: self._call(op, request, options))
 
@@ -170,6 +170,8 @@ class HTTPTransport:
             )
         except httpx.HTTPError as exc:
             raise _unreachable(exc, self.client.base_url) from exc
+        if options.reply is not None:
+            options.reply.replayed = response.headers.get("acp-replayed") == "true"
         data = envelope.raise_for_error(_decode_envelope(response, response.content))
         return codec.response_from_dict(data, op.response_type)
 
@@ -179,9 +181,9 @@ class HTTPTransport:
         """Admits the stream; a server that cannot be reached is retried as for calls."""
         try:
             return await self._open_stream(op, request, options)
-        except TransportError as exc:
+        except ACPError as exc:
             policy = options.retry or self.retry
-            if not policy.enabled:
+            if not (policy.enabled and retryable(exc)):
                 raise
             return await again(policy, op, exc, lambda: self._open_stream(op, request, options))
 

@@ -52,6 +52,16 @@ def ambiguous_credentials(what: str) -> ACPError:
 LOCAL_PRINCIPAL = Principal("local", None, Role.ADMIN)
 
 
+@dataclass(slots=True)
+class Reply:
+    """What an answer says besides its message. The service fills it in; the client
+    transports fill it in from the wire (``ACP-Replayed`` header, ``acp-replayed`` trailer),
+    so a caller passing ``CallOptions(reply=Reply())`` reads it on every transport."""
+
+    # The answer is the stored one of an earlier call with the same request id (docs/idempotency.md).
+    replayed: bool = False
+
+
 @dataclass
 class CallContext:
     token: str | None = None
@@ -59,6 +69,9 @@ class CallContext:
     # A stream ticket (events.ticket) presented instead of a token; secret, like it.
     ticket: str | None = None
     request_id: str = ""
+    # Whether the caller chose the request id (else the server made one up): only a chosen
+    # id makes a mutating call idempotent (docs/idempotency.md).
+    request_id_given: bool = False
     # Filled by the facade once the token is verified (or local mode skips auth).
     principal: Principal | None = None
     # The version the call is served at, after negotiation.
@@ -67,6 +80,12 @@ class CallContext:
     transport: str = "local"
     # The caller's W3C trace context, continued by the server's spans, logs and events.
     traceparent: str | None = None
+    # What the answer says besides its message; the facade creates it when there is something to say.
+    reply: Reply | None = None
+
+    @property
+    def replayed(self) -> bool:
+        return self.reply is not None and self.reply.replayed
 
     def authorize(self, namespace: str) -> None:
         """Refuse an entity or namespace outside the principal's namespaces."""

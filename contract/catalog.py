@@ -61,6 +61,9 @@ class Operation:
     # client can see, so a reader role may make it (docs/security.md).
     read_only: bool
     descriptor: descriptor.MethodDescriptor = field(repr=False, compare=False)
+    # What becomes of a call's work when its caller stops waiting (the proto's
+    # ``when_abandoned``; ``abandoned`` says it for every operation).
+    when_abandoned: str = ""
     # The major version whose package declares it; its table negotiates the version.
     version_table: VersionTable = versions.V1
 
@@ -73,6 +76,14 @@ class Operation:
         """The operation's name in handler tables: the bare name in major 1 (``plan.status``),
         else qualified by its major (``session.show@v2``)."""
         return self.name if self.version_table.major == 1 else f"{self.name}@v{self.version_table.major}"
+
+    @property
+    def abandoned(self) -> str:
+        """What becomes of the call's work when its caller stops waiting (a gRPC deadline,
+        a dropped HTTP connection): docs/server.md, "Deadlines and disconnects"."""
+        if self.read_only:
+            return "Nothing changes: the server stops the read."
+        return self.when_abandoned or "Made whole or not at all (one store transaction)."
 
     @property
     def group(self) -> str:
@@ -115,6 +126,9 @@ def _operation(method: descriptor.MethodDescriptor, table: VersionTable) -> Oper
         raise CatalogError(f"{method.full_name}: operation name {op.name!r} is not <group>.<verb>")
     if method.client_streaming:
         raise CatalogError(f"{method.full_name}: client streaming is not part of ACP")
+    read_only = options.idempotency_level == descriptor_pb2.MethodOptions.NO_SIDE_EFFECTS
+    if read_only and op.when_abandoned:
+        raise CatalogError(f"{method.full_name}: a read-only operation has nothing to say when_abandoned")
     if op.since not in table.released or versions.newer(op.since, table.current):
         raise CatalogError(
             f"{method.full_name}: since {op.since!r} is not a released version of ACP {table.major}"
@@ -130,9 +144,10 @@ def _operation(method: descriptor.MethodDescriptor, table: VersionTable) -> Oper
         server_streaming=method.server_streaming,
         http=_http_rule(method, table),
         anonymous=op.anonymous,
-        read_only=options.idempotency_level == descriptor_pb2.MethodOptions.NO_SIDE_EFFECTS,
+        read_only=read_only,
         descriptor=method,
         version_table=table,
+        when_abandoned=op.when_abandoned,
     )
 
 
@@ -202,6 +217,19 @@ class Catalog:
         self.by_full_method: Mapping[str, Operation] = MappingProxyType(
             {op.full_method: op for major in self.majors.values() for op in major.operations.values()}
         )
+
+    def served_versions(self) -> list[str]:
+        """Every version served, newest first: the newest major first, each newest minor first."""
+        return [v for n in sorted(self.majors, reverse=True) for v in self.majors[n].version_table.supported]
+
+    def commands(self) -> list[Operation]:
+        """One operation per name across the majors, as a CLI offers them: the default
+        major's where it has the name, else that of the newest major that has it."""
+        chosen = dict(self.default.operations)
+        for number in sorted(self.majors, reverse=True):
+            for name, op in self.majors[number].operations.items():
+                chosen.setdefault(name, op)
+        return list(chosen.values())
 
     def operations(self) -> Iterator[Operation]:
         """Every operation of every major."""

@@ -32,6 +32,22 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 # The gRPC runtime refuses by itself (bare RESOURCE_EXHAUSTED) past this many times our limit.
 GRPC_RUNTIME_FACTOR = 4
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+# A session export document, as JSON and as protobuf: session.export makes none larger, and
+# session.import takes requests up to ``import_limit`` on every transport (past the body
+# limit), so whatever export made imports again (issue 17, finding 9).
+MAX_SESSION_DOCUMENT_BYTES = 32 * 1024 * 1024
+IMPORT_OPERATION = "session.import"
+# Room for what travels around the document: the envelope, new_id, namespace.
+_DOCUMENT_SLACK_BYTES = 64 * 1024
+# Requests over the body limit (imports) read at once by one server; more wait their turn.
+MAX_LARGE_BODIES = 2
+
+
+def import_limit(max_body_bytes: int) -> int:
+    """How large a session.import request may be: the body limit, or a whole export document."""
+    return max(max_body_bytes, MAX_SESSION_DOCUMENT_BYTES + _DOCUMENT_SLACK_BYTES)
+
+
 # Seconds for a request's headers to arrive (from the connection or the previous response),
 # then for its body; seconds an idle keep-alive connection stays open.
 DEFAULT_HEADER_TIMEOUT = 10.0

@@ -1,19 +1,21 @@
 """Retrying a call whose server could not be reached or was lost, with the same request id.
 
-The client transports (HTTP and gRPC) call once; only a ``TransportError`` (no ACP server
-answered) is retried, and only when a second attempt cannot do harm:
+The client transports (HTTP and gRPC) call once; what is retried is a ``TransportError`` (no
+ACP server answered) and an error the server marks ``details.retryable`` (it says nothing
+happened, or the first call of this request id still runs: STORE_BUSY, REQUEST_IN_PROGRESS),
+and only when a second attempt cannot do harm:
 
 - the request never left (``details["sent"]`` is False: connection refused, name not
   resolved, gRPC's "failed to connect"): nothing happened, so any operation is retried;
 - the operation is read-only (``option idempotency_level = NO_SIDE_EFFECTS``): retried;
 - a mutating request that may have reached the server (reset or closed after it was sent)
-  is retried only with ``after_send``: the server answers a repeated request id with the
-  first call's stored answer (docs/server.md, "Retries and request ids"), so the retry
-  learns what happened instead of doing it twice.
+  is retried with ``after_send`` (the default): the server answers a repeated request id
+  with the first call's stored answer (docs/idempotency.md), so the retry learns what
+  happened instead of doing it twice. Turn it off against a server that does not replay.
 
 Attempts are bounded (``attempts``, the first included), spaced by exponential backoff with
-jitter, and the retrying ends ``deadline`` seconds after the first failure. The last
-``TransportError`` is raised with ``details["attempts"]``.
+jitter, and the retrying ends ``deadline`` seconds after the first failure. The last error is
+raised with ``details["attempts"]``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
 from cleveragents.acp.contract.catalog import Operation
-from cleveragents.acp.contract.errors import TransportError
+from cleveragents.acp.contract.errors import ACPError, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ class Retrying:
     """One retry about to happen, for a caller that shows it (``RetryPolicy.notify``)."""
 
     operation: str
-    error: TransportError
+    error: ACPError
     # The attempt about to start (2 is the first retry) and the bound.
     attempt: int
     attempts: int
@@ -59,8 +61,8 @@ class RetryPolicy:
     backoff: float = 0.25
     max_backoff: float = 4.0
     # Retry a mutating call that may have reached the server (safe: the server replays by
-    # request id).
-    after_send: bool = False
+    # request id, docs/idempotency.md).
+    after_send: bool = True
     # Told before each retry (the CLI prints a line on a terminal).
     notify: Callable[[Retrying], None] | None = None
 
@@ -81,13 +83,21 @@ class RetryPolicy:
         ceiling = min(self.max_backoff, self.backoff * 2.0 ** min(retry, 62))
         return ceiling / 2 + ceiling / 2 * rand()
 
-    def may_retry(self, op: Operation, error: TransportError) -> bool:
+    def may_retry(self, op: Operation, error: ACPError) -> bool:
         """Whether another attempt of ``op`` is harmless after ``error`` (module docstring)."""
-        if error.details.get("retryable") is False:
+        if not retryable(error):
             return False
         if error.details.get("sent") is False or op.read_only:
             return True
         return self.after_send
+
+
+def retryable(error: ACPError) -> bool:
+    """An error another attempt may get past: the server was not reached or lost (unless
+    the cause lasts: a refused certificate, the caller's own timeout), or the server said so."""
+    if isinstance(error, TransportError):
+        return error.details.get("retryable") is not False
+    return error.details.get("retryable") is True
 
 
 RetryPolicy.OFF = RetryPolicy(attempts=1)
@@ -96,14 +106,14 @@ RetryPolicy.OFF = RetryPolicy(attempts=1)
 async def again(
     policy: RetryPolicy,
     op: Operation,
-    failed: TransportError,
+    failed: ACPError,
     attempt: Callable[[], Awaitable[T]],
     *,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> T:
     """Retry ``attempt`` after the first attempt failed with ``failed``: the caller's
-    success path pays nothing. Raises the last ``TransportError`` once the policy says stop."""
+    success path pays nothing. Raises the last error once the policy says stop."""
     started = clock()
     error = failed
     made = 1
@@ -118,7 +128,9 @@ async def again(
         made += 1
         try:
             return await attempt()
-        except TransportError as exc:
+        except ACPError as exc:
+            if not retryable(exc):
+                raise
             error = exc
     error.details["attempts"] = made
     raise error

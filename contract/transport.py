@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from google.protobuf import message
 
-from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.call import CallContext, Reply
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.retry import RetryPolicy
 
@@ -44,6 +44,8 @@ class CallOptions:
     traceparent: str | None = None
     # How a network transport retries this call (None: the transport's own policy).
     retry: RetryPolicy | None = None
+    # Given, it is filled in with what the answer says besides its message (a replay).
+    reply: Reply | None = None
 
 
 class Transport(Protocol):
@@ -77,9 +79,11 @@ def context_of(options: CallOptions) -> CallContext:
         token=options.token,
         acp_version=options.acp_version,
         request_id=options.request_id,
+        request_id_given=bool(options.request_id),
         ticket=options.ticket,
         transport=options.transport,
         traceparent=options.traceparent,
+        reply=options.reply,
     )
 
 

@@ -381,6 +381,11 @@ class TokenAuthenticator:
         self._broken: str | None = None
         self._refresh(0.0)
 
+    def reload(self) -> None:
+        """Read the file now: a token its owner just wrote is known at once, whatever the
+        ``new_token_seconds`` throttle says."""
+        self._refresh(0.0)
+
     def _refresh(self, interval: float | None = None) -> None:
         """Look at the file unless it was looked at within ``interval`` seconds (default
         ``check_seconds``; 0: look now)."""

@@ -11,8 +11,11 @@ import pathlib
 import pwd
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from cleveragents.acp.facade.domain.context import Context
+from google.protobuf import message
+
+from cleveragents.acp.facade.domain.context import CONTEXT_KIND, Context
 from cleveragents.acp.facade.domain.events import DEFAULT_POLL_INTERVAL, EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.models.settings import ModelSettings
@@ -20,7 +23,9 @@ from cleveragents.acp.facade.domain.plans.engine import PlanEngine
 from cleveragents.acp.facade.domain.plans.records import KIND as PLAN_KIND
 from cleveragents.acp.facade.domain.policy import CommandUser, Policy, check_root_template
 from cleveragents.acp.facade.domain.registries import Registries
+from cleveragents.acp.facade.domain.registries.kinds import KINDS
 from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs
+from cleveragents.acp.facade.domain.session_records import SESSION_KIND
 from cleveragents.acp.facade.domain.sessions import Sessions
 from cleveragents.acp.facade.domain.tickets import PrincipalLookup, StreamTickets
 from cleveragents.acp.facade.handlers import table
@@ -30,11 +35,13 @@ from cleveragents.acp.facade.handlers.meta import MetaHandlers
 from cleveragents.acp.facade.handlers.plans import PlanHandlers
 from cleveragents.acp.facade.handlers.registries import RegistryHandlers
 from cleveragents.acp.facade.handlers.sessions import SessionHandlers
+from cleveragents.acp.facade.idempotency import DEFAULT_RETENTION_SECONDS, Idempotency
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
 from cleveragents.acp.facade.store.base import DEFAULT_WRITE_TIMEOUT, Store, StoreObserver
 from cleveragents.acp.facade.store.postgres import PostgresStore, is_postgres_url, redacted
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, PeerChannel
+from cleveragents.acp.v1 import context_pb2, plan_pb2, session_pb2
 
 
 def default_db_path() -> str | pathlib.Path:
@@ -108,6 +115,20 @@ def open_store(db: str | pathlib.Path, *, peers: PeerChannel | None = None) -> S
     )
 
 
+@dataclass(frozen=True)
+class WorkerSlot:
+    """Which worker of ``agents serve --workers count`` a process is, and the private folder
+    of the workers' wake-up sockets."""
+
+    directory: pathlib.Path
+    index: int
+    count: int
+
+    def channel(self) -> PeerChannel:
+        names = [f"w{index}" for index in range(self.count)]
+        return PeerChannel(self.directory, names[self.index], names)
+
+
 class _StoreResource:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -158,31 +179,51 @@ def server_policy(
     return Policy.server(roots, allow_commands=allow_commands, command_user=user if running_as_root else None)
 
 
+def entity_types() -> dict[str, type[message.Message]]:
+    """Record kind -> the message its body is: what an answer lost in a crash is rebuilt
+    from (facade/idempotency.py)."""
+    entities: dict[str, type[message.Message]] = {
+        SESSION_KIND: session_pb2.Session,
+        PLAN_KIND: plan_pb2.Plan,
+        CONTEXT_KIND: context_pb2.ContextConfig,
+    }
+    entities.update({k.record_kind: k.entry_type for k in KINDS.values()})
+    return entities
+
+
 def open_facade(
     db: str | pathlib.Path | None = None,
     *,
     authenticator: Authenticator | None = None,
     policy: Policy | None = None,
     follow: bool = False,
-    peers: PeerChannel | None = None,
+    worker: WorkerSlot | None = None,
+    request_retention: float = DEFAULT_RETENTION_SECONDS,
+    takeover: bool = False,
 ) -> ServiceFacade:
     """A facade over the database ``db``: a SQLite file or a PostgreSQL URL (default:
     ``default_db_path()``).
 
     ``follow``: its subscribers also get the events other processes commit to the file
-    (servers, workers, a local ``events watch``; see ``EventLog``). ``peers``: the other
-    workers of this server, which wake this one's follower at once (``--workers``).
+    (servers, workers, a local ``events watch``; see ``EventLog``). ``worker``: this process is
+    one of a server's workers, which wake each other's followers at once (``--workers``).
 
     Without an authenticator the facade runs in local mode: every call acts as the
     local principal with access to all namespaces. ``policy`` is what the operator
-    allows (resource roots, commands); by default the local one (``Policy.local``)."""
-    store = open_store(db if db is not None else default_db_path(), peers=peers)
+    allows (resource roots, commands); by default the local one (``Policy.local``).
+    ``request_retention``: seconds a mutating call's answer is kept for retries.
+    ``takeover`` (a server; needs a running loop): take over, while open, the plans of
+    processes on the same database that stop (docs/plans.md, "Leases")."""
+    where = db if db is not None else default_db_path()
+    # PostgreSQL wakes followers itself (LISTEN/NOTIFY): the sockets are for a SQLite file.
+    on_sqlite = not (isinstance(where, str) and is_postgres_url(where))
+    store = open_store(where, peers=worker.channel() if worker is not None and on_sqlite else None)
     events = open_event_log(store, follow=follow)
     registries = Registries(store, policy if policy is not None else Policy.local())
     context = Context(store, registries)
     # Model servers: retries, backoff and timeouts from $ACP_MODEL_* (docs/actors.md).
     models = ChatModels(ModelSettings.from_env(os.environ))
-    plans = PlanEngine(events, registries, models)
+    plans = PlanEngine(events, registries, models, takeover=takeover)
     # Settles plans a stopped server left running or half-applied, before any call.
     plans.recover()
     sessions = Sessions(store, registries, events, context, plan_starter=plans, models=models)
@@ -210,6 +251,7 @@ def open_facade(
         tickets=tickets,
         resources=resources,
         inspector=_Inspector(store),
+        idempotency=Idempotency(store, entity_types(), retention_seconds=request_retention),
     )
 
 

@@ -25,8 +25,10 @@ from cleveragents.acp.facade import observer as observing
 from cleveragents.acp.facade.domain import roles
 from cleveragents.acp.facade.domain.tickets import PrincipalLookup
 from cleveragents.acp.facade.handlers.table import Handler, Streaming, Unary
+from cleveragents.acp.facade.idempotency import Idempotency
 from cleveragents.acp.facade.observer import CallObserver
 from cleveragents.acp.facade.store.base import StoreObserver
+from cleveragents.acp.facade.store.requests import RequestClaimedError
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +75,12 @@ class ServiceFacade:
         resources: Iterable[Closeable] = (),
         observer: CallObserver | None = None,
         inspector: Inspector | None = None,
+        idempotency: Idempotency | None = None,
     ) -> None:
-        """``handlers`` is a table from ``handlers.table.build``, checked against the catalog."""
+        """``handlers`` is a table from ``handlers.table.build``, checked against the catalog;
+        ``idempotency`` keeps and replays the answers of mutating calls by request id."""
         self.observer = observer
+        self.idempotency = idempotency
         self.inspector = inspector
         self.authenticator = authenticator
         self.tickets = tickets
@@ -120,16 +125,15 @@ class ServiceFacade:
         return self.authenticator.authenticate(ctx.token)
 
     async def _redeem(self, op: Operation, request: message.Message, ctx: CallContext) -> None:
-        """A stream ticket, used up in the store (off the loop) before any other check."""
-        if ctx.ticket is None:
-            return
+        """A stream ticket, used up in the store (off the loop) before any other check;
+        awaited only when the call presents one."""
         if ctx.token is not None:
             raise ambiguous_credentials("a bearer token and a stream ticket")
         if self.tickets is None:
             raise ACPError(
                 ErrorCode.AUTH_REQUIRED, "this server issues no stream tickets", {"scheme": "Bearer"}
             )
-        ctx.principal = await self.tickets.redeem(ctx.ticket, op.name, request)
+        ctx.principal = await self.tickets.redeem(ctx.ticket or "", op.name, request)
 
     async def invoke(self, op: Operation, request: message.Message, ctx: CallContext) -> message.Message:
         if self.observer is None:
@@ -149,17 +153,34 @@ class ServiceFacade:
     async def _invoke(self, op: Operation, request: message.Message, ctx: CallContext) -> message.Message:
         if op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is a stream; subscribe to it")
-        await self._redeem(op, request, ctx)
+        if ctx.ticket is not None:
+            await self._redeem(op, request, ctx)
         handler = cast(Unary, self._admit(op, request, ctx))
-        try:
-            response = await handler(request, ctx)
-        except ACPError:
-            raise
-        except Exception as exc:
-            raise internal_error(exc, op.name) from exc
+        if op.read_only or not ctx.request_id_given or self.idempotency is None:
+            try:
+                response = await handler(request, ctx)
+            except ACPError:
+                raise
+            except Exception as exc:
+                raise internal_error(exc, op.name) from exc
+        else:
+            response = await self.idempotency.run(
+                op, request, ctx, lambda: self._call(handler, op, request, ctx)
+            )
         if ctx.served_version != op.version_table.current:
             return surface.strip(response, ctx.served_version)
         return response
+
+    @staticmethod
+    async def _call(
+        handler: Unary, op: Operation, request: message.Message, ctx: CallContext
+    ) -> message.Message:
+        try:
+            return await handler(request, ctx)
+        except (ACPError, RequestClaimedError):
+            raise
+        except Exception as exc:
+            raise internal_error(exc, op.name) from exc
 
     async def stream(
         self, op: Operation, request: message.Message, ctx: CallContext
@@ -185,7 +206,8 @@ class ServiceFacade:
     ) -> AsyncIterator[message.Message]:
         if not op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is not a stream")
-        await self._redeem(op, request, ctx)
+        if ctx.ticket is not None:
+            await self._redeem(op, request, ctx)
         handler = cast(Streaming, self._admit(op, request, ctx))
         try:
             items = handler(request, ctx)
@@ -248,7 +270,17 @@ class ServiceFacade:
                 refinement="PRINCIPAL_REVOKED",
             )
 
+    def start(self) -> None:
+        """On the serving loop, once the facade is attached: start what its resources run
+        in the background (the plan engine's takeover scanner)."""
+        for resource in self._resources:
+            start = getattr(resource, "start", None)
+            if callable(start):
+                start()
+
     async def close(self) -> None:
+        if self.idempotency is not None:
+            await self.idempotency.close()
         for resource in reversed(self._resources):
             await resource.close()
 

@@ -19,18 +19,32 @@ import shlex
 import sqlite3
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.required import required_fields
 from cleveragents.acp.contract.transport import Transport
 from cleveragents.acp.facade import auth
-from cleveragents.acp.facade.factory import default_db_path, describe_db, open_facade, server_policy
+from cleveragents.acp.facade.factory import (
+    WorkerSlot,
+    default_db_path,
+    describe_db,
+    open_facade,
+    server_policy,
+)
 from cleveragents.acp.facade.handlers.meta import server_build
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from cleveragents.acp.gateway.http.app import GatewaySettings
 from cleveragents.acp.gateway.http.protocol import ConnectionLimits
-from cleveragents.acp.gateway.server import ServeError, Server, ServerConfig, TLSFiles, check_exposure
+from cleveragents.acp.gateway.server import (
+    Addresses,
+    ServeError,
+    Server,
+    ServerConfig,
+    TLSFiles,
+    check_exposure,
+)
 from cleveragents.acp.gateway.settings import (
     GatewayCommandSettings,
     HTTPSettings,
@@ -93,8 +107,8 @@ def server_config(settings: HTTPSettings, grpc_port: int | None) -> ServerConfig
     )
 
 
-def _ready_line(http_url: str, grpc_target: str | None) -> str:
-    return "acp-ready " + json.dumps({"http": http_url, "grpc": grpc_target, "pid": os.getpid()})
+def ready_line(http_url: str, grpc_target: str | None, **more: object) -> str:
+    return "acp-ready " + json.dumps({"http": http_url, "grpc": grpc_target, "pid": os.getpid(), **more})
 
 
 def example_curl(http_url: str, token: str, operation: str, *, cacert: pathlib.Path | None = None) -> str:
@@ -131,8 +145,35 @@ def _example_operation(served: frozenset[str]) -> str:
     return candidates[0] if candidates else "meta.version"
 
 
-def serve(flags: Mapping[str, Any], config: pathlib.Path | None) -> int:
-    """``agents serve``: gRPC and the HTTP gateway over one facade; the exit code."""
+@dataclass(frozen=True)
+class Prepared:
+    """``agents serve`` checked and resolved, before anything listens."""
+
+    settings: ServeSettings
+    config: ServerConfig
+    # A SQLite file or a PostgreSQL URL.
+    db: str | pathlib.Path
+    tokens: pathlib.Path
+    dev: bool
+    first_start: bool
+    open: Callable[[WorkerSlot | None], ServiceFacade]
+
+    def opening(self, worker: WorkerSlot | None) -> Callable[[], ServiceFacade]:
+        """What the server calls (off the loop, once it listens) to open the facade; an
+        unreachable database, a file that is not one, a schema too new: one line."""
+
+        def opening() -> ServiceFacade:
+            try:
+                return self.open(worker)
+            except (OSError, ValueError, sqlite3.Error) as exc:
+                raise ServeError(f"cannot open the store {describe_db(self.db)}: {exc}") from None
+
+        return opening
+
+
+def prepare(flags: Mapping[str, Any], config: pathlib.Path | None) -> Prepared | int:
+    """The settings checked, the paths resolved and the facade's opener; or the exit code of
+    a refusal (already reported on stderr)."""
     try:
         settings = _settings(flags, config, ServeSettings)
     except SettingsError as exc:
@@ -174,66 +215,91 @@ def serve(flags: Mapping[str, Any], config: pathlib.Path | None) -> int:
     store = db or default_db_path()
     token_file = tokens
 
-    def opened() -> ServiceFacade:
+    def opened(worker: WorkerSlot | None) -> ServiceFacade:
         authenticator = auth.TokenAuthenticator(token_file)
-        return open_facade(store, authenticator=authenticator, policy=policy, follow=True)
+        return open_facade(
+            store,
+            authenticator=authenticator,
+            policy=policy,
+            follow=True,
+            request_retention=settings.request_retention,
+            takeover=True,
+            worker=worker,
+        )
 
-    return asyncio.run(
-        _serve(server, opened, store, tokens, dev=state_dir is not None, first_start=first_start)
-    )
+    return Prepared(settings, server, store, tokens, state_dir is not None, first_start, opened)
 
 
-async def _serve(
-    config: ServerConfig,
-    opened: Callable[[], ServiceFacade],
-    db: str | pathlib.Path,
-    tokens: pathlib.Path,
-    *,
-    dev: bool,
-    first_start: bool,
-) -> int:
-    try:
-        facade = opened()
-    except (OSError, ValueError, sqlite3.Error) as exc:
-        # An unreachable database, a file that is not one, a schema too new: one line.
-        return _fail("serve", f"cannot open the store {describe_db(db)}: {exc}")
-    server = Server(config, facade=facade)
+def serve(flags: Mapping[str, Any], config: pathlib.Path | None) -> int:
+    """``agents serve``: gRPC and the HTTP gateway over one facade; the exit code. With
+    ``--workers N`` above 1, a parent process supervising N of them (``gateway.workers``)."""
+    prepared = prepare(flags, config)
+    if isinstance(prepared, int):
+        return prepared
+    if prepared.settings.workers > 1:
+        from cleveragents.acp.gateway import workers
+
+        return workers.supervise(prepared, flags, config)
+    return asyncio.run(_serve(prepared))
+
+
+def first_token(prepared: Prepared) -> str | None:
+    """The token printed on a ``--state-dir`` server's first start (None after that)."""
+    if not prepared.first_start:
+        return None
+    return auth.create_token(prepared.tokens, DEV_PRINCIPAL, [DEV_NAMESPACE], role="admin")
+
+
+def banner(
+    prepared: Prepared, addresses: Addresses, token: str | None, served: frozenset[str], workers: int = 1
+) -> str:
+    """What a started server prints before its ready line."""
+    config = prepared.config
+    lines = [
+        "ACP server listening" + (f" ({workers} workers)" if workers > 1 else ""),
+        f"  HTTP    {addresses.http_url}   (agents --server {addresses.http_url}; "
+        f"envelope: POST {addresses.http_url}/api/v1/acp)",
+        f"  console {addresses.http_url}/   (API docs: {addresses.http_url}/api/v1/docs)",
+        f"  gRPC    {addresses.grpc_target}   (reflection and health on)",
+        f"  store   {describe_db(prepared.db)}",
+        f"  tokens  {prepared.tokens}",
+    ]
+    if token is not None:
+        operation = _example_operation(served)
+        cacert = config.tls.cert if config.tls is not None else None
+        lines += [
+            "",
+            f"A token for namespace {DEV_NAMESPACE!r} (principal {DEV_PRINCIPAL!r}), shown only now:",
+            f"  {token}",
+            "Try it:",
+            f"  {example_curl(addresses.http_url, token, operation, cacert=cacert)}",
+        ]
+    elif prepared.dev:
+        lines += [
+            "",
+            f"Tokens are in {prepared.tokens}, as hashes: a token is printed only when it is created.",
+            f"A new one: agents token create --tokens {prepared.tokens} --name NAME "
+            f"--namespace {DEV_NAMESPACE}",
+        ]
+    return "\n".join(lines)
+
+
+async def _serve(prepared: Prepared) -> int:
+    # The server listens (and /readyz says ``migrating``) while the store opens off the loop.
+    server = Server(prepared.config, opening=prepared.opening(None))
     try:
         addresses = await server.start()
     except ServeError as exc:
         return _fail("serve", str(exc))
+    facade = server.facade
+    assert facade is not None
     server.install_signal_handlers()
     try:
-        token = None
-        if first_start:
-            token = auth.create_token(tokens, DEV_PRINCIPAL, [DEV_NAMESPACE], role="admin")
-        lines = [
-            "ACP server listening",
-            f"  HTTP    {addresses.http_url}   (agents --server {addresses.http_url}; "
-            f"envelope: POST {addresses.http_url}/api/v1/acp)",
-            f"  console {addresses.http_url}/   (API docs: {addresses.http_url}/api/v1/docs)",
-            f"  gRPC    {addresses.grpc_target}   (reflection and health on)",
-            f"  store   {describe_db(db)}",
-            f"  tokens  {tokens}",
-        ]
-        if token is not None:
-            operation = _example_operation(facade.served_operations)
-            cacert = config.tls.cert if config.tls is not None else None
-            lines += [
-                "",
-                f"A token for namespace {DEV_NAMESPACE!r} (principal {DEV_PRINCIPAL!r}), shown only now:",
-                f"  {token}",
-                "Try it:",
-                f"  {example_curl(addresses.http_url, token, operation, cacert=cacert)}",
-            ]
-        elif dev:
-            lines += [
-                "",
-                f"Tokens are in {tokens}, as hashes: a token is printed only when it is created.",
-                f"A new one: agents token create --tokens {tokens} --name NAME --namespace {DEV_NAMESPACE}",
-            ]
-        print("\n".join(lines), flush=True)
-        print(_ready_line(addresses.http_url, addresses.grpc_target), flush=True)
+        token = first_token(prepared)
+        if token is not None and isinstance(facade.authenticator, auth.TokenAuthenticator):
+            facade.authenticator.reload()
+        print(banner(prepared, addresses, token, facade.served_operations), flush=True)
+        print(ready_line(addresses.http_url, addresses.grpc_target), flush=True)
         await server.wait()
     finally:
         await server.stop()
@@ -272,7 +338,7 @@ async def _gateway(
             f"  console {addresses.http_url}/\n  upstream {upstream}",
             flush=True,
         )
-        print(_ready_line(addresses.http_url, None), flush=True)
+        print(ready_line(addresses.http_url, None), flush=True)
         await server.wait()
     finally:
         await server.stop()

@@ -14,6 +14,11 @@ from cleveragents.acp.contract.envelope import new_request_id
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
 REQUEST_ID_HEADER = "x-request-id"
+# The IETF draft's name for the same thing over HTTP (an alias of X-Request-ID).
+IDEMPOTENCY_KEY_HEADER = "idempotency-key"
+# Set on an answer that is the stored one of an earlier call with the same request id:
+# an HTTP header, a gRPC trailing-metadata entry (docs/idempotency.md).
+REPLAYED_HEADER = "acp-replayed"
 VERSION_HEADER = "acp-version"
 # Printable ASCII without spaces, so an id travels unchanged in HTTP headers and gRPC metadata.
 _REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
@@ -54,6 +59,20 @@ def request_id(value: str | None) -> str:
             {"field": "request_id"},
         )
     return value
+
+
+def given_request_id(header: str | None, idempotency_key: str | None) -> str | None:
+    """The request id an HTTP caller chose: ``X-Request-ID`` or its alias ``Idempotency-Key``
+    (both given must agree), validated; None when it chose none."""
+    if header and idempotency_key and header != idempotency_key:
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            "X-Request-ID and Idempotency-Key name the same thing; give one, or the same value in both",
+            {"field": "request_id"},
+            refinement="REQUEST_ID_CONFLICT",
+        )
+    given = header or idempotency_key
+    return request_id(given) if given else None
 
 
 def served_version(requested: str | None, table: versions.VersionTable = versions.V1) -> str:

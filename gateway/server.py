@@ -19,7 +19,7 @@ import logging
 import pathlib
 import signal
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -35,6 +35,7 @@ from cleveragents.acp.gateway.http.protocol import ConnectionLimits
 from cleveragents.acp.gateway.observe import endpoints, setup
 from cleveragents.acp.gateway.observe.setup import Observability
 from cleveragents.acp.gateway.observe.upstream import ObservedTransport
+from cleveragents.acp.gateway.opening import OpeningService
 from cleveragents.acp.gateway.upstream import TransportService
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,9 @@ class ServerConfig:
     access_log: bool = True
     # None: /metrics on the HTTP port for loopback clients only.
     metrics_port: int | None = None
+    # A worker of ``agents serve --workers``: share the HTTP and gRPC ports with the other
+    # workers (SO_REUSEPORT on these listeners only; the parent checked the ports are free).
+    reuse_port: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -114,6 +118,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
     try:
         # Reuse a port in TIME_WAIT; Linux still refuses a port another socket listens on.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
         sock.listen(2048)
     except OSError as exc:
@@ -137,6 +143,7 @@ class Server:
         config: ServerConfig,
         *,
         facade: ServiceFacade | None = None,
+        opening: Callable[[], ServiceFacade] | None = None,
         upstream: Transport | None = None,
         resources: Sequence[Closeable] = (),
         observability: Observability | None = None,
@@ -144,7 +151,7 @@ class Server:
         """Serves ``facade`` over HTTP and gRPC, closing it at the end after ``resources``;
         or, gateway-only, HTTP in front of ``upstream`` (a transport to another server). Calls
         are observed in the facade, or, gateway-only, as they go upstream."""
-        if facade is None and config.grpc_port is not None:
+        if facade is None and opening is None and config.grpc_port is not None:
             raise ServeError("a gRPC port needs a facade to serve")
         self.observability = observability or setup.build(
             log_level=config.log_level,
@@ -154,14 +161,15 @@ class Server:
             manage_logging=config.manage_logging,
         )
         self.service: Service
-        if facade is not None and upstream is None:
+        # ``opening``: the facade is opened (migrated) by ``start``, once the server listens.
+        self._opening = opening
+        self._stand_in: OpeningService | None = None
+        if facade is not None and upstream is None and opening is None:
             self.service = facade
-            facade.observer = self.observability.telemetry
-            if facade.inspector is not None:
-                self.observability.readiness.probe_with(facade.inspector.probe)
-                self.observability.metrics.sample_with(facade.inspector.census)
-                facade.inspector.observe_store(self.observability.metrics)
-        elif upstream is not None and facade is None:
+            self._attach(facade)
+        elif opening is not None and upstream is None and facade is None:
+            self.service = self._stand_in = OpeningService()
+        elif upstream is not None and facade is None and opening is None:
             self.service = TransportService(ObservedTransport(upstream, self.observability.telemetry))
         else:
             raise ServeError("serve a facade or an upstream, one of them")
@@ -182,6 +190,27 @@ class Server:
         self.metrics_url: str | None = None
         self.addresses: Addresses | None = None
 
+    def _attach(self, facade: ServiceFacade) -> None:
+        """Observe the facade's calls, and read readiness and gauges from its store."""
+        facade.observer = self.observability.telemetry
+        with contextlib.suppress(RuntimeError):
+            # On the serving loop (the takeover scanner belongs to it); none yet: at start.
+            asyncio.get_running_loop()
+            facade.start()
+        if facade.inspector is not None:
+            self.observability.readiness.probe_with(facade.inspector.probe)
+            self.observability.metrics.sample_with(facade.inspector.census)
+            facade.inspector.observe_store(self.observability.metrics)
+
+    async def _open(self, opening: Callable[[], ServiceFacade], stand_in: OpeningService) -> None:
+        """Open the facade on a worker thread (migrations, restart recovery) while the
+        server already answers: not ready (``migrating``) until it is open."""
+        await self.observability.readiness.migrating()
+        facade = await asyncio.to_thread(opening)
+        self._attach(facade)
+        self.facade = facade
+        stand_in.serve(facade)
+
     def _grpc_credentials(self) -> grpc.ServerCredentials | None:
         tls = self.config.tls
         if tls is None:
@@ -190,6 +219,8 @@ class Server:
 
     async def start(self) -> Addresses:
         config = self.config
+        if self.facade is not None:
+            self.facade.start()
         tls = config.tls
         check_exposure(config.host, tls, config.insecure)
         if tls is not None:
@@ -199,7 +230,7 @@ class Server:
         observability = self.observability
         if observability.logging is not None:
             observability.logging.start()
-        self._socket = bind_socket(config.host, config.http_port)
+        self._socket = bind_socket(config.host, config.http_port, reuse_port=config.reuse_port)
         try:
             grpc_target = await self._start_grpc()
             app = self.app = build_app(self.service, config.http, closing=self.closing)
@@ -229,6 +260,8 @@ class Server:
                     raise ServeError("the HTTP server stopped during start-up")
                 await asyncio.sleep(0.01)
             await self._start_metrics()
+            if self._opening is not None and self._stand_in is not None:
+                await self._open(self._opening, self._stand_in)
         except BaseException:
             await self._abandon()
             raise
@@ -263,16 +296,19 @@ class Server:
         )
 
     async def _start_grpc(self) -> str | None:
-        if self.facade is None or self.config.grpc_port is None:
+        if self.config.grpc_port is None or (self.facade is None and self._stand_in is None):
             return None
         self._grpc, self._health = grpc_server.build_server(
-            self.facade,
+            self.service,
             closing=self.closing,
             max_message_bytes=self.config.http.max_body_bytes,
+            reuse_port=self.config.reuse_port,
         )
         address = f"{_url_host(self.config.host)}:{self.config.grpc_port}"
         try:
-            port = grpc_server.bind(self._grpc, address, self._grpc_credentials())
+            port = grpc_server.bind(
+                self._grpc, address, self._grpc_credentials(), probe=not self.config.reuse_port
+            )
         except OSError as exc:
             raise ServeError(str(exc)) from None
         await self._grpc.start()

@@ -87,6 +87,10 @@ class ServeSettings(HTTPSettings):
     allow_commands: bool = False
     # The account processes run as when the server runs as root.
     command_user: str | None = Field(default=None, min_length=1)
+    # Seconds a mutating call's answer is kept for a retry with its request id (docs/idempotency.md).
+    request_retention: float = Field(default=24 * 3600.0, gt=0, le=30 * 24 * 3600.0)
+    # Worker processes sharing the ports (SO_REUSEPORT), the store and the event log.
+    workers: int = Field(default=1, ge=1, le=64)
 
     @field_validator("resource_roots", mode="before")
     @classmethod

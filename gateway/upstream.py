@@ -12,12 +12,15 @@ from collections.abc import AsyncIterator
 
 from google.protobuf import message
 
-from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.contract.call import CallContext, Reply
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.transport import CallOptions, Transport
 
 
 def options_of(ctx: CallContext) -> CallOptions:
+    """The upstream's answer fills ``ctx.reply`` (a replay travels back to the HTTP caller)."""
+    if ctx.reply is None:
+        ctx.reply = Reply()
     return CallOptions(
         acp_version=ctx.acp_version,
         token=ctx.token,
@@ -25,6 +28,7 @@ def options_of(ctx: CallContext) -> CallOptions:
         ticket=ctx.ticket,
         transport=ctx.transport,
         traceparent=ctx.traceparent,
+        reply=ctx.reply,
     )
 
 

@@ -40,6 +40,8 @@ class Stream:
     delay: float = 0.0
     first_delay: float = 0.0
     end: str = "done"
+    # Answer only once this is set (a test holds a call in flight for as long as it needs).
+    hold: asyncio.Event | None = None
 
 
 @dataclass
@@ -293,6 +295,9 @@ class FakeOpenAI:
             await writer.drain()
             self.busy_seconds += time.perf_counter() - started
             return True
+        if answer.hold is not None:
+            await answer.hold.wait()
+            started = time.perf_counter()
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
             b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"

@@ -266,8 +266,11 @@ async def _settle(err: TextIO) -> None:
 
 
 async def _call(conn: Connection, op: Operation, request: message.Message, args: argparse.Namespace) -> int:
-    # The commands are ACP 1's; --acp-version 2.0 calls ACP 2's operation of the same name.
-    op, request = in_major(op, request, catalog.CATALOG.major_for(conn.acp_version))
+    # A command is the default major's operation where it has one; --acp-version 2.0 calls
+    # ACP 2's of the same name. One only a later major has is called there unless the
+    # connection names a version (then that major's NOT_FOUND says it lacks the operation).
+    if conn.acp_version or op.major == catalog.CATALOG.default.number:
+        op, request = in_major(op, request, catalog.CATALOG.major_for(conn.acp_version))
     printer = Printer(args, conn, sys.stdout)
     client = open_client(conn)
     options = call_options(conn)

@@ -118,7 +118,7 @@ def register(
     ``extra_verbs`` for the overview."""
     group_parsers: dict[str, argparse.ArgumentParser] = {}
     extra = extra_verbs or {}
-    for group, ops in sorted(groups(operations or catalog.OPERATIONS.values()).items()):
+    for group, ops in sorted(groups(operations or catalog.CATALOG.commands()).items()):
         group_parser = subparsers.add_parser(
             cli_name(group),
             help=f"{group}: {', '.join(sorted([op.verb for op in ops] + extra.get(group, [])))}",

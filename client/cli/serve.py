@@ -168,6 +168,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="unprivileged account commands run as; needed with --allow-commands when serving "
         "as root (ACP_COMMAND_USER)",
     )
+    serve.add_argument(
+        "--request-retention",
+        metavar="SECONDS",
+        help="how long the answer of a mutating call is kept, so a retry with the same request id "
+        "gets it instead of running the call again (ACP_REQUEST_RETENTION; default 86400, 24 h)",
+    )
+    serve.add_argument(
+        "--workers",
+        metavar="N",
+        help="worker processes on the same ports, one store and one event log; a crashed "
+        "worker is restarted (ACP_WORKERS; default 1; see docs/server.md)",
+    )
     serve.set_defaults(handler=serve_command)
 
     gateway = subparsers.add_parser(

@@ -8,9 +8,11 @@ closes it and ``resume`` reopens it. Semantics in docs/sessions.md.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+import orjson
 from ulid import ULID
 
 from cleveragents.acp.contract import limits
@@ -93,6 +95,8 @@ class Sessions:
         self.events = events
         self.context = context
         self.pages = paging.Pager(store)
+        # Turns whose caller stopped waiting, finishing on their own (``tell``).
+        self._turns: set[asyncio.Task[session_pb2.TellSessionResponse]] = set()
         builtin = BuiltinOrchestrator(registries, plan_starter)
         # Actor provider -> the orchestrator that runs sessions of actors of that provider.
         self.orchestrators: dict[str, Orchestrator] = {BuiltinOrchestrator.provider: builtin}
@@ -272,9 +276,19 @@ class Sessions:
             return session, self._orchestrator(session)
 
         session, orchestrator = await self.store.read(admitted)
-        user = session_pb2.Message(role=session_pb2.MESSAGE_ROLE_USER, content=req.content)
+        # A caller that stops waiting (a deadline, a dropped connection) does not cut the turn
+        # in half: the message and the replies are stored and published all the same.
+        turn = asyncio.get_running_loop().create_task(self._turn(ctx, session, orchestrator, req.content))
+        self._turns.add(turn)
+        turn.add_done_callback(self._turns.discard)
+        return await asyncio.shield(turn)
+
+    async def _turn(
+        self, ctx: CallContext, session: session_pb2.Session, orchestrator: Orchestrator, content: str
+    ) -> session_pb2.TellSessionResponse:
+        user = session_pb2.Message(role=session_pb2.MESSAGE_ROLE_USER, content=content)
         (stored_user,) = await self._append(session.meta.id, [user])
-        outcome = await orchestrator.respond(ctx, session, req.content)
+        outcome = await orchestrator.respond(ctx, session, content)
         replies = [
             session_pb2.Message(
                 role=session_pb2.MESSAGE_ROLE_ORCHESTRATOR, content=r.content, plan_id=r.plan_id
@@ -363,8 +377,23 @@ class Sessions:
         record, session = load(self.store, ctx, session_id)
         history = messages(self.store, session_id)
         config = self.context.configs.get(record.namespace, session_key(session_id))
+        document = session_export.build(session, history, config, now())
         response = session_pb2.ExportSessionResponse()
-        response.document.update(session_export.build(session, history, config, now()))
+        response.document.update(document)
+        # Never a document session.import would refuse: measured as JSON (HTTP) and protobuf (gRPC).
+        size = max(len(orjson.dumps(document)), response.ByteSize())
+        if size > limits.MAX_SESSION_DOCUMENT_BYTES:
+            raise ACPError(
+                ErrorCode.INVALID_STATE,
+                f"session {session_id} exports as {size} bytes, more than the "
+                f"{limits.MAX_SESSION_DOCUMENT_BYTES} an import takes; its history is too long to export",
+                {
+                    "session_id": session_id,
+                    "bytes": size,
+                    "max_bytes": limits.MAX_SESSION_DOCUMENT_BYTES,
+                },
+                refinement="SESSION_TOO_LARGE",
+            )
         return response
 
     async def import_(self, ctx: CallContext, req: session_pb2.ImportSessionRequest) -> session_pb2.Session:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from importlib import metadata
 
-from cleveragents.acp.contract import versions
+from cleveragents.acp.contract import catalog, versions
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.facade.handlers.table import handles
 from cleveragents.acp.v1 import meta_pb2
@@ -25,8 +25,12 @@ class MetaHandlers:
     async def GetVersion(
         self, request: meta_pb2.GetVersionRequest, ctx: CallContext
     ) -> meta_pb2.GetVersionResponse:
+        """Every version the server speaks, newest major first (ACP 2.0, 1.2, 1.1 where both
+        majors are served); the current one is that of the major the request speaks."""
+        served = catalog.CATALOG.majors
+        table = served.get(versions.major_of(ctx.served_version), catalog.CATALOG.default).version_table
         return meta_pb2.GetVersionResponse(
-            supported_versions=list(versions.SUPPORTED),
-            current_version=versions.CURRENT,
+            supported_versions=catalog.CATALOG.served_versions(),
+            current_version=table.current,
             server_build=server_build(),
         )

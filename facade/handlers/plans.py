@@ -143,8 +143,10 @@ class PlanHandlers:
     async def RollbackPlan(
         self, request: plan_pb2.RollbackPlanRequest, ctx: CallContext
     ) -> plan_pb2.RollbackPlanResponse:
-        plan, restored = await self.engine.rollback(ctx, request.plan_id, force=request.force)
-        return plan_pb2.RollbackPlanResponse(plan=plan, restored_paths=restored)
+        plan, outcome = await self.engine.rollback(ctx, request.plan_id, force=request.force)
+        return plan_pb2.RollbackPlanResponse(
+            plan=plan, restored_paths=outcome.restored, skipped_paths=outcome.skipped
+        )
 
     @handles("plan.list")
     async def ListPlans(

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.store.requests import CLAIM, RequestClaimedError, RequestEntry
 
 T = TypeVar("T")
 
@@ -65,6 +66,44 @@ class StaleRevisionError(Exception):
     def __init__(self, current: int) -> None:
         super().__init__(f"current revision is {current}")
         self.current = current
+
+
+class LeaseLostError(Exception):
+    """A fenced write was refused: the writer's lease token is no longer the current one,
+    or its lease expired by the store's clock. Nothing of the transaction may be kept."""
+
+    def __init__(self, name: str, token: int, current: Lease | None) -> None:
+        holder = "nobody" if current is None or not current.owner else f"token {current.token}"
+        super().__init__(f"lease {name!r} with token {token} is lost (now held by {holder})")
+        self.name = name
+        self.token = token
+        self.current = current
+
+
+class LeaseHeldError(Exception):
+    """A write that holds no lease met a live one held by someone else."""
+
+    def __init__(self, lease: Lease) -> None:
+        super().__init__(f"lease {lease.name!r} is held (token {lease.token})")
+        self.lease = lease
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Who may write for one named thing (a plan) until when, on the store's clock.
+
+    ``token`` grows by one at every claim and never goes back (a released lease keeps its
+    row and token): the fencing token a holder's writes are checked against."""
+
+    name: str
+    owner: str
+    token: int
+    # Seconds since the epoch on the store's clock; 0 once released.
+    expires: float
+    # Whether it had not expired when read (compared on the store's clock, not the caller's).
+    live: bool
+    # What someone asked of the holder (a cross-process cancel); '' for nothing.
+    request: str = ""
 
 
 @dataclass
@@ -269,6 +308,86 @@ class Store(abc.ABC):
     def event_wakeups(self) -> EventWakeups:
         """A wake-up source for one follower of the event log (see EventWakeups)."""
         return EventWakeups()
+
+    # request ids (facade/store/requests.py, docs/idempotency.md) ----------------------
+
+    def note_claim(self, kind: str | None = None, id: str = "", body: bytes | None = None) -> None:
+        """Called by every writing method inside its transaction: when a call runs under a
+        request id (``CLAIM``), stamp its row in this same transaction, with the record
+        ``(kind, id)`` as written (``body``; a deleted record's body as it was). Raises
+        RequestClaimedError, rolling the write back, when another live claim owns the id."""
+        claim = CLAIM.get()
+        if claim is None or not claim.open:
+            return
+        if kind is not None and body is not None:
+            written = claim.entry.written
+            written.pop((kind, id), None)
+            written[(kind, id)] = body
+        if not self.stamp_request(claim.entry, claim.cutoff):
+            claim.conflict = True
+            raise RequestClaimedError(f"request id {claim.entry.request_id!r} is another run's")
+        claim.stamped = True
+
+    @abc.abstractmethod
+    def stamp_request(self, entry: RequestEntry, cutoff: float) -> bool:
+        """In the current write transaction: insert ``entry`` (no answer), or replace the
+        row of the same (principal, request_id) when it has the same owner or is older than
+        ``cutoff``; False (nothing written) when another owner's live row is there."""
+
+    @abc.abstractmethod
+    def answer_request(self, entry: RequestEntry, cutoff: float) -> bool:
+        """Store ``entry`` with its answer, under the same rule as ``stamp_request``."""
+
+    @abc.abstractmethod
+    def get_request(self, principal: str, request_id: str) -> RequestEntry | None: ...
+
+    @abc.abstractmethod
+    def prune_requests(self, older_than: float) -> int:
+        """Retention: drop rows whose run started before ``older_than``; how many went."""
+
+    # leases: on the store's clock, so replicas whose clocks differ agree on expiry --------
+
+    @abc.abstractmethod
+    def store_time(self) -> float:
+        """The store's clock (seconds since the epoch): the database server's, not ours."""
+
+    @abc.abstractmethod
+    def get_lease(self, name: str) -> Lease | None: ...
+
+    @abc.abstractmethod
+    def held_leases(self, prefix: str, limit: int) -> list[Lease]:
+        """Leases with an owner (live or expired) whose name starts with ``prefix``, the
+        soonest to expire first: what a takeover scanner looks at."""
+
+    @abc.abstractmethod
+    def claim_lease(
+        self, name: str, owner: str, ttl: float, *, steal_token: int | None = None
+    ) -> Lease | None:
+        """Take the lease if it is free or expired (or still at ``steal_token``, a holder the
+        caller knows is dead), for ``ttl`` seconds, with the next token; None when someone
+        else holds it. A conditional update inside the current write transaction."""
+
+    @abc.abstractmethod
+    def renew_leases(self, owner: str, tokens: Mapping[str, int], ttl: float) -> dict[str, str]:
+        """Extend every lease still at its token (even one just expired that nobody has
+        claimed since: no other writer can have been fenced in) by ``ttl`` from now; returns
+        name -> pending request for those renewed. A name missing from the answer is lost."""
+
+    @abc.abstractmethod
+    def release_lease(self, name: str, token: int) -> bool:
+        """Free the lease if it is still at ``token``; the token stays for the next claim."""
+
+    @abc.abstractmethod
+    def check_lease(self, name: str, token: int | None) -> Lease | None:
+        """The fence, called inside the write transaction it guards. With a token: raise
+        LeaseLostError unless the lease is at that token and live. Without: raise
+        LeaseHeldError if anyone holds it live. Either way nobody may claim the lease
+        until this transaction ends. Returns the lease (None, or a free one at token 0, if
+        nobody ever held it)."""
+
+    @abc.abstractmethod
+    def request_lease(self, name: str, request: str) -> bool:
+        """Leave a request (a cancel) for the holder of a live lease; False if none holds it."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -22,17 +23,14 @@ log = logging.getLogger(__name__)
 
 
 def current_task() -> asyncio.Task[Any] | None:
-    try:
-        return asyncio.current_task()
-    except RuntimeError:
-        return None
+    """The task running on this thread's loop; None on a thread without one (a store
+    thread), found without raising: the writer asks at every statement of every write."""
+    loop = asyncio._get_running_loop()
+    return None if loop is None else asyncio.current_task(loop)
 
 
 def running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
+    return asyncio._get_running_loop()
 
 
 def run_callback(callback: Callable[[], None]) -> None:
@@ -46,12 +44,14 @@ def run_callback(callback: Callable[[], None]) -> None:
 class Job:
     """One ``write`` call on its way through a store thread."""
 
-    __slots__ = ("callbacks", "deadline", "error", "fn", "future", "loop", "queued", "result")
+    __slots__ = ("callbacks", "context", "deadline", "error", "fn", "future", "loop", "queued", "result")
 
     def __init__(
         self, fn: Callable[[Any], Any], loop: asyncio.AbstractEventLoop | None, deadline: float
     ) -> None:
         self.fn = fn
+        # The caller's context travels with fn (the trace id an event it appends carries).
+        self.context = contextvars.copy_context()
         self.loop = loop
         self.future: asyncio.Future[Any] | None = loop.create_future() if loop is not None else None
         self.deadline = deadline
@@ -60,6 +60,10 @@ class Job:
         self.result: Any = None
         self.error: BaseException | None = None
         self.callbacks: list[Callable[[], None]] = []
+
+    def run(self, store: Any) -> Any:
+        """``fn(store)`` in the caller's context, on the store thread."""
+        return self.context.run(self.fn, store)
 
 
 def done(callbacks: list[Callable[[], None]]) -> Job:

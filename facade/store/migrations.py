@@ -61,4 +61,33 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT r.kind, 'l:' || j.key, j.value, r.namespace, r.id FROM records r, json_each(r.labels) j
         WHERE j.type = 'text';
     """,
+    # 3: request ids (facade/store/requests.py): the first answer of a mutating call per
+    # (principal, request_id), stamped in the transaction of the call's effect.
+    """
+    CREATE TABLE requests (
+        principal TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        operation TEXT NOT NULL,
+        digest BLOB NOT NULL,
+        owner TEXT NOT NULL,
+        time REAL NOT NULL,
+        answer BLOB,
+        error INTEGER NOT NULL DEFAULT 0,
+        written BLOB NOT NULL,
+        PRIMARY KEY (principal, request_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX requests_by_time ON requests (time);
+    """,
+    # 4: leases (plan execution owned by one process until its lease expires, on the store's
+    # clock; ``token`` fences a holder's writes: facade/store/base.py, docs/plans.md).
+    """
+    CREATE TABLE leases (
+        name TEXT PRIMARY KEY,
+        owner TEXT NOT NULL DEFAULT '',
+        token INTEGER NOT NULL DEFAULT 0,
+        expires REAL NOT NULL DEFAULT 0,
+        request TEXT NOT NULL DEFAULT ''
+    ) WITHOUT ROWID;
+    CREATE INDEX leases_held ON leases (expires) WHERE owner != '';
+    """,
 )

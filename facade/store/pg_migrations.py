@@ -58,4 +58,33 @@ PG_MIGRATIONS: tuple[str, ...] = (
     );
     INSERT INTO event_sequence (one, last) VALUES (TRUE, 0);
     """,
+    # 2: request ids (facade/store/requests.py), as migration 3 of the SQLite schema.
+    """
+    CREATE TABLE requests (
+        principal TEXT COLLATE "C" NOT NULL,
+        request_id TEXT COLLATE "C" NOT NULL,
+        operation TEXT COLLATE "C" NOT NULL,
+        digest BYTEA NOT NULL,
+        owner TEXT COLLATE "C" NOT NULL,
+        time DOUBLE PRECISION NOT NULL,
+        answer BYTEA,
+        error BOOLEAN NOT NULL DEFAULT FALSE,
+        written BYTEA NOT NULL,
+        PRIMARY KEY (principal, request_id)
+    );
+    CREATE INDEX requests_by_time ON requests (time);
+    """,
+    # 3: leases (plan execution owned by one replica until its lease expires, on the
+    # database's clock; ``token`` fences a holder's writes: facade/store/base.py), as
+    # migration 4 of the SQLite schema.
+    """
+    CREATE TABLE leases (
+        name TEXT COLLATE "C" PRIMARY KEY,
+        owner TEXT NOT NULL DEFAULT '',
+        token BIGINT NOT NULL DEFAULT 0,
+        expires DOUBLE PRECISION NOT NULL DEFAULT 0,
+        request TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX leases_held ON leases (expires) WHERE owner <> '';
+    """,
 )

@@ -17,9 +17,11 @@ group-commit writer thread is needed).
 - A lock held elsewhere is waited for at most ``write_timeout`` (``lock_timeout``; a
   deadlock or serialization failure counts the same): then the call fails with the
   retryable StoreBusyError, having written nothing.
-- ``after_commit`` callbacks run on the caller's loop in commit order: the commits of one
-  process are taken one at a time (a lock around ``COMMIT`` and queueing the callbacks),
-  so the order they are delivered in is the order they committed.
+- ``after_commit`` callbacks run on the caller's loop in commit order where order exists:
+  transactions that appended events commit one at a time (the counter's row lock, and in
+  this process a lock around ``COMMIT`` and queueing the callbacks), so their callbacks run
+  in sequence order. Other transactions commit concurrently (PostgreSQL flushes their
+  commits together) and queue theirs as they finish.
 
 The URL is any libpq URL (``postgresql://user@host:5432/db?options=-csearch_path%3Dacp``);
 tables live in the first schema of its search path, created when missing.
@@ -28,7 +30,9 @@ tables live in the first schema of its search path, created when missing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import functools
 import hashlib
 import logging
 import threading
@@ -41,7 +45,7 @@ from typing import Any, TypeVar, cast
 
 import orjson
 import psycopg
-from psycopg import errors, sql
+from psycopg import errors, pq, sql
 from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -50,6 +54,9 @@ from cleveragents.acp.facade.store.base import (
     DEFAULT_WRITE_TIMEOUT,
     EventFilter,
     EventWakeups,
+    Lease,
+    LeaseHeldError,
+    LeaseLostError,
     ListQuery,
     Record,
     SchemaTooNewError,
@@ -62,12 +69,19 @@ from cleveragents.acp.facade.store.base import (
 )
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
 from cleveragents.acp.facade.store.pg_migrations import PG_MIGRATIONS
+from cleveragents.acp.facade.store.pg_wire import NulInTextError, Wire
+from cleveragents.acp.facade.store.reads import ReadLane
+from cleveragents.acp.facade.store.requests import RequestEntry, decode_written, encode_written
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SCHEMES = ("postgresql://", "postgres://")
 _COLUMNS = "kind, id, namespace, name, revision, state, attrs, labels, create_time, update_time, body"
+# The database server's clock, in seconds since the epoch (clock_timestamp: the time now,
+# not the transaction's start, so a long transaction does not see a lease as younger).
+_NOW = "extract(epoch FROM clock_timestamp())::double precision"
+_LEASE = f"name, owner, token, expires, expires > {_NOW}, request"
 _EVENT_COLUMNS = "sequence, namespace, type, plan_id, session_id, time, body"
 # How long opening a connection may take before the store gives up on the server.
 CONNECT_TIMEOUT = 10
@@ -143,6 +157,11 @@ def _record(row: Sequence[Any]) -> Record:
     )
 
 
+def _lease(row: Sequence[Any]) -> Lease:
+    name, owner, token, expires, live, request = row
+    return Lease(name, owner, int(token), float(expires), bool(live) and bool(owner), request)
+
+
 def _event(row: Sequence[Any]) -> StoredEvent:
     return StoredEvent(int(row[0]), row[1], row[2], row[3], row[4], float(row[5]), bytes(row[6]))
 
@@ -157,6 +176,14 @@ class NulCharacterError(ACPError):
             "PostgreSQL store cannot keep",
             {"reason": "NUL_CHARACTER"},
         )
+
+
+def _command(conn: psycopg.Connection[Any], command: bytes) -> None:
+    """A statement without parameters or rows (BEGIN, COMMIT) straight through libpq: a
+    third of what ``conn.execute`` costs, paid twice by every read and write."""
+    result = conn.pgconn.exec_(command)
+    if result.status != pq.ExecStatus.COMMAND_OK:
+        raise errors.error_from_result(result, encoding=conn.info.encoding)
 
 
 def _rollback(conn: psycopg.Connection[Any]) -> None:
@@ -177,6 +204,12 @@ class _Thread(threading.local):
         self.depth = 0
         self.owner: asyncio.Task[Any] | None = None
         self.callbacks: list[Callable[[], None]] = []
+        # A thread of the store's own pools keeps a connection (``pinned``) while it lives.
+        self.own = False
+        self.pinned: psycopg.Connection[Any] | None = None
+        self.busy = False
+        # The open write transaction appended events (its commit takes the commit lock).
+        self.appended = False
 
 
 class PostgresStore(Store):
@@ -194,7 +227,10 @@ class PostgresStore(Store):
         self.write_timeout = write_timeout
         self._thread = _Thread()
         self._order = CommitOrder()
-        # One commit at a time in this process: callbacks are queued in commit order.
+        # Taken around committing (and queueing the callbacks of) a transaction that appended
+        # events: those commit one at a time anyway (the sequence row's lock), and this keeps
+        # their callbacks queued in commit, so sequence, order. Others commit concurrently,
+        # so PostgreSQL can flush their commits together.
         self._commit_lock = threading.Lock()
         self._closing = False
         self._closed = False
@@ -213,8 +249,11 @@ class PostgresStore(Store):
             name="acp-store",
         )
         self._pool.open()
-        self._readers = ThreadPoolExecutor(readers, thread_name_prefix="acp-store-read")
-        self._writers = ThreadPoolExecutor(writers, thread_name_prefix="acp-store-write")
+        self._wire = Wire()
+        self._pinned: set[psycopg.Connection[Any]] = set()
+        self._pinned_lock = threading.Lock()
+        self._reads = ReadLane(readers, "acp-store-read")
+        self._writers = ThreadPoolExecutor(writers, "acp-store-write", initializer=self._own_thread)
 
     def __repr__(self) -> str:
         return f"PostgresStore({redacted(self.url)!r})"
@@ -302,13 +341,19 @@ class PostgresStore(Store):
         if self._closing:
             raise RuntimeError("the store is closed")
         # The caller's context travels with fn (its trace, read by what fn records).
-        run = contextvars.copy_context().run
-        return await asyncio.get_running_loop().run_in_executor(self._readers, run, self._read_now, fn)
+        context = contextvars.copy_context()
+        queued = time.monotonic()
+        return await self._reads.run(functools.partial(context.run, self._read_now, fn, queued))
 
-    def _read_now(self, fn: Callable[[Store], T]) -> T:
+    def _read_now(self, fn: Callable[[Store], T], queued: float) -> T:
         here = self._thread
+        # The read lane's threads are the store's own: each keeps its connection.
+        here.own = True
         with self._borrow() as conn:
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            _command(conn, b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            observer = self.observer
+            if observer is not None:
+                observer.waited("read", time.monotonic() - queued)
             here.read = conn
             try:
                 result = fn(self)
@@ -317,14 +362,12 @@ class PostgresStore(Store):
                 _rollback(conn)
                 raise
             here.read = None
-            conn.execute("COMMIT")
+            _command(conn, b"COMMIT")
             return result
 
     async def write(self, fn: Callable[[Store], T]) -> T:
-        # The caller's context travels with fn (the trace id an event it appends carries).
-        context = contextvars.copy_context()
         job = Job(
-            lambda store: context.run(fn, store),
+            fn,
             asyncio.get_running_loop(),
             time.monotonic() + self.write_timeout,
         )
@@ -340,22 +383,25 @@ class PostgresStore(Store):
         committed = False
         try:
             with self._borrow(max(0.0, job.deadline - time.monotonic())) as conn:
-                conn.execute("BEGIN")
+                _command(conn, b"BEGIN")
+                began = time.monotonic()
+                observer = self.observer
+                if observer is not None:
+                    observer.waited("write", began - job.queued)
                 here.write, here.depth, here.owner, here.callbacks = conn, 1, None, []
                 try:
-                    job.result = job.fn(self)
+                    job.result = job.run(self)
                 except BaseException as exc:  # handed to the caller
                     job.error = exc
                     _rollback(conn)
                 else:
-                    callbacks = here.callbacks
-                    with self._commit_lock:
-                        self._commit(conn)
-                        job.callbacks = callbacks
-                        self._order.due([job])
-                        committed = True
+                    job.callbacks = here.callbacks
+                    self._commit(conn, [job])
+                    committed = True
+                    if observer is not None:
+                        observer.committed(time.monotonic() - began)
                 finally:
-                    here.write, here.depth, here.callbacks = None, 0, []
+                    here.write, here.depth, here.callbacks, here.appended = None, 0, [], False
         except BaseException as exc:  # the commit (or the connection) failed: nothing is durable
             if job.error is None:
                 job.error = exc
@@ -364,24 +410,69 @@ class PostgresStore(Store):
         else:
             self._order.settle([job])
 
-    def _commit(self, conn: psycopg.Connection[Any]) -> None:
+    def _commit(self, conn: psycopg.Connection[Any], jobs: list[Job]) -> None:
+        """Commit, then queue the jobs' callbacks and answers (in sequence order when the
+        transaction appended events)."""
+        lock = self._commit_lock if self._thread.appended else contextlib.nullcontext()
         started = time.monotonic()
-        try:
-            conn.execute("COMMIT")
-        except _BUSY:
-            raise StoreBusyError(time.monotonic() - started) from None
+        with lock:
+            try:
+                _command(conn, b"COMMIT")
+            except _BUSY:
+                raise StoreBusyError(time.monotonic() - started) from None
+            self._order.due(jobs)
 
     @contextmanager
     def _borrow(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
-        """A connection of the pool; waiting longer than the write bound is STORE_BUSY."""
+        """A connection for one transaction or statement. The store's own reader and writer
+        threads each keep one (taking it from the pool once, not per call: the pool's
+        checkout costs about what a statement does); other threads, and a store thread
+        needing a second one (a write inside a read), take one from the pool and give it
+        back. Waiting longer than the write bound for one is STORE_BUSY."""
         if self._closed:
             raise RuntimeError("the store is closed")
         wait = self.write_timeout if timeout is None else timeout
+        here = self._thread
+        if not here.own or here.busy:
+            try:
+                with self._pool.connection(timeout=wait) as borrowed:
+                    yield borrowed
+            except PoolTimeout:
+                raise StoreBusyError(wait) from None
+            return
+        kept = here.pinned
+        if kept is None or kept.closed or kept.broken:
+            if kept is not None:
+                self._unpin(kept)
+            try:
+                conn = self._pool.getconn(timeout=wait)
+            except PoolTimeout:
+                raise StoreBusyError(wait) from None
+            with self._pinned_lock:
+                self._pinned.add(conn)
+            here.pinned = conn
+        else:
+            conn = kept
+        here.busy = True
         try:
-            with self._pool.connection(timeout=wait) as conn:
-                yield conn
-        except PoolTimeout:
-            raise StoreBusyError(wait) from None
+            yield conn
+        finally:
+            here.busy = False
+            if conn.broken or conn.closed:
+                self._unpin(conn)
+                here.pinned = None
+            elif conn.info.transaction_status != pq.TransactionStatus.IDLE:
+                _rollback(conn)
+
+    def _unpin(self, conn: psycopg.Connection[Any]) -> None:
+        """Hand a kept connection back: the pool replaces it when it is broken."""
+        with self._pinned_lock:
+            self._pinned.discard(conn)
+        self._pool.putconn(conn)
+
+    def _own_thread(self) -> None:
+        """Marks a thread of the store's reader or writer pool (ThreadPoolExecutor's initializer)."""
+        self._thread.own = True
 
     # transactions ---------------------------------------------------------------------
 
@@ -401,7 +492,7 @@ class PostgresStore(Store):
                 here.depth -= 1
             return
         with self._borrow() as conn:
-            conn.execute("BEGIN")
+            _command(conn, b"BEGIN")
             here.write, here.depth, here.owner, here.callbacks = conn, 1, current_task(), []
             try:
                 yield
@@ -410,11 +501,9 @@ class PostgresStore(Store):
                 _rollback(conn)
                 raise
             else:
-                with self._commit_lock:
-                    self._commit(conn)
-                    self._order.due([done(here.callbacks)])
+                self._commit(conn, [done(here.callbacks)])
             finally:
-                here.write, here.depth, here.owner, here.callbacks = None, 0, None, []
+                here.write, here.depth, here.owner, here.callbacks, here.appended = None, 0, None, [], False
         self._order.drain()
 
     def after_commit(self, callback: Callable[[], None]) -> None:
@@ -444,10 +533,12 @@ class PostgresStore(Store):
         with self._borrow() as conn:
             return self._on(conn, statement, params, fetch)
 
-    @staticmethod
-    def _on(conn: psycopg.Connection[Any], statement: Any, params: Any, fetch: str) -> Any:
+    def _on(self, conn: psycopg.Connection[Any], statement: Any, params: Any, fetch: str) -> Any:
         started = time.monotonic()
         try:
+            if isinstance(statement, str) and not isinstance(params, Mapping):
+                with contextlib.suppress(NotImplementedError):
+                    return self._wire.run(conn, statement, params, fetch)
             cursor = conn.execute(statement, params)
             if fetch == "one":
                 return cursor.fetchone()
@@ -458,6 +549,8 @@ class PostgresStore(Store):
             raise StoreConflictError(str(exc).splitlines()[0]) from None
         except _BUSY:
             raise StoreBusyError(time.monotonic() - started) from None
+        except NulInTextError:
+            raise NulCharacterError() from None
         except psycopg.DataError as exc:
             # PostgreSQL's text (and jsonb) cannot hold U+0000, which SQLite's can: a value
             # with one is refused as the caller's, never an internal error.
@@ -504,27 +597,30 @@ class PostgresStore(Store):
     def insert(self, record: Record) -> None:
         # ON CONFLICT DO NOTHING (every unique index): a clash leaves the transaction usable,
         # as SQLite's does, for callers that catch StoreConflictError and go on.
-        inserted = self._count(
-            f"INSERT INTO records ({_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
-            "ON CONFLICT DO NOTHING",
-            (
-                record.kind,
-                record.id,
-                record.namespace,
-                record.name,
-                record.revision,
-                record.state,
-                Jsonb(record.attrs),
-                Jsonb(record.labels),
-                record.create_time,
-                record.update_time,
-                record.body,
-            ),
-        )
-        if not inserted:
-            raise StoreConflictError(
-                f"a {record.kind} with id {record.id} or name {record.name!r} exists in {record.namespace!r}"
+        with self.transaction():
+            inserted = self._count(
+                f"INSERT INTO records ({_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                "ON CONFLICT DO NOTHING",
+                (
+                    record.kind,
+                    record.id,
+                    record.namespace,
+                    record.name,
+                    record.revision,
+                    record.state,
+                    Jsonb(record.attrs),
+                    Jsonb(record.labels),
+                    record.create_time,
+                    record.update_time,
+                    record.body,
+                ),
             )
+            if not inserted:
+                raise StoreConflictError(
+                    f"a {record.kind} with id {record.id} or name {record.name!r} "
+                    f"exists in {record.namespace!r}"
+                )
+            self.note_claim(record.kind, record.id, record.body)
 
     def update(self, record: Record, expected_revision: int | None = None) -> None:
         # One conditional UPDATE: it locks the row and checks the revision it finds then.
@@ -554,14 +650,17 @@ class PostgresStore(Store):
                 if current is None:
                     raise KeyError(f"{record.kind} {record.id}")
                 raise StaleRevisionError(int(current[0]))
+            self.note_claim(record.kind, record.id, record.body)
 
     def delete(self, kind: str, id: str, expected_revision: int | None = None) -> bool:
         with self.transaction():
-            removed = self._count(
-                "DELETE FROM records WHERE kind=%s AND id=%s AND (%s::bigint IS NULL OR revision=%s)",
+            removed = self._one(
+                "DELETE FROM records WHERE kind=%s AND id=%s AND (%s::bigint IS NULL OR revision=%s) "
+                "RETURNING body",
                 (kind, id, expected_revision, expected_revision),
             )
             if removed:
+                self.note_claim(kind, id, bytes(removed[0]))
                 return True
             if expected_revision is None:
                 return False
@@ -638,17 +737,20 @@ class PostgresStore(Store):
                     "SELECT %s, %s, i, b FROM unnest(%s::bigint[], %s::bytea[]) AS u(i, b)",
                     (collection, owner_id, indices, list(bodies)),
                 )
+            self.note_claim()
             return indices
 
     def put_items(self, collection: str, owner_id: str, items: Mapping[int, bytes]) -> None:
         if not items:
             return
-        self._count(
-            "INSERT INTO items (collection, owner_id, idx, body) "
-            "SELECT %s, %s, i, b FROM unnest(%s::bigint[], %s::bytea[]) AS u(i, b) "
-            "ON CONFLICT (collection, owner_id, idx) DO UPDATE SET body = excluded.body",
-            (collection, owner_id, list(items), list(items.values())),
-        )
+        with self.transaction():
+            self._count(
+                "INSERT INTO items (collection, owner_id, idx, body) "
+                "SELECT %s, %s, i, b FROM unnest(%s::bigint[], %s::bytea[]) AS u(i, b) "
+                "ON CONFLICT (collection, owner_id, idx) DO UPDATE SET body = excluded.body",
+                (collection, owner_id, list(items), list(items.values())),
+            )
+            self.note_claim()
 
     def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
         rows = self._all(
@@ -688,7 +790,9 @@ class PostgresStore(Store):
                     "channel": self.channel,
                 },
             )
+            self._thread.appended = True
             last = int(row[0])
+            self.note_claim()
             return list(range(last - len(events) + 1, last + 1))
 
     def read_events(
@@ -736,6 +840,143 @@ class PostgresStore(Store):
                 )
             return removed
 
+    # request ids ----------------------------------------------------------------------
+
+    def stamp_request(self, entry: RequestEntry, cutoff: float) -> bool:
+        return self._put_request(entry, cutoff, answer=False)
+
+    def answer_request(self, entry: RequestEntry, cutoff: float) -> bool:
+        return self._put_request(entry, cutoff, answer=True)
+
+    def _put_request(self, entry: RequestEntry, cutoff: float, *, answer: bool) -> bool:
+        with self.transaction():
+            return bool(
+                self._count(
+                    "INSERT INTO requests (principal, request_id, operation, digest, owner, time, answer, "
+                    "error, written) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                    "ON CONFLICT (principal, request_id) DO UPDATE SET operation=excluded.operation, "
+                    "digest=excluded.digest, owner=excluded.owner, time=excluded.time, "
+                    "answer=excluded.answer, error=excluded.error, written=excluded.written "
+                    "WHERE requests.owner = excluded.owner OR requests.time < %s",
+                    (
+                        entry.principal,
+                        entry.request_id,
+                        entry.operation,
+                        entry.digest,
+                        entry.owner,
+                        entry.time,
+                        entry.answer if answer else None,
+                        entry.error if answer else False,
+                        encode_written(entry.written),
+                        cutoff,
+                    ),
+                )
+            )
+
+    def get_request(self, principal: str, request_id: str) -> RequestEntry | None:
+        row = self._one(
+            "SELECT operation, digest, owner, time, answer, error, written FROM requests "
+            "WHERE principal=%s AND request_id=%s",
+            (principal, request_id),
+        )
+        if row is None:
+            return None
+        operation, digest, owner, time_, answer, error, written = row
+        return RequestEntry(
+            principal=principal,
+            request_id=request_id,
+            operation=operation,
+            digest=bytes(digest),
+            owner=owner,
+            time=float(time_),
+            answer=None if answer is None else bytes(answer),
+            error=bool(error),
+            written=decode_written(bytes(written)),
+        )
+
+    def prune_requests(self, older_than: float) -> int:
+        with self.transaction():
+            return self._count("DELETE FROM requests WHERE time < %s", (older_than,))
+
+    # leases ---------------------------------------------------------------------------
+
+    def store_time(self) -> float:
+        return float(self._one(f"SELECT {_NOW}")[0])
+
+    def get_lease(self, name: str) -> Lease | None:
+        row = self._one(f"SELECT {_LEASE} FROM leases WHERE name = %s", (name,))
+        return _lease(row) if row else None
+
+    def held_leases(self, prefix: str, limit: int) -> list[Lease]:
+        rows = self._all(
+            f"SELECT {_LEASE} FROM leases WHERE owner <> '' AND left(name, %s) = %s "
+            "ORDER BY expires LIMIT %s",
+            (len(prefix), prefix, limit),
+        )
+        return [_lease(row) for row in rows]
+
+    def claim_lease(
+        self, name: str, owner: str, ttl: float, *, steal_token: int | None = None
+    ) -> Lease | None:
+        """The row exists first, so the conditional UPDATE always has one to lock: a second
+        claimant waits for the first's commit, then finds the lease held (READ COMMITTED
+        re-checks the WHERE on the row it waited for)."""
+        with self.transaction():
+            self._count("INSERT INTO leases (name) VALUES (%s) ON CONFLICT (name) DO NOTHING", (name,))
+            row = self._one(
+                f"UPDATE leases SET owner = %s, token = token + 1, expires = {_NOW} + %s, request = '' "
+                f"WHERE name = %s AND (owner = '' OR expires <= {_NOW} OR token = %s) RETURNING {_LEASE}",
+                (owner, ttl, name, -1 if steal_token is None else steal_token),
+            )
+            return _lease(row) if row else None
+
+    def renew_leases(self, owner: str, tokens: Mapping[str, int], ttl: float) -> dict[str, str]:
+        renewed: dict[str, str] = {}
+        with self.transaction():
+            for name, token in sorted(tokens.items()):
+                row = self._one(
+                    f"UPDATE leases SET expires = {_NOW} + %s "
+                    "WHERE name = %s AND owner = %s AND token = %s RETURNING request",
+                    (ttl, name, owner, token),
+                )
+                if row is not None:
+                    renewed[name] = row[0]
+        return renewed
+
+    def release_lease(self, name: str, token: int) -> bool:
+        with self.transaction():
+            row = self._one(
+                "UPDATE leases SET owner = '', expires = 0, request = '' "
+                "WHERE name = %s AND token = %s AND owner <> '' RETURNING name",
+                (name, token),
+            )
+            return row is not None
+
+    def check_lease(self, name: str, token: int | None) -> Lease | None:
+        """FOR SHARE: a claim (an UPDATE of the row) waits until the guarded transaction
+        ends, so the writes it guards commit before any new holder's token exists. Checking
+        a lease nobody ever held makes its row, so there is a row to lock."""
+        with self.transaction():
+            if token is None:
+                self._count("INSERT INTO leases (name) VALUES (%s) ON CONFLICT (name) DO NOTHING", (name,))
+            row = self._one(f"SELECT {_LEASE} FROM leases WHERE name = %s FOR SHARE", (name,))
+        lease = _lease(row) if row else None
+        if token is None:
+            if lease is not None and lease.live:
+                raise LeaseHeldError(lease)
+        elif lease is None or lease.token != token or not lease.live:
+            raise LeaseLostError(name, token, lease)
+        return lease
+
+    def request_lease(self, name: str, request: str) -> bool:
+        with self.transaction():
+            row = self._one(
+                "UPDATE leases SET request = %s "
+                f"WHERE name = %s AND owner <> '' AND expires > {_NOW} RETURNING name",
+                (request, name),
+            )
+            return row is not None
+
     def event_wakeups(self) -> EventWakeups:
         """LISTEN on a connection of its own: woken when an append commits on any replica."""
         return PostgresWakeups(self.url, self.channel)
@@ -746,9 +987,13 @@ class PostgresStore(Store):
             return
         self._closing = True
         self._writers.shutdown(wait=True)
-        self._readers.shutdown(wait=True)
+        self._reads.close()
         self._order.drain()
         self._closed = True
+        with self._pinned_lock:
+            pinned, self._pinned = self._pinned, set()
+        for conn in pinned:
+            self._pool.putconn(conn)
         self._pool.close()
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import functools
 import json
 import logging
 import pathlib
@@ -35,6 +36,9 @@ from cleveragents.acp.facade.store.base import (
     DEFAULT_WRITE_TIMEOUT,
     EventFilter,
     EventWakeups,
+    Lease,
+    LeaseHeldError,
+    LeaseLostError,
     ListQuery,
     Record,
     SchemaTooNewError,
@@ -47,10 +51,15 @@ from cleveragents.acp.facade.store.base import (
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
 from cleveragents.acp.facade.store.migrations import MIGRATIONS
 from cleveragents.acp.facade.store.reads import ReadLane
+from cleveragents.acp.facade.store.requests import RequestEntry, decode_written, encode_written
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, DataVersionWakeups, PeerChannel
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# The store's clock: SQLite's own 'now' (one value per statement), in seconds since the epoch.
+_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+_LEASE = f"name, owner, token, expires, expires > {_NOW}, request"
 
 _COLUMNS = "kind, id, namespace, name, revision, state, attrs, labels, create_time, update_time, body"
 
@@ -70,6 +79,11 @@ def _record(row: sqlite3.Row | tuple[Any, ...]) -> Record:
         update_time=updated,
         body=bytes(body),
     )
+
+
+def _lease(row: tuple[Any, ...]) -> Lease:
+    name, owner, token, expires, live, request = row
+    return Lease(name, owner, int(token), float(expires), bool(live) and bool(owner), request)
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -115,6 +129,31 @@ _LOCK_SLICE_MS = 50
 def _busy(exc: sqlite3.OperationalError) -> bool:
     text = str(exc)
     return "locked" in text or "busy" in text
+
+
+# Insert a request's row, or replace it when it is the same claim's or past retention.
+_PUT_REQUEST = (
+    "INSERT INTO requests (principal, request_id, operation, digest, owner, time, answer, error, written) "
+    "VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT (principal, request_id) DO UPDATE SET "
+    "operation=excluded.operation, digest=excluded.digest, owner=excluded.owner, time=excluded.time, "
+    "answer=excluded.answer, error=excluded.error, written=excluded.written "
+    "WHERE requests.owner = excluded.owner OR requests.time < ?"
+)
+
+
+def _request_row(entry: RequestEntry, cutoff: float, *, answer: bool) -> tuple[Any, ...]:
+    return (
+        entry.principal,
+        entry.request_id,
+        entry.operation,
+        entry.digest,
+        entry.owner,
+        entry.time,
+        entry.answer if answer else None,
+        int(entry.error) if answer else 0,
+        encode_written(entry.written),
+        cutoff,
+    )
 
 
 class SQLiteStore(Store):
@@ -230,7 +269,7 @@ class SQLiteStore(Store):
         # The caller's context travels with fn (its trace, read by what fn records).
         context = contextvars.copy_context()
         queued = time.monotonic()
-        return await self._reads.run(lambda: context.run(self._read_now, fn, queued))
+        return await self._reads.run(functools.partial(context.run, self._read_now, fn, queued))
 
     def _read_now(self, fn: Callable[[Store], T], queued: float) -> T:
         observer = self.observer
@@ -244,10 +283,8 @@ class SQLiteStore(Store):
             db.execute("COMMIT")
 
     async def write(self, fn: Callable[[Store], T]) -> T:
-        # The caller's context travels with fn (the trace id an event it appends carries).
-        context = contextvars.copy_context()
         job = Job(
-            lambda store: context.run(fn, store),
+            fn,
             asyncio.get_running_loop(),
             time.monotonic() + self.write_timeout,
         )
@@ -317,7 +354,7 @@ class SQLiteStore(Store):
                 self._after_commit = []
                 self._db.execute("SAVEPOINT job")
                 try:
-                    job.result = job.fn(self)
+                    job.result = job.run(self)
                     job.callbacks = self._after_commit
                 except BaseException as exc:  # handed to the caller
                     job.error = exc
@@ -460,6 +497,7 @@ class SQLiteStore(Store):
                     ),
                 )
                 lists.add_tags(self._db, record.kind, record.namespace, record.id, lists.record_tags(record))
+                self.note_claim(record.kind, record.id, record.body)
         except sqlite3.IntegrityError as exc:
             raise StoreConflictError(str(exc)) from None
 
@@ -497,11 +535,12 @@ class SQLiteStore(Store):
                 (namespace, lists.tags(state, _loads(attrs), _loads(labels))),
                 (record.namespace, lists.record_tags(record)),
             )
+            self.note_claim(record.kind, record.id, record.body)
 
     def delete(self, kind: str, id: str, expected_revision: int | None = None) -> bool:
         with self.transaction():
             current = self._one(
-                "SELECT revision, namespace, state, attrs, labels FROM records WHERE kind=? AND id=?",
+                "SELECT revision, namespace, state, attrs, labels, body FROM records WHERE kind=? AND id=?",
                 (kind, id),
             )
             if current is None:
@@ -509,8 +548,9 @@ class SQLiteStore(Store):
             if expected_revision is not None and current[0] != expected_revision:
                 raise StaleRevisionError(current[0])
             self.execute("DELETE FROM records WHERE kind=? AND id=?", (kind, id))
-            _, namespace, state, attrs, labels = current
+            _, namespace, state, attrs, labels, body = current
             lists.drop_tags(self._db, kind, namespace, id, lists.tags(state, _loads(attrs), _loads(labels)))
+            self.note_claim(kind, id, bytes(body))
             return True
 
     def query(self, query: ListQuery) -> list[Record]:
@@ -543,6 +583,7 @@ class SQLiteStore(Store):
                 "INSERT INTO items (collection, owner_id, idx, body) VALUES (?,?,?,?)",
                 [(collection, owner_id, idx, body) for idx, body in zip(indices, bodies, strict=True)],
             )
+            self.note_claim()
             return indices
 
     def put_items(self, collection: str, owner_id: str, items: Mapping[int, bytes]) -> None:
@@ -552,6 +593,7 @@ class SQLiteStore(Store):
                 "ON CONFLICT (collection, owner_id, idx) DO UPDATE SET body=excluded.body",
                 [(collection, owner_id, idx, body) for idx, body in items.items()],
             )
+            self.note_claim()
 
     def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
         rows = self._all(
@@ -581,6 +623,7 @@ class SQLiteStore(Store):
                     for seq, e in zip(sequences, events, strict=True)
                 ],
             )
+            self.note_claim()
             return sequences
 
     def read_events(
@@ -636,6 +679,118 @@ class SQLiteStore(Store):
         return DataVersionWakeups(
             self.path, self.wakeup_tick, self.peers.listen() if self.peers is not None else None
         )
+
+    # request ids ----------------------------------------------------------------------
+
+    def stamp_request(self, entry: RequestEntry, cutoff: float) -> bool:
+        if self._depth and self._owner_thread == threading.get_ident():
+            # Inside the write's own transaction (note_claim, on every stamped write): the
+            # statement alone, no nested transaction to enter.
+            return self._db.execute(_PUT_REQUEST, _request_row(entry, cutoff, answer=False)).rowcount > 0
+        with self.transaction():
+            return self.execute(_PUT_REQUEST, _request_row(entry, cutoff, answer=False)).rowcount > 0
+
+    def answer_request(self, entry: RequestEntry, cutoff: float) -> bool:
+        with self.transaction():
+            return self.execute(_PUT_REQUEST, _request_row(entry, cutoff, answer=True)).rowcount > 0
+
+    def get_request(self, principal: str, request_id: str) -> RequestEntry | None:
+        row = self._one(
+            "SELECT operation, digest, owner, time, answer, error, written FROM requests "
+            "WHERE principal=? AND request_id=?",
+            (principal, request_id),
+        )
+        if row is None:
+            return None
+        operation, digest, owner, time_, answer, error, written = row
+        return RequestEntry(
+            principal=principal,
+            request_id=request_id,
+            operation=operation,
+            digest=bytes(digest),
+            owner=owner,
+            time=float(time_),
+            answer=None if answer is None else bytes(answer),
+            error=bool(error),
+            written=decode_written(bytes(written)),
+        )
+
+    def prune_requests(self, older_than: float) -> int:
+        with self.transaction():
+            return int(self.execute("DELETE FROM requests WHERE time < ?", (older_than,)).rowcount)
+
+    # leases ---------------------------------------------------------------------------
+
+    def store_time(self) -> float:
+        return float(self._one(f"SELECT {_NOW}")[0])
+
+    def get_lease(self, name: str) -> Lease | None:
+        row = self._one(f"SELECT {_LEASE} FROM leases WHERE name=?", (name,))
+        return _lease(row) if row else None
+
+    def held_leases(self, prefix: str, limit: int) -> list[Lease]:
+        rows = self._all(
+            f"SELECT {_LEASE} FROM leases WHERE owner != '' AND substr(name, 1, ?) = ? "
+            "ORDER BY expires LIMIT ?",
+            (len(prefix), prefix, limit),
+        )
+        return [_lease(row) for row in rows]
+
+    def claim_lease(
+        self, name: str, owner: str, ttl: float, *, steal_token: int | None = None
+    ) -> Lease | None:
+        """Inside BEGIN IMMEDIATE: no other process claims between the look and the update."""
+        with self.transaction():
+            self.execute("INSERT INTO leases (name) VALUES (?) ON CONFLICT (name) DO NOTHING", (name,))
+            row = self._one(
+                f"UPDATE leases SET owner=?, token=token + 1, expires={_NOW} + ?, request='' "
+                f"WHERE name=? AND (owner = '' OR expires <= {_NOW} OR token = ?) RETURNING {_LEASE}",
+                (owner, ttl, name, -1 if steal_token is None else steal_token),
+            )
+            return _lease(row) if row else None
+
+    def renew_leases(self, owner: str, tokens: Mapping[str, int], ttl: float) -> dict[str, str]:
+        renewed: dict[str, str] = {}
+        with self.transaction():
+            for name, token in tokens.items():
+                row = self._one(
+                    f"UPDATE leases SET expires={_NOW} + ? "
+                    "WHERE name=? AND owner=? AND token=? RETURNING request",
+                    (ttl, name, owner, token),
+                )
+                if row is not None:
+                    renewed[name] = row[0]
+        return renewed
+
+    def release_lease(self, name: str, token: int) -> bool:
+        with self.transaction():
+            row = self._one(
+                "UPDATE leases SET owner='', expires=0, request='' WHERE name=? AND token=? AND owner != '' "
+                "RETURNING name",
+                (name, token),
+            )
+            return row is not None
+
+    def check_lease(self, name: str, token: int | None) -> Lease | None:
+        """In the write transaction (BEGIN IMMEDIATE holds every other writer off until it
+        ends, so the answer holds until the guarded writes commit)."""
+        with self.transaction():
+            lease = self.get_lease(name)
+        if token is None:
+            if lease is not None and lease.live:
+                raise LeaseHeldError(lease)
+        elif lease is None or lease.token != token or not lease.live:
+            raise LeaseLostError(name, token, lease)
+        return lease
+
+    def request_lease(self, name: str, request: str) -> bool:
+        with self.transaction():
+            row = self._one(
+                "UPDATE leases SET request=? "
+                f"WHERE name=? AND owner != '' AND expires > {_NOW} RETURNING name",
+                (request, name),
+            )
+            return row is not None
 
     def close(self) -> None:
         """Commit what is queued, stop the threads, close every connection."""

@@ -37,11 +37,12 @@ DEFAULT_MAX_MESSAGE_BYTES = limits.DEFAULT_MAX_BODY_BYTES
 
 
 def runtime_cap(max_message_bytes: int) -> int:
-    """The gRPC runtime's own receive cap, far above ours, so a request over our limit gets
-    our INVALID_PARAMS with details. The runtime buffers a whole message before any handler
-    runs, so it cannot be unbounded: past this cap it answers its own bare RESOURCE_EXHAUSTED
-    (docs/server.md, "Limits")."""
-    return limits.GRPC_RUNTIME_FACTOR * max_message_bytes + 1024 * 1024
+    """The gRPC runtime's own receive cap, far above ours (and above a session.import's), so
+    a request over our limit gets our INVALID_PARAMS with details. The runtime buffers a
+    whole message before any handler runs, so it cannot be unbounded: past this cap it
+    answers its own bare RESOURCE_EXHAUSTED (docs/server.md, "Limits")."""
+    ours = max(limits.GRPC_RUNTIME_FACTOR * max_message_bytes, limits.import_limit(max_message_bytes))
+    return ours + 1024 * 1024
 
 
 def _identity(data: bytes) -> bytes:
@@ -85,6 +86,7 @@ class GrpcHandlers:
         self._facade = facade
         self._closing = closing
         self._max_bytes = max_message_bytes
+        self._import_bytes = limits.import_limit(max_message_bytes)
         self._contract = contract or catalog.CATALOG
 
     def _context(self, context: grpc.aio.ServicerContext[Any, Any]) -> CallContext:
@@ -100,17 +102,20 @@ class GrpcHandlers:
             ticket=tickets[0] if tickets and tickets[0] else None,
             acp_version=metadata.get(common.VERSION_HEADER) or None,
             request_id=common.request_id(metadata.get(common.REQUEST_ID_HEADER)),
+            request_id_given=bool(metadata.get(common.REQUEST_ID_HEADER)),
             transport="grpc",
             traceparent=metadata.get("traceparent"),
         )
 
     def _decode(self, op: Operation, data: bytes) -> message.Message:
         if len(data) > self._max_bytes:
-            raise ACPError(
-                ErrorCode.INVALID_PARAMS,
-                f"the request is {len(data)} bytes; the limit is {self._max_bytes}",
-                {"field": "request", "max_bytes": self._max_bytes},
-            )
+            limit = self._import_bytes if op.name == limits.IMPORT_OPERATION else self._max_bytes
+            if len(data) > limit:
+                raise ACPError(
+                    ErrorCode.INVALID_PARAMS,
+                    f"the request is {len(data)} bytes; the limit is {limit}",
+                    {"field": "request", "max_bytes": limit},
+                )
         try:
             request = op.request_type.FromString(data)
         except DecodeError:
@@ -135,6 +140,12 @@ class GrpcHandlers:
         version = ctx.served_version or common.served_version(
             ctx.acp_version, op.version_table if op is not None else versions.V1
         )
+        if ctx.replayed:
+            return (
+                (common.REQUEST_ID_HEADER, ctx.request_id),
+                (common.VERSION_HEADER, version),
+                (common.REPLAYED_HEADER, "true"),
+            )
         return ((common.REQUEST_ID_HEADER, ctx.request_id), (common.VERSION_HEADER, version))
 
     async def _abort(
@@ -270,13 +281,15 @@ def build_server(
     *,
     closing: asyncio.Event,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, HealthServicer]:
-    """A grpc.aio server with the ACP services, reflection and health; no port bound yet."""
+    """A grpc.aio server with the ACP services, reflection and health; no port bound yet.
+    ``reuse_port``: a worker sharing its port with the other workers of one server."""
     handlers = GrpcHandlers(facade, closing=closing, max_message_bytes=max_message_bytes)
     server = grpc.aio.server(
         options=[
             # A leftover server on the same port must make this one fail, not share its traffic.
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
             ("grpc.max_receive_message_length", runtime_cap(max_message_bytes)),
             ("grpc.max_send_message_length", -1),
         ]
@@ -313,9 +326,13 @@ def _probe(address: str) -> None:
         raise OSError(f"cannot listen for gRPC on {address}: {exc.strerror or exc}") from None
 
 
-def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
-    """Bind ``host:port``; the bound port (``0`` asks for an ephemeral one)."""
-    _probe(address)
+def bind(
+    server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None, *, probe: bool = True
+) -> int:
+    """Bind ``host:port``; the bound port (``0`` asks for an ephemeral one). ``probe``: refuse
+    a port in use first (a worker skips it: its parent holds the port for the workers)."""
+    if probe:
+        _probe(address)
     try:
         port = (
             server.add_secure_port(address, credentials)

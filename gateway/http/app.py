@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from cleveragents.acp.contract import catalog, codec, envelope, sse
+from cleveragents.acp.contract import catalog, codec, envelope, limits, sse
 from cleveragents.acp.contract.call import CallContext, ambiguous_credentials
 from cleveragents.acp.contract.catalog import Catalog, Major, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 
 _VERSION_HEADER = common.VERSION_HEADER.encode()
 _REQUEST_ID_HEADER = common.REQUEST_ID_HEADER.encode()
+_IDEMPOTENCY_KEY_HEADER = common.IDEMPOTENCY_KEY_HEADER.encode()
 _TRACEPARENT_HEADER = b"traceparent"
+_REPLAYED = "ACP-Replayed"
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -95,7 +97,10 @@ class Gateway:
         self.service = service
         self.settings = settings or GatewaySettings()
         self.closing = closing or asyncio.Event()
-        self.routes = RouteTable(contract=contract)
+        self.contract = contract or catalog.CATALOG
+        self.routes = RouteTable(contract=self.contract)
+        # session.import may exceed the body limit, up to a whole export document.
+        self.large = binding.LargeBodies(limits.import_limit(self.settings.max_body_bytes))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serves any path of the route table (NOT_FOUND envelopes for the others)."""
@@ -119,8 +124,10 @@ class Gateway:
         try:
             exchange.acp_version = binding.header(request, _VERSION_HEADER) or None
             # Validated when given; made once, when the answer needs it, when not.
-            given_id = binding.header(request, _REQUEST_ID_HEADER)
-            exchange.request_id = common.request_id(given_id) if given_id else None
+            exchange.request_id = common.given_request_id(
+                binding.header(request, _REQUEST_ID_HEADER), binding.header(request, _IDEMPOTENCY_KEY_HEADER)
+            )
+            exchange.request_id_given = exchange.request_id is not None
             exchange.traceparent = binding.header(request, _TRACEPARENT_HEADER)
             route, variables = found or self.routes.match(request.method, route_path(request.scope))
             exchange.version_table = route.version_table
@@ -143,18 +150,25 @@ class Gateway:
                     route.op, request, variables, self.settings.max_body_bytes, skip=TICKET_PARAMETER
                 )
                 return await self._stream(route.op, data, token, request, exchange)
-            data = await binding.bind_rest(route.op, request, variables, self.settings.max_body_bytes)
+            large = self.large if route.op.name == limits.IMPORT_OPERATION else None
+            data = await binding.bind_rest(
+                route.op, request, variables, self.settings.max_body_bytes, large=large
+            )
             return await self._call(route.op, data, token, exchange)
         if route.endpoint == "envelope" and route.major is not None:
             return await self._envelope(route.major, request, exchange)
         return await self._health(exchange)
 
     async def _envelope(self, major: Major, request: Request, exchange: Exchange) -> Response:
-        body = binding.parse_json(await binding.read_body(request, self.settings.max_body_bytes))
+        raw = await binding.read_body(request, self.settings.max_body_bytes, self.large)
+        body = binding.parse_json(raw)
         parsed = envelope.parse_request(body)
+        if len(raw) > self.settings.max_body_bytes and parsed.operation != limits.IMPORT_OPERATION:
+            raise binding.over_limit(self.settings.max_body_bytes)
         exchange.acp_version = parsed.acp_version or exchange.acp_version
         if parsed.request_id:
             exchange.request_id = common.request_id(parsed.request_id)
+            exchange.request_id_given = True
         op = major.operations.get(parsed.operation)
         if op is None:
             raise ACPError(
@@ -175,6 +189,7 @@ class Gateway:
             token=token,
             acp_version=exchange.acp_version,
             request_id=exchange.ensure_request_id(),
+            request_id_given=exchange.request_id_given,
             transport=exchange.transport,
             traceparent=exchange.traceparent,
         )
@@ -184,7 +199,11 @@ class Gateway:
     ) -> Response:
         request = codec.from_dict(params, op.request_type)
         ctx = self._context(token, exchange)
-        response = await self.service.invoke(op, request, ctx)
+        try:
+            response = await self.service.invoke(op, request, ctx)
+        finally:
+            if ctx.reply is not None and ctx.reply.replayed:
+                exchange.extra_headers[_REPLAYED] = "true"
         exchange.served = ctx.served_version
         return exchange.ok(codec.to_dict(response))
 
@@ -237,8 +256,15 @@ def build_app(
             EnvelopeCORSMiddleware,
             allow_origins=list(settings.cors_origins),
             allow_methods=ALL_METHODS,
-            allow_headers=["Authorization", "Content-Type", "ACP-Version", "X-Request-ID", "Last-Event-ID"],
-            expose_headers=["X-Request-ID", "ACP-Version", "WWW-Authenticate"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "ACP-Version",
+                "X-Request-ID",
+                "Idempotency-Key",
+                "Last-Event-ID",
+            ],
+            expose_headers=["X-Request-ID", "ACP-Version", "WWW-Authenticate", _REPLAYED],
             max_age=600,
         )
     return app

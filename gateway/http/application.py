@@ -95,7 +95,7 @@ class GatewayApp(FastAPI):
     def openapi(self) -> dict[str, Any]:
         """The descriptors' document, with the routes users added (built once, as FastAPI does)."""
         if self.openapi_schema is None:
-            document = openapi.document(self.gateway.settings.server_build)
+            document = openapi.document(self.gateway.settings.server_build, self.gateway.contract)
             added = [r for r in self.routes if isinstance(r, APIRoute) and r.include_in_schema]
             if added:
                 extra = get_openapi(title=self.title, version=self.version, routes=added)

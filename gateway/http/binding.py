@@ -6,8 +6,10 @@ Every refusal is an ``ACPError`` (INVALID_PARAMS naming the field), never a fram
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import orjson
@@ -60,26 +62,54 @@ def header_values(request: Request, name: bytes) -> list[str]:
     return [cast(bytes, value).decode("latin-1") for key, value in request.scope["headers"] if key == name]
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused once it passes ``limit`` bytes (without reading the rest)."""
+@dataclass
+class LargeBodies:
+    """What a body past the body limit may reach (a session.import), and the slots that
+    bound how many such bodies one server reads at once (a request past the limit waits
+    for a slot, so callers cannot make it hold many at once)."""
+
+    limit: int
+    slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(limits.MAX_LARGE_BODIES))
+
+
+def over_limit(limit: int, declared: str | None = None) -> ACPError:
+    if declared is not None:
+        return invalid(f"the request body is {declared} bytes; the limit is {limit}", "body", max_bytes=limit)
+    return invalid(f"the request body is over the limit of {limit} bytes", "body", max_bytes=limit)
+
+
+async def read_body(request: Request, limit: int, large: LargeBodies | None = None) -> bytes:
+    """The request body, refused once it passes ``limit`` bytes (without reading the rest);
+    with ``large``, up to ``large.limit`` bytes, holding one of its slots past ``limit``."""
+    cap = limit if large is None else large.limit
     declared = header(request, b"content-length")
-    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
-        raise invalid(f"the request body is {declared} bytes; the limit is {limit}", "body", max_bytes=limit)
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > cap:
+        raise over_limit(cap, declared)
     chunks, size = [], 0
-    # The ASGI messages themselves (Request.stream is an async generator around them).
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            raise PeerGoneError
-        if message["type"] != "http.request":
-            continue
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise invalid(f"the request body is over the limit of {limit} bytes", "body", max_bytes=limit)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    holding = False
+    try:
+        # The ASGI messages themselves (Request.stream is an async generator around them).
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                raise PeerGoneError
+            if message["type"] != "http.request":
+                continue
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                if large is None or size > cap:
+                    raise over_limit(cap)
+                if not holding:
+                    await large.slots.acquire()
+                    holding = True
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        if holding:
+            assert large is not None
+            large.slots.release()
 
 
 def parse_json(body: bytes) -> Any:
@@ -183,6 +213,7 @@ async def bind_rest(
     limit: int,
     *,
     skip: frozenset[str] = frozenset(),
+    large: LargeBodies | None = None,
 ) -> dict[str, Any]:
     """The JSON params of a REST call, per the operation's ``google.api.http`` rule;
     query parameters named in ``skip`` are the caller's to read."""
@@ -190,7 +221,7 @@ async def bind_rest(
     pairs = request.query_params.multi_items()
     if skip:
         pairs = [(key, value) for key, value in pairs if key not in skip]
-    body = await read_body(request, limit)
+    body = await read_body(request, limit, large)
     if rule.body == "":
         if body.strip():
             raise invalid(

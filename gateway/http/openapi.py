@@ -14,10 +14,10 @@ from typing import Any, cast
 from google.api import field_behavior_pb2
 from google.protobuf import descriptor, message
 
-from cleveragents.acp.contract import catalog, surface, versions
-from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract import catalog, surface
+from cleveragents.acp.contract.catalog import Catalog, Major, Operation
 from cleveragents.acp.contract.errors import TABLE
-from cleveragents.acp.gateway.http.routing import ENVELOPE_PATH, HEALTH_PATH, VARIABLE
+from cleveragents.acp.gateway.http.routing import ENVELOPE_SUFFIX, HEALTH_PATH, VARIABLE
 from cleveragents.acp.v1 import envelope_pb2
 
 FD = descriptor.FieldDescriptor
@@ -133,6 +133,7 @@ def _scalar_map(field: descriptor.FieldDescriptor) -> bool:
 
 
 def _parameters(op: Operation, builder: SchemaBuilder) -> list[dict[str, Any]]:
+    table = op.version_table
     desc = _desc(op.request_type)
     params: list[dict[str, Any]] = []
     for path in op.http.path_params:
@@ -167,8 +168,8 @@ def _parameters(op: Operation, builder: SchemaBuilder) -> list[dict[str, Any]]:
         {
             "name": "ACP-Version",
             "in": "header",
-            "schema": {"type": "string", "enum": list(versions.SUPPORTED)},
-            "description": f"The ACP version spoken; {versions.CURRENT} when absent.",
+            "schema": {"type": "string", "enum": list(table.supported)},
+            "description": f"The ACP version spoken; {table.current} when absent.",
         }
     )
     params.append(
@@ -226,7 +227,8 @@ def _operation(op: Operation, builder: SchemaBuilder) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "operationId": op.name,
         "summary": op.summary,
-        "description": f"ACP operation `{op.name}` (since ACP {op.since}); gRPC `{op.full_method}`.",
+        "description": f"ACP operation `{op.name}` (since ACP {op.since}); gRPC `{op.full_method}`. "
+        f"If the caller stops waiting: {op.abandoned}",
         "tags": [op.group],
         "parameters": _parameters(op, builder),
     }
@@ -258,15 +260,18 @@ def _operation(op: Operation, builder: SchemaBuilder) -> dict[str, Any]:
     return spec
 
 
-def _envelope_endpoint(builder: SchemaBuilder) -> dict[str, Any]:
+def _envelope_endpoint(builder: SchemaBuilder, major: Major, default: bool) -> dict[str, Any]:
     request = builder.ref(_desc(envelope_pb2.RequestEnvelope))
-    operations = sorted(op.name for op in catalog.OPERATIONS.values() if not op.server_streaming)
+    operations = sorted(op.name for op in major.operations.values() if not op.server_streaming)
+    table = major.version_table
     return {
         "post": {
-            "operationId": "acp.envelope",
-            "summary": "Any ACP operation in the canonical envelope.",
-            "description": "`operation` names any unary operation of the catalog; `params` is its "
-            "request message. The token goes in `Authorization: Bearer` or `auth.token`.",
+            # The default major keeps the id it always had; the others say their major.
+            "operationId": "acp.envelope" if default else f"acp.envelope.v{major.number}",
+            "summary": f"Any ACP {major.number} operation in the canonical envelope.",
+            "description": f"`operation` names any unary operation of ACP {major.number} "
+            f"({', '.join(table.supported)}); `params` is its request message. The token goes in "
+            "`Authorization: Bearer` or `auth.token`.",
             "tags": ["envelope"],
             "requestBody": {
                 "required": True,
@@ -298,12 +303,21 @@ def _envelope_endpoint(builder: SchemaBuilder) -> dict[str, Any]:
     }
 
 
-def document(server_build: str = "") -> dict[str, Any]:
+def document(server_build: str = "", contract: Catalog | None = None) -> dict[str, Any]:
+    """Every major the gateway serves (default: the product catalog), each under its prefix;
+    an operation of another major than the default gets the major in its operationId."""
+    contract = contract or catalog.CATALOG
     builder = SchemaBuilder()
-    paths: dict[str, dict[str, Any]] = {ENVELOPE_PATH: _envelope_endpoint(builder)}
-    for op in catalog.OPERATIONS.values():
-        openapi_path = VARIABLE.sub(lambda m: "{" + m.group(1) + "}", op.http.path)
-        paths.setdefault(openapi_path, {})[op.http.method.lower()] = _operation(op, builder)
+    paths: dict[str, dict[str, Any]] = {}
+    for major in contract.majors.values():
+        default = major is contract.default
+        paths[major.prefix + ENVELOPE_SUFFIX] = _envelope_endpoint(builder, major, default)
+        for op in major.operations.values():
+            openapi_path = VARIABLE.sub(lambda m: "{" + m.group(1) + "}", op.http.path)
+            spec = _operation(op, builder)
+            if not default:
+                spec["operationId"] = f"{op.name}.v{major.number}"
+            paths.setdefault(openapi_path, {})[op.http.method.lower()] = spec
     paths[HEALTH_PATH] = {
         "get": {
             "operationId": "healthz",
@@ -324,9 +338,11 @@ def document(server_build: str = "") -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {
             "title": "CleverAgents ACP",
-            "version": versions.CURRENT,
+            "version": contract.default.version_table.current,
             "description": "The Agent Client Protocol over JSON/HTTP. Every response is an envelope. "
+            + f"Versions served: {', '.join(contract.served_versions())}. "
             + (f"Server: {server_build}." if server_build else ""),
+            "x-acp-versions": contract.served_versions(),
         },
         "paths": paths,
         "components": {

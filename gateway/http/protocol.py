@@ -19,6 +19,10 @@ before closing, so the client sees the answer instead of a reset. So does any cl
 client is still sending its request body (nginx's "lingering close"): the application answers a
 body over ``--max-body-bytes`` at once, from its declared length, and a client that asked for
 ``Connection: close`` (urllib does) would otherwise get a reset while it sends, before it reads.
+
+A client that drops its connection before its answer began ends the call's wait: the request's
+application task is cancelled, as gRPC cancels a call whose deadline passed (what the call's
+work does then is the operation's ``when_abandoned``: docs/server.md, "Deadlines and disconnects").
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ class _Lingering:
     def close(self) -> None:
         protocol = self._protocol
         sending = protocol.conn.their_state is h11.SEND_BODY
-        if sending and not protocol._draining and not self._transport.is_closing():
+        if sending and not (protocol._draining or protocol._lost or self._transport.is_closing()):
             protocol._linger()
         else:
             self._transport.close()
@@ -124,6 +128,13 @@ class GuardedH11Protocol(H11Protocol):
         self._in_body = False
         # Bytes dropped since a refusal (0: not refused).
         self._draining = 0
+        self._lost = False
+        # The task running the application for the current request, and one this connection
+        # cancelled because its client left before the answer (``connection_lost``).
+        self._app = self.app
+        self.app = self._run_app
+        self._app_task: asyncio.Task[Any] | None = None
+        self._abandoned: asyncio.Task[Any] | None = None
 
     # connection ---------------------------------------------------------------------
 
@@ -139,6 +150,7 @@ class GuardedH11Protocol(H11Protocol):
             self._arm(self.bounds.header_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
         self._disarm()
         if self._client_key is not None:
             self.per_client[self._client_key] -= 1
@@ -146,6 +158,27 @@ class GuardedH11Protocol(H11Protocol):
                 del self.per_client[self._client_key]
             self._client_key = None
         super().connection_lost(exc)
+        task = self._app_task
+        if task is not None and self.cycle is not None and not self.cycle.response_started:
+            # The client left before its answer: the call stops waiting, as on a gRPC
+            # deadline (what its work does then: docs/server.md, "Deadlines and disconnects").
+            self._abandoned = task
+            task.cancel()
+
+    async def _run_app(self, scope: Any, receive: Any, send: Any) -> None:
+        """The application, in the task ``connection_lost`` may cancel; that cancellation
+        ends here quietly (uvicorn would log it as an error)."""
+        task = asyncio.current_task()
+        self._app_task = task
+        try:
+            await self._app(scope, receive, send)
+        except asyncio.CancelledError:
+            if task is None or self._abandoned is not task:
+                raise
+            task.uncancel()
+        finally:
+            if self._app_task is task:
+                self._app_task = None
 
     def data_received(self, data: bytes) -> None:
         if self._draining:

@@ -63,6 +63,8 @@ def www_authenticate(err: ACPError) -> str:
 class Exchange:
     started: float = field(default_factory=time.perf_counter)
     request_id: str | None = None
+    # Whether the caller chose the request id (X-Request-ID, Idempotency-Key, the envelope's).
+    request_id_given: bool = False
     acp_version: str | None = None
     # The version the service negotiated for the call (its ``CallContext.served_version``);
     # empty until then, and the label is negotiated here once, only when it never was.

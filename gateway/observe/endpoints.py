@@ -23,7 +23,7 @@ from cleveragents.acp.gateway.observe.metrics import CONTENT_TYPE, Metrics
 METRICS_PATH = "/metrics"
 READY_PATH = "/readyz"
 PROBE_SECONDS = 2.0
-STARTING, READY, DRAINING = "starting", "ready", "draining"
+STARTING, MIGRATING, READY, DRAINING = "starting", "migrating", "ready", "draining"
 
 
 class Readiness:
@@ -41,6 +41,10 @@ class Readiness:
         self.state = state
         for listener in self.changed:
             await listener(state == READY)
+
+    async def migrating(self) -> None:
+        """The store is being opened and migrated: not ready, and saying why."""
+        await self._set(MIGRATING)
 
     async def ready(self) -> None:
         await self._set(READY)

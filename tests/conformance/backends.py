@@ -74,7 +74,12 @@ def scratch(directory: pathlib.Path) -> pathlib.Path:
 
 @contextlib.asynccontextmanager
 async def open_backend(
-    kind: str, directory: pathlib.Path, tokens: Tokens, *, keepalive_seconds: float = 15.0
+    kind: str,
+    directory: pathlib.Path,
+    tokens: Tokens,
+    *,
+    keepalive_seconds: float = 15.0,
+    max_body_bytes: int = GatewaySettings.max_body_bytes,
 ) -> AsyncIterator[Backend]:
     """A fresh backend in ``directory`` reached over ``kind``; stopped cleanly on exit."""
     root = scratch(directory)
@@ -90,7 +95,7 @@ async def open_backend(
         host="127.0.0.1",
         http_port=0,
         grpc_port=0,
-        http=GatewaySettings(keepalive_seconds=keepalive_seconds),
+        http=GatewaySettings(keepalive_seconds=keepalive_seconds, max_body_bytes=max_body_bytes),
         grace_seconds=1.0,
     )
     server = Server(config, facade=facade, observability=logged.observability())

@@ -157,6 +157,15 @@ def test_a_new_rpc_appears_in_the_catalog_without_other_changes() -> None:
             _method("A", _options("x.a", "/api/v1/a")) + _method("B", _options("x.b", "/api/v1/a")),
             "share the route",
         ),
+        (
+            _method(
+                "A",
+                "options { idempotency_level: NO_SIDE_EFFECTS [cleveragents.acp.v1.operation] "
+                '{ name: "x.a" since: "1.1" summary: "x" when_abandoned: "y" } '
+                '[google.api.http] { get: "/api/v1/a" } }',
+            ),
+            "a read-only operation has nothing to say when_abandoned",
+        ),
     ],
 )
 def test_the_catalog_refuses_a_broken_contract(methods: str, message: str) -> None:

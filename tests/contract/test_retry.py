@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from cleveragents.acp.contract import catalog
-from cleveragents.acp.contract.errors import TransportError
+from cleveragents.acp.contract.errors import ACPError, TransportError
 from cleveragents.acp.contract.retry import Retrying, RetryPolicy, again
 
 READ = catalog.OPERATIONS["session.list"]
@@ -38,10 +38,15 @@ class FakeTime:
 def test_what_may_be_retried() -> None:
     policy = RetryPolicy()
     assert policy.may_retry(WRITE, lost(sent=False))  # never left: nothing happened
-    assert not policy.may_retry(WRITE, lost(sent=True))  # may have happened
-    assert policy.may_retry(READ, lost(sent=True))  # read-only: harmless either way
-    assert dataclasses.replace(policy, after_send=True).may_retry(WRITE, lost(sent=True))
+    assert policy.may_retry(WRITE, lost(sent=True))  # may have happened: the server replays
+    no_replay = dataclasses.replace(policy, after_send=False)
+    assert not no_replay.may_retry(WRITE, lost(sent=True))
+    assert no_replay.may_retry(READ, lost(sent=True))  # read-only: harmless either way
     assert not policy.may_retry(READ, lost(sent=False, retryable=False))  # a refused certificate
+    # The server's own answers: retried only when it says nothing happened / still running.
+    busy = ACPError("BUDGET_EXCEEDED", "busy", {"retryable": True}, refinement="STORE_BUSY")
+    assert policy.may_retry(WRITE, busy)
+    assert not policy.may_retry(READ, ACPError("INVALID_PARAMS", "no"))
 
 
 def test_delays_grow_with_jitter_up_to_the_ceiling() -> None:
@@ -105,7 +110,7 @@ async def test_a_retry_that_gets_through_returns_its_answer() -> None:
     assert len(time.pauses) == 2
 
 
-async def test_a_mutating_call_lost_after_sending_is_not_retried_unless_allowed() -> None:
+async def test_a_mutating_call_lost_after_sending_is_retried_unless_told_not_to() -> None:
     time = FakeTime()
     calls = 0
 
@@ -114,11 +119,24 @@ async def test_a_mutating_call_lost_after_sending_is_not_retried_unless_allowed(
         calls += 1
         return "again"
 
+    no_replay = RetryPolicy(after_send=False)
     with pytest.raises(TransportError) as raised:
-        await again(RetryPolicy(), WRITE, lost(sent=True), attempt, sleep=time.sleep, clock=time.clock)
+        await again(no_replay, WRITE, lost(sent=True), attempt, sleep=time.sleep, clock=time.clock)
     assert (calls, raised.value.details["attempts"]) == (0, 1)
-    allowed = RetryPolicy(after_send=True)
-    answer = await again(allowed, WRITE, lost(sent=True), attempt, sleep=time.sleep, clock=time.clock)
+    answer = await again(RetryPolicy(), WRITE, lost(sent=True), attempt, sleep=time.sleep, clock=time.clock)
     assert answer == "again"
+
+
+async def test_an_answer_that_is_no_reason_to_retry_ends_the_retrying() -> None:
+    time = FakeTime()
+    answers = iter([ACPError("BUDGET_EXCEEDED", "busy", {"retryable": True}), ACPError("NOT_FOUND", "gone")])
+
+    async def attempt() -> str:
+        raise next(answers)
+
+    with pytest.raises(ACPError) as raised:
+        await again(RetryPolicy(), WRITE, lost(sent=True), attempt, sleep=time.sleep, clock=time.clock)
+    assert raised.value.code == "NOT_FOUND"
+    assert len(time.pauses) == 2
     assert RetryPolicy.OFF.attempts == 1
     assert not RetryPolicy.OFF.enabled

@@ -5,7 +5,9 @@ close`` and reads only after sending all), ``http.client``, ``httpx`` and curl, 
 
 The server answers from the declared length without reading the body; it then reads and
 drops the rest before it closes (``gateway/http/protocol.py``), else the kernel would reset a
-connection with unread data and a client still sending would never see the answer."""
+connection with unread data and a client still sending would never see the answer. The route
+is ``session.create``'s (``POST /api/v1/sessions``): the envelope endpoint reads bodies up to
+the size of a whole session export (``session.import``) before it refuses another operation's."""
 
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ from tests.gateway.conftest import MAX_BODY, Served
 from tests.server_process import Tokens, start_server
 from tests.tls import make_certificate
 
-BODY = orjson.dumps({"operation": "meta.version", "params": {}, "padding": "x" * (6 * 1024 * 1024)})
+BODY = orjson.dumps({"title": "x" * (6 * 1024 * 1024)})
+PATH = "/api/v1/sessions"
 HEADERS = {"Content-Type": "application/json"}
 TIMEOUT = 60.0
 
@@ -66,7 +69,7 @@ def target(request: pytest.FixtureRequest, served: Served) -> Target:
 
 
 def with_urllib(target: Target) -> tuple[int, bytes]:
-    request = urllib.request.Request(target.url + "/api/v1/acp", data=BODY, headers=HEADERS, method="POST")
+    request = urllib.request.Request(target.url + PATH, data=BODY, headers=HEADERS, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT, context=target.context()) as response:
             return response.status, response.read()
@@ -84,7 +87,7 @@ def with_http_client(target: Target) -> tuple[int, bytes]:
     else:
         connection = http.client.HTTPConnection(address.hostname or "", address.port, timeout=TIMEOUT)
     try:
-        connection.request("POST", "/api/v1/acp", body=BODY, headers=HEADERS)
+        connection.request("POST", PATH, body=BODY, headers=HEADERS)
         response = connection.getresponse()
         return response.status, response.read()
     finally:
@@ -94,7 +97,7 @@ def with_http_client(target: Target) -> tuple[int, bytes]:
 def with_httpx(target: Target) -> tuple[int, bytes]:
     verify: Any = target.context() or True
     with httpx.Client(timeout=TIMEOUT, verify=verify) as client:
-        response = client.post(target.url + "/api/v1/acp", content=BODY, headers=HEADERS)
+        response = client.post(target.url + PATH, content=BODY, headers=HEADERS)
         return response.status_code, response.content
 
 
@@ -109,9 +112,7 @@ def with_curl(target: Target, directory: pathlib.Path) -> tuple[int, bytes]:
     command += ["-H", "Content-Type: application/json", "--data-binary", f"@{body}"]
     if target.ca:
         command += ["--cacert", str(target.ca)]
-    done = subprocess.run(
-        [*command, target.url + "/api/v1/acp"], capture_output=True, text=True, timeout=TIMEOUT + 10
-    )
+    done = subprocess.run([*command, target.url + PATH], capture_output=True, text=True, timeout=TIMEOUT + 10)
     assert done.returncode == 0, done.stderr
     return int(done.stdout), answer.read_bytes()
 

@@ -41,9 +41,10 @@ def agents(
     )
 
 
-def test_first_start_prints_a_token_and_a_working_curl_line(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_first_start_prints_a_token_and_a_working_curl_line(tmp_path: pathlib.Path, workers: str) -> None:
     state = tmp_path / ".acp"
-    args = ["serve", "--state-dir", str(state), "--http-port", "0", "--grpc-port", "0"]
+    args = ["serve", "--state-dir", str(state), "--http-port", "0", "--grpc-port", "0", "--workers", workers]
     server = wait_ready(run_agents(args, tmp_path), tmp_path / "server.stderr")
     try:
         output = "\n".join(server.stdout)

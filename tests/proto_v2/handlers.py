@@ -1,7 +1,8 @@
 """The handlers of ACP 2's operations, and how a process's handler tables get them.
 
 ``session.show`` of ACP 2 is ACP 1's, reshaped: the same domain call (through ACP 1's
-handler), the latest message and the count instead of the whole history.
+handler), the latest message and the count instead of the whole history. ``session.count``
+exists only in ACP 2 (the CLI's commands include it).
 ``events.subscribe`` of ACP 2 is ACP 1's stream as it is.
 """
 
@@ -35,6 +36,14 @@ class SessionHandlersV2:
             message_count=len(shown.messages),
         )
         return response
+
+    @handles("session.count", major=2)
+    async def CountMessages(self, request: Any, ctx: CallContext) -> message.Message:
+        shown = await self._v1.GetSession(v1.GetSessionRequest(session_id=request.session_id), ctx)
+        counted: message.Message = contract.session_pb2().CountMessagesResponse(
+            message_count=len(shown.messages)
+        )
+        return counted
 
 
 class EventHandlersV2:

@@ -49,7 +49,7 @@ def test_the_catalog_holds_both_majors_each_with_its_prefix_package_and_versions
         ("1.2", "1.1"),
     )
     assert (v2.prefix, v2.package, v2.version_table.supported) == ("/api/v2", "cleveragents.acp.v2", ("2.0",))
-    assert list(v2.operations) == ["events.subscribe", "session.show"]
+    assert list(v2.operations) == ["events.subscribe", "session.count", "session.show"]
     assert (
         v2.operations["events.subscribe"].full_method == "/cleveragents.acp.v2.EventService/SubscribeEvents"
     )
@@ -63,10 +63,18 @@ def test_the_catalog_holds_both_majors_each_with_its_prefix_package_and_versions
     assert v1_and_v2.get("session.create", "2.0") is None
 
 
+def test_commands_offer_each_name_once_preferring_the_default_major(v1_and_v2: Catalog) -> None:
+    commands = {op.name: op for op in v1_and_v2.commands()}
+    assert len(commands) == len(v1_and_v2.commands())
+    assert commands["session.show"] is v1_and_v2.majors[1].operations["session.show"]
+    assert commands["session.count"] is v1_and_v2.majors[2].operations["session.count"]
+    assert set(commands) == set(v1_and_v2.majors[1].operations) | {"session.count"}
+
+
 def test_the_handler_table_needs_a_handler_for_each_major(v1_and_v2: Catalog) -> None:
     with pytest.raises(table.HandlerTableError, match=r"no handler for session\.show@v2"):
         table.build([MetaHandlers()], serves=["meta.version", "session.show@v2"], contract=v1_and_v2)
-    with pytest.raises(table.HandlerTableError, match=r"session\.show@v2, which the catalog lacks"):
+    with pytest.raises(table.HandlerTableError, match=r"session\.(show|count)@v2, which the catalog lacks"):
         table.build([handlers.SessionHandlersV2(None)], serves=[])  # type: ignore[arg-type]
 
 

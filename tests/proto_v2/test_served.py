@@ -289,3 +289,53 @@ def test_the_cli_chooses_the_major_by_acp_version(served: Served, mode: str) -> 
         expect=errors.exit_code("VERSION_MISMATCH"),
     )
     assert "2.0" in refused.stderr
+
+
+@pytest.mark.parametrize("mode", ["http", "grpc"])
+def test_an_operation_only_a_later_major_has_is_a_command(served: Served, mode: str) -> None:
+    """Called in its major unless the connection names a version that lacks it."""
+    connection = _cli_args(served, mode)
+    session_id = served.session_id
+    counted = json.loads(served.cli(*connection, "session", "count", session_id, "--json").stdout)
+    assert counted == {"message_count": 2}
+    named = served.cli(*connection, "--acp-version", "2.0", "session", "count", session_id, "--json")
+    assert json.loads(named.stdout) == counted
+    lacking = served.cli(
+        *connection,
+        "--acp-version",
+        "1.2",
+        "session",
+        "count",
+        session_id,
+        expect=errors.exit_code("NOT_FOUND"),
+    )
+    assert "session.count" in lacking.stderr
+
+
+async def test_meta_version_names_every_major_served(http: httpx.AsyncClient) -> None:
+    for spoken in ("1.2", "1.1"):
+        body = {"operation": "meta.version", "params": {}, "acp_version": spoken}
+        answer = (await http.post("/api/v1/acp", json=body)).json()
+        assert answer["status"] == "ok", answer
+        assert answer["data"]["supported_versions"] == ["2.0", "1.2", "1.1"]
+        assert answer["data"]["current_version"] == "1.2"
+
+
+async def test_the_openapi_document_describes_every_major(http: httpx.AsyncClient) -> None:
+    document = (await http.get("/api/v1/openapi.json")).json()
+    assert document["info"]["x-acp-versions"] == ["2.0", "1.2", "1.1"]
+    paths = document["paths"]
+    v2_envelope = paths["/api/v2/acp"]["post"]
+    assert v2_envelope["operationId"] == "acp.envelope.v2"
+    assert paths["/api/v1/acp"]["post"]["operationId"] == "acp.envelope"
+    enum = v2_envelope["requestBody"]["content"]["application/json"]["schema"]["allOf"][1]["properties"]
+    assert enum["operation"]["enum"] == ["session.count", "session.show"]
+    v2_show = paths["/api/v2/sessions/{session_id}"]["get"]
+    v1_show = paths["/api/v1/sessions/{session_id}"]["get"]
+    assert (v2_show["operationId"], v1_show["operationId"]) == ("session.show.v2", "session.show")
+    version = {p["name"]: p for p in v2_show["parameters"]}["ACP-Version"]
+    assert version["schema"]["enum"] == ["2.0"]
+    v2_data = v2_show["responses"]["200"]["content"]["application/json"]["schema"]
+    assert "cleveragents.acp.v2.GetSessionResponse" in json.dumps(v2_data)
+    ids = [op["operationId"] for item in paths.values() for op in item.values()]
+    assert len(ids) == len(set(ids)), "operationIds must be unique"

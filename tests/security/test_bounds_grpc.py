@@ -8,6 +8,7 @@ import grpc
 import pytest
 
 from cleveragents.acp.contract import catalog, limits
+from cleveragents.acp.gateway.grpc.server import runtime_cap
 from cleveragents.acp.v1 import session_pb2
 from tests.gateway.test_grpc import call, fails
 from tests.security.bounded_server import MAX_BODY, Bounded, bounded  # noqa: F401 - the fixture
@@ -23,8 +24,9 @@ def test_requests_over_the_limit_are_invalid_params_with_details(bounded: Bounde
             assert reason == "INVALID_PARAMS", size
             assert metadata["field"] == "request"
             assert exact["max_bytes"] == MAX_BODY
-        # Past the runtime's cap the runtime answers by itself (documented).
-        past = session_pb2.CreateSessionRequest(title="x" * (5 * MAX_BODY + 2 * 1024 * 1024))
+        # Past the runtime's cap (above a whole session.import) the runtime answers by itself
+        # (documented).
+        past = session_pb2.CreateSessionRequest(title="x" * (runtime_cap(MAX_BODY) + 1024))
         with pytest.raises(grpc.RpcError) as refused:
             call(channel, create, past.SerializeToString(), token=token)
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

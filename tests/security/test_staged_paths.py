@@ -14,7 +14,9 @@ from cleveragents.acp.facade.domain.plans import apply
 from cleveragents.acp.facade.domain.plans.paths import ResourceRoot
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact
 from cleveragents.acp.v1 import plan_pb2
+from tests.conformance.harness import Run, run_everywhere
 from tests.facade.plans.helpers import PY, add_action, add_command_tool, add_profile, add_project, run, use
+from tests.server_process import Tokens
 
 
 @pytest.fixture
@@ -131,3 +133,30 @@ async def test_apply_under_a_deep_root_never_answers_500(client: ACPClient, tmp_
     status = await client.call("plan.status", plan_id=plan.meta.id)
     assert isinstance(status, plan_pb2.GetPlanStatusResponse)
     assert status.plan.last_error.code == "INVALID_PARAMS"
+
+
+async def bad_names_everywhere(run_: Run) -> None:
+    """The names of findings 7 and 10 through a transport: each plan fails at staging with
+    INVALID_PARAMS naming why, applying it is a clear refusal (never a 500), and nothing is
+    written."""
+    alice = run_.client("alice")
+    folder = run_.root / "repo"
+    folder.mkdir()
+    await add_project(alice, folder)
+    for index, (path, why) in enumerate(
+        [("a\nb.txt", "control character"), ("..\\..\\evil.txt", "backslash"), ("n" * 256, "255 bytes")]
+    ):
+        steps = [{"tool": "fs.write", "args": {"path": path, "content": "x"}}]
+        await add_action(alice, name=f"bad{index}", steps=steps)
+        plan = await run(alice, (await use(alice, {}, action=f"bad{index}")).meta.id)
+        assert plan.state == plan_pb2.PLAN_STATE_FAILED
+        tree = await alice.call("plan.tree", plan_id=plan.meta.id)
+        assert isinstance(tree, plan_pb2.GetPlanTreeResponse)
+        assert tree.steps[0].error.code == "INVALID_PARAMS"
+        assert why in tree.steps[0].error.message
+        await run_.fails(alice.call("plan.apply", plan_id=plan.meta.id), "INVALID_STATE")
+    assert _tree(folder) == []
+
+
+async def test_bad_names_are_refused_alike_on_every_transport(tmp_path: pathlib.Path) -> None:
+    await run_everywhere(bad_names_everywhere, tmp_path, Tokens.create(tmp_path))

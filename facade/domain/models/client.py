@@ -21,10 +21,9 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
-import openai
 
 from cleveragents.acp.contract.recent import Recent
 from cleveragents.acp.facade.domain.models.deltas import DeltaPump, Emit
@@ -33,6 +32,9 @@ from cleveragents.acp.facade.domain.models.settings import ModelSettings
 from cleveragents.acp.facade.domain.models.wire import SSEReader, StreamEndError, Turn, TurnBuilder
 from cleveragents.acp.facade.domain.tracing import traced
 from cleveragents.acp.v1 import specs_pb2
+
+if TYPE_CHECKING:
+    import openai
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,10 @@ class ChatModels:
             await self._http.aclose()
 
     def _client(self, base_url: str) -> openai.AsyncOpenAI:
+        # Imported at the first model call: the openai package takes a second of CPU to
+        # import, which every local-mode command and server start would pay otherwise.
+        import openai
+
         client = self._clients.get(base_url)
         if client is None:
             if self._http is None:
@@ -217,6 +223,8 @@ class _Call:
         return request
 
     async def _once(self, pump: DeltaPump) -> Turn:
+        import openai
+
         client = self.models._client(self.spec.base_url).with_options(api_key=self.key)
         # The raw stream: chunks are decoded here (orjson, plain dicts), several times cheaper
         # than the library's typed chunk objects; the library still sends, retries nothing,

@@ -14,6 +14,7 @@ records the apply as failed with reason ``interrupted``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import pathlib
@@ -140,31 +141,60 @@ def _pause(count: int) -> None:
             time.sleep(0.02)
 
 
+class CrossedLinkError(OSError):
+    """A write met a symlink (or a file) where a folder of ``path`` was: never followed."""
+
+    def __init__(self, path: str, cause: OSError) -> None:
+        super().__init__(cause.errno, f"a folder on the way to {path!r} is now a symlink or a file")
+        self.path = path
+
+
 def write_all(writes: Sequence[Write]) -> None:
-    """Blocking (fsync): run it off the event loop. OSError when a path met a symlink or
-    a file where a folder was: the caller restores the checkpoint."""
+    """Blocking (fsync): run it off the event loop. OSError when a write failed (a
+    CrossedLinkError when its path met a symlink or a file where a folder was): the caller
+    restores the checkpoint."""
     for count, write in enumerate(writes, start=1):
-        with fsat.open_root(write.entry.root) as root_fd:
-            if write.content is None:
-                fsat.remove(root_fd, write.entry.path)
-            else:
-                _write(root_fd, write.entry.path, write.content, write.entry.mode)
+        try:
+            with fsat.open_root(write.entry.root) as root_fd:
+                if write.content is None:
+                    if not fsat.remove(root_fd, write.entry.path):
+                        raise OSError(errno.ELOOP, "symlink on the way")
+                else:
+                    _write(root_fd, write.entry.path, write.content, write.entry.mode)
+        except OSError as exc:
+            if fsat.crosses_link(exc):
+                raise CrossedLinkError(write.entry.path, exc) from exc
+            raise
         _pause(count)
 
 
+@dataclass(frozen=True)
+class Restored:
+    """What ``restore`` did: paths put back, and paths left alone because a folder on the
+    way is now a symlink or a file (never followed)."""
+
+    restored: list[str]
+    skipped: list[str]
+
+
 def restore(entries: Sequence[CheckpointEntry]) -> list[str]:
-    """Put every pre-image back (idempotent: safe to run again after a crash in it);
-    returns the paths it restored. A path that now crosses a symlink or a non-folder is
-    left alone (never followed) and not listed. Blocking: run it off the event loop."""
+    """The paths ``restore_all`` restored."""
+    return restore_all(entries).restored
+
+
+def restore_all(entries: Sequence[CheckpointEntry]) -> Restored:
+    """Put every pre-image back (idempotent: safe to run again after a crash in it). A path
+    that now crosses a symlink or a non-folder is left alone (never followed) and reported
+    skipped. Blocking: run it off the event loop."""
     restored: list[str] = []
+    skipped: list[str] = []
     for entry in reversed(entries):
         try:
             with fsat.open_root(entry.root) as root_fd:
-                if _restore_one(root_fd, entry):
-                    restored.append(entry.path)
+                (restored if _restore_one(root_fd, entry) else skipped).append(entry.path)
         except FileNotFoundError:
             continue
-    return list(reversed(restored))
+    return Restored(list(reversed(restored)), list(reversed(skipped)))
 
 
 def _restore_one(root_fd: int, entry: CheckpointEntry) -> bool:
@@ -180,8 +210,8 @@ def _restore_one(root_fd: int, entry: CheckpointEntry) -> bool:
                 if fsat.crosses_link(exc):
                     return False
                 raise
-    else:
-        fsat.remove(root_fd, entry.path)
+    elif not fsat.remove(root_fd, entry.path):
+        return False
     for folder in reversed(entry.created_dirs):
         fsat.remove_dir(root_fd, folder)
     return True

@@ -11,8 +11,11 @@ The event loop never waits for the store: every read an async method makes runs 
 writer thread, committed durably, with its events, before the await returns). The sync
 helpers (``_transition``, ``_record_strategy``, ``load``...) run inside those functions.
 
-At start, ``recover`` settles what a stopped server left behind: an apply half-written is
-undone from its checkpoint, and a plan left running is failed with reason ``interrupted``.
+Execution is leased (leases.py): the process running a plan, or writing its project,
+holds the plan's lease, and every write it makes for the plan is fenced by the lease's
+token. When the holder dies, whoever takes the lease over settles the plan as a stopped
+server's is settled at start (``recover``): an apply half-written is undone from its
+checkpoint, and a plan left running is failed with reason ``interrupted``.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from google.protobuf import json_format, timestamp_pb2
@@ -37,6 +41,7 @@ from cleveragents.acp.facade.domain.plans import (
     apply,
     diff,
     invariants,
+    leases,
     listing,
     model,
     model_actor,
@@ -47,7 +52,8 @@ from cleveragents.acp.facade.domain.plans import (
     tools,
     validations,
 )
-from cleveragents.acp.facade.domain.plans.apply import Write
+from cleveragents.acp.facade.domain.plans.apply import Restored, Write
+from cleveragents.acp.facade.domain.plans.leases import PlanLeases
 from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
 from cleveragents.acp.facade.domain.plans.records import CheckpointEntry, PlanRecords
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
@@ -55,6 +61,7 @@ from cleveragents.acp.facade.domain.policy import HOW_TO_ALLOW_COMMANDS
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.specs import DEFAULT_MAX_STEPS
 from cleveragents.acp.facade.domain.tracing import traced
+from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, Store
 from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2, registry_pb2, specs_pb2
 
 log = logging.getLogger(__name__)
@@ -62,6 +69,13 @@ T = TypeVar("T")
 
 # How long plan.cancel waits for the plan to reach its step boundary.
 CANCEL_WAIT_SECONDS = 10.0
+# What a plan left running by a process that stopped is failed with.
+STOPPED_RUNNING = "the server stopped while the plan was running"
+STOPPED_APPLYING = "the server stopped during apply; every file was restored"
+# A cross-process cancel, left on the plan's lease for its holder (leases.py).
+CANCEL_REQUEST = "cancel:"
+# Settling a plan whose holder stopped: pre-images to restore, then a transition to record.
+Settlement = tuple[list[CheckpointEntry], Callable[[], None]]
 SESSION_KIND = "session"
 
 
@@ -115,13 +129,27 @@ def _index_of(steps: Sequence[plan_pb2.PlanStep], step: plan_pb2.PlanStep) -> in
 
 
 class PlanEngine:
-    def __init__(self, events: EventLog, registries: Registries, models: ChatModels | None = None) -> None:
+    def __init__(
+        self,
+        events: EventLog,
+        registries: Registries,
+        models: ChatModels | None = None,
+        *,
+        lease_seconds: float | None = None,
+        takeover: bool = False,
+    ) -> None:
+        """``takeover``: scan for plans whose holder stopped and settle them, as long as the
+        engine is open (a server); without it (a local CLI) they are settled only at
+        ``recover``, and the engine runs no task of its own once its plans are done."""
         self.store = events.store
         self.events = events
         self.registries = registries
         # Runs plans whose actor is a model (provider ``openai``); None: only scripted ones.
         self.model_actor = ModelActor(registries, models) if models is not None else None
-        self.records = PlanRecords(self.store)
+        self.leases = PlanLeases(
+            self.store, leases.ttl_from_env() if lease_seconds is None else lease_seconds
+        )
+        self.records = PlanRecords(self.store, self.leases.fence)
         self.pages = paging.Pager(self.store)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancels: dict[str, asyncio.Event] = {}
@@ -129,6 +157,25 @@ class PlanEngine:
         self._closed = False
         # Plans whose files are being applied or rolled back on a worker thread.
         self._file_work: set[str] = set()
+        # The heartbeat (while this engine holds a lease) and the takeover scanner.
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._scanner: asyncio.Task[None] | None = None
+        # Plans whose resources this process could not see, already logged.
+        self._unseen: set[str] = set()
+        self._takeover = takeover
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop()
+            self.start()
+
+    def start(self) -> None:
+        """On the loop that serves: with ``takeover``, start the scanner (once). Opened on
+        a worker thread (a server migrating while it listens), the server calls this when
+        the facade is attached (``ServiceFacade.start``)."""
+        if self._takeover and self._scanner is None and not self._closed:
+            interval = min(1.0, self.leases.ttl / 4)
+            self._scanner = asyncio.get_running_loop().create_task(
+                self._every(interval, self._scan), name="plan-lease-scanner"
+            )
 
     # the store, off the loop --------------------------------------------------------------
 
@@ -185,11 +232,13 @@ class PlanEngine:
     # events and transitions ------------------------------------------------------------
 
     def _publish(self, plan: plan_pb2.Plan, **payload: Any) -> events_pb2.Event:
-        return self.events.publish(
-            events_pb2.Event(
-                namespace=plan.meta.namespace, plan_id=plan.meta.id, session_id=plan.session_id, **payload
+        """A plan's event, fenced by its lease like every other write for it."""
+        with self.records.fenced(plan.meta.id):
+            return self.events.publish(
+                events_pb2.Event(
+                    namespace=plan.meta.namespace, plan_id=plan.meta.id, session_id=plan.session_id, **payload
+                )
             )
-        )
 
     def _transition(
         self,
@@ -402,6 +451,8 @@ class PlanEngine:
         self._tasks[plan_id] = task
 
         def mark_running() -> None:
+            # The lease first: another process may be running the plan.
+            self._take_lease(plan_id)
             model.require("execute", self.records.load(plan_id))
             plan.ClearField("last_error")
             self._transition(plan, plan.phase, model.RUNNING)
@@ -409,16 +460,41 @@ class PlanEngine:
         try:
             await self._write(mark_running)
         except BaseException:
+            self.leases.forget(plan_id)
             task.cancel()
             self._tasks.pop(plan_id, None)
             self._cancels.pop(plan_id, None)
             raise
+        self._start_heartbeat()
         marked.set_result(None)
         return task
+
+    def _take_lease(self, plan_id: str) -> None:
+        """In a write: claim the plan's lease (PLAN_LEASED if another process holds it)."""
+        if not self.leases.claim(plan_id):
+            raise leases.busy(plan_id)
+
+    async def _release(self, plan_id: str) -> None:
+        if self.leases.holds(plan_id):
+            await self._write(lambda: self.leases.release(plan_id))
+        self._stop_heartbeat_if_idle()
 
     @traced("plan.run", lambda self, plan, marked: {"acp.plan_id": plan.meta.id})
     async def _run(self, plan: plan_pb2.Plan, marked: asyncio.Future[None]) -> None:
         await marked
+        plan_id = plan.meta.id
+        try:
+            await self._run_leased(plan)
+        except LeaseLostError as exc:
+            # Another process holds the plan now and settles it: nothing more is ours to write.
+            log.warning("plan %s stopped without writing: %s", plan_id, exc)
+        finally:
+            self._tasks.pop(plan_id, None)
+            self._cancels.pop(plan_id, None)
+            self._cancel_reasons.pop(plan_id, None)
+            await self._release(plan_id)
+
+    async def _run_leased(self, plan: plan_pb2.Plan) -> None:
         plan_id = plan.meta.id
         cancel = self._cancels[plan_id]
         try:
@@ -446,9 +522,9 @@ class PlanEngine:
             failed = common_pb2.ErrorInfo(code=exc.code, message=exc.message)
             await self._write(lambda: self._transition(plan, plan.phase, model.FAILED, error=failed))
         except asyncio.CancelledError:
-            await self._write(
-                lambda: self._interrupted(plan, "the server stopped while the plan was running")
-            )
+            await self._write(lambda: self._interrupted(plan, STOPPED_RUNNING))
+            raise
+        except LeaseLostError:
             raise
         except Exception:
             correlation = str(ULID())
@@ -458,10 +534,6 @@ class PlanEngine:
                 message=f"internal error; correlation id {correlation}",
             )
             await self._write(lambda: self._transition(plan, plan.phase, model.FAILED, error=internal))
-        finally:
-            self._tasks.pop(plan_id, None)
-            self._cancels.pop(plan_id, None)
-            self._cancel_reasons.pop(plan_id, None)
 
     def _check_cancel(self, plan_id: str, cancel: asyncio.Event) -> None:
         if cancel.is_set():
@@ -717,6 +789,9 @@ class PlanEngine:
         model.require("cancel", plan)
         task = self._tasks.get(plan_id)
         if task is None:
+            held = await self._read(lambda: self.store.get_lease(leases.lease_name(plan_id)))
+            if held is not None and held.live and held.owner != self.leases.owner:
+                return await self._cancel_elsewhere(plan_id, reason or "cancelled")
 
             def cancel_idle() -> plan_pb2.Plan:
                 # Read again in the write: the plan may have moved since (another call).
@@ -730,6 +805,20 @@ class PlanEngine:
         self._cancels[plan_id].set()
         await asyncio.wait({task}, timeout=CANCEL_WAIT_SECONDS)
         return await self._read(lambda: self.records.load(plan_id))
+
+    async def _cancel_elsewhere(self, plan_id: str, reason: str) -> plan_pb2.Plan:
+        """The plan runs in another process: leave the cancel on its lease (its holder reads
+        it at its next heartbeat or scan) and wait, as for a local plan, for it to settle."""
+        name = leases.lease_name(plan_id)
+        if not await self.store.write(lambda store: store.request_lease(name, CANCEL_REQUEST + reason)):
+            raise leases.busy(plan_id)
+        deadline = time.monotonic() + CANCEL_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            plan = await self.store.read(lambda _store: self.records.load(plan_id))
+            if plan.state != model.RUNNING:
+                return plan
+            await asyncio.sleep(0.05)
+        return await self.store.read(lambda _store: self.records.load(plan_id))
 
     # plan.correct -----------------------------------------------------------------------
 
@@ -889,26 +978,38 @@ class PlanEngine:
             await self._write(lambda: self._record_error(plan, refused))
             raise
         entries = [w.entry for w in writes]
+        # A call's apply leases the plan for its file work; a run's auto-apply holds the run's.
+        claimed = not self.leases.holds(plan.meta.id)
 
         def begin() -> None:
+            if claimed:
+                self._take_lease(plan.meta.id)
             self._still(plan, "apply")
             self.records.save_checkpoint(plan.meta.id, entries)
             plan.ClearField("last_error")
             self._transition(plan, model.APPLY, model.RUNNING, journal=records.JOURNAL_APPLYING)
 
-        await self._write(begin)
+        try:
+            await self._write(begin)
+        except BaseException:
+            if claimed:
+                self.leases.forget(plan.meta.id)
+            raise
+        self._start_heartbeat()
+        try:
+            return await self._write_files(plan, writes, entries)
+        finally:
+            if claimed:
+                await self._release(plan.meta.id)
+
+    async def _write_files(
+        self, plan: plan_pb2.Plan, writes: list[Write], entries: list[CheckpointEntry]
+    ) -> list[str]:
         try:
             await asyncio.to_thread(apply.write_all, writes)
         except OSError as exc:
-            await asyncio.to_thread(apply.restore, entries)
-            message = f"apply failed and was undone: {exc}"
-            failed = common_pb2.ErrorInfo(code=ErrorCode.Name(ErrorCode.INTERNAL_ERROR), message=message)
-            await self._write(
-                lambda: self._transition(
-                    plan, model.APPLY, model.FAILED, error=failed, journal=records.JOURNAL_ABORTED
-                )
-            )
-            raise ACPError(ErrorCode.INTERNAL_ERROR, message, {"plan_id": plan.meta.id}) from None
+            undone = await asyncio.to_thread(apply.restore_all, entries)
+            raise await self._apply_failed(plan, exc, undone) from None
         changed = [e.path for e in entries]
         completed = events_pb2.PlanApplyCompleted(changed_paths=changed, checkpoint_id=plan.meta.id)
         await self._write(
@@ -922,33 +1023,87 @@ class PlanEngine:
         )
         return changed
 
+    async def _apply_failed(self, plan: plan_pb2.Plan, exc: OSError, undone: Restored) -> ACPError:
+        """Record the failed apply (undone) on the plan and return the error to raise: a
+        folder swapped for a symlink under the plan is the caller's INVALID_STATE
+        (``PATH_CROSSES_SYMLINK``), any other I/O failure the server's INTERNAL_ERROR."""
+        code, refinement = ErrorCode.INTERNAL_ERROR, None
+        details: dict[str, object] = {"plan_id": plan.meta.id}
+        message = f"apply failed and was undone: {exc}"
+        if isinstance(exc, apply.CrossedLinkError):
+            code, refinement = ErrorCode.INVALID_STATE, "PATH_CROSSES_SYMLINK"
+            details["path"] = exc.path
+            message = (
+                f"apply stopped at {exc.path!r}: a folder on the way is now a symlink or a file "
+                "(never followed); every file written was undone"
+            )
+        if undone.skipped:
+            details["skipped_paths"] = undone.skipped
+            message += f", except {', '.join(undone.skipped)} (a folder on the way is now a symlink)"
+        failed = common_pb2.ErrorInfo(code=ErrorCode.Name(code), message=message)
+        await self._write(
+            lambda: self._transition(
+                plan, model.APPLY, model.FAILED, error=failed, journal=records.JOURNAL_ABORTED
+            )
+        )
+        return ACPError(code, message, details, refinement=refinement)
+
     # plan.rollback ----------------------------------------------------------------------
 
     async def rollback(
         self, ctx: CallContext, plan_id: str, *, force: bool = False
-    ) -> tuple[plan_pb2.Plan, list[str]]:
+    ) -> tuple[plan_pb2.Plan, Restored]:
         plan, entries = await self._read(lambda: (self.load(ctx, plan_id), self.records.checkpoint(plan_id)))
         model.require("rollback", plan)
         return plan, await asyncio.shield(self._rollback_files(plan, entries, force))
 
     async def _rollback_files(
         self, plan: plan_pb2.Plan, entries: list[CheckpointEntry], force: bool
-    ) -> list[str]:
+    ) -> Restored:
         """Off the loop and shielded, like apply."""
         with self._exclusive(plan.meta.id):
             await asyncio.to_thread(rollback.check, plan.meta.id, entries, force=force)
 
+            claimed = not self.leases.holds(plan.meta.id)
+
             def begin() -> None:
+                if claimed:
+                    self._take_lease(plan.meta.id)
                 self._still(plan, "rollback")
                 self.records.save(plan, journal=records.JOURNAL_ROLLING_BACK)
 
-            await self._write(begin)
-            restored = await asyncio.to_thread(apply.restore, entries)
-        await self._write(
-            lambda: self._transition(
-                plan, model.APPLY, model.ROLLED_BACK, reason="rollback", journal=records.JOURNAL_ROLLED_BACK
-            )
-        )
+            try:
+                await self._write(begin)
+            except BaseException:
+                if claimed:
+                    self.leases.forget(plan.meta.id)
+                raise
+            self._start_heartbeat()
+            try:
+                restored = await asyncio.to_thread(apply.restore_all, entries)
+                # Paths never followed through a symlink are not restored: the plan says so.
+                skipped = (
+                    common_pb2.ErrorInfo(
+                        code=ErrorCode.Name(ErrorCode.INVALID_STATE),
+                        message=f"rolled back except {', '.join(restored.skipped)}: a folder on the "
+                        "way is now a symlink or a file (never followed); those are left as they are",
+                    )
+                    if restored.skipped
+                    else None
+                )
+                await self._write(
+                    lambda: self._transition(
+                        plan,
+                        model.APPLY,
+                        model.ROLLED_BACK,
+                        reason="rollback",
+                        error=skipped,
+                        journal=records.JOURNAL_ROLLED_BACK,
+                    )
+                )
+            finally:
+                if claimed:
+                    await self._release(plan.meta.id)
         return restored
 
     # read views -------------------------------------------------------------------------
@@ -994,26 +1149,58 @@ class PlanEngine:
                 error=common_pb2.ErrorInfo(code=model.INTERRUPTED, message=message),
             )
 
+    # takeover -----------------------------------------------------------------------------
+
     def recover(self) -> None:
-        """Settle the plans a stopped server left running or half-applied."""
-        for record in self.records.in_flight():
-            plan = plan_pb2.Plan.FromString(record.body)
-            journal = record.attrs.get("journal", "")
-            if journal == records.JOURNAL_APPLYING:
-                apply.restore(self.records.checkpoint(plan.meta.id))
+        """At start, before any call (blocking): settle what stopped processes left, the
+        plans in flight whose lease is free, expired, or held by a process that is gone.
+        A live holder's plans are its own business; the scanner takes them if it dies."""
+        candidates = {r.id for r in self.records.in_flight()}
+        candidates.update(leases.plan_of(lease.name) for lease in self.leases.takeable(self.store))
+        for plan_id in sorted(candidates):
+            lease = self.store.get_lease(leases.lease_name(plan_id))
+            if lease is not None and lease.live and leases.steal_token(lease) is None:
+                continue
+            record = self.store.get(records.KIND, plan_id)
+            if record is not None and self._unseen_folder(record) is not None:
+                continue
+            with self.store.transaction():
+                if not self.leases.claim(plan_id, steal_token=leases.steal_token(lease)):
+                    continue
+                record = self.store.get(records.KIND, plan_id)
+            try:
+                entries, finish = self._settlement(record)
+                if entries:
+                    apply.restore(entries)
+                with self.store.transaction():
+                    finish()
+            finally:
+                with self.store.transaction():
+                    self.leases.release(plan_id)
+
+    def _settlement(self, record: Record | None) -> Settlement:
+        """What settling a plan whose holder stopped takes: the pre-images to restore first
+        (off the loop), then the transition to record (in a transaction)."""
+        if record is None or not records.unsettled(record):
+            return [], lambda: None
+        plan = plan_pb2.Plan.FromString(record.body)
+        journal = record.attrs.get("journal", "")
+        if journal == records.JOURNAL_APPLYING:
+
+            def aborted() -> None:
                 self._transition(
                     plan,
                     model.APPLY,
                     model.FAILED,
                     reason=model.INTERRUPTED,
-                    error=common_pb2.ErrorInfo(
-                        code=model.INTERRUPTED,
-                        message="the server stopped during apply; every file was restored",
-                    ),
+                    error=common_pb2.ErrorInfo(code=model.INTERRUPTED, message=STOPPED_APPLYING),
                     journal=records.JOURNAL_ABORTED,
                 )
-            elif journal == records.JOURNAL_ROLLING_BACK:
-                apply.restore(self.records.checkpoint(plan.meta.id))
+
+            return self.records.checkpoint(plan.meta.id), aborted
+        if journal == records.JOURNAL_ROLLING_BACK:
+
+            def rolled_back() -> None:
                 self._transition(
                     plan,
                     model.APPLY,
@@ -1021,14 +1208,147 @@ class PlanEngine:
                     reason="rollback",
                     journal=records.JOURNAL_ROLLED_BACK,
                 )
-            else:
-                self._interrupted(plan, "the server stopped while the plan was running")
+
+            return self.records.checkpoint(plan.meta.id), rolled_back
+        return [], lambda: self._interrupted(plan, STOPPED_RUNNING)
+
+    def _unseen_folder(self, record: Record) -> str | None:
+        """Blocking (it stats folders): a folder of the plan's that this process cannot see,
+        so it must not take the plan over (a restore would silently skip it). Every process
+        on one database must see each resource at the same path (docs/plans.md)."""
+        if not records.unsettled(record):
+            return None
+        if record.attrs.get("journal") in (records.JOURNAL_APPLYING, records.JOURNAL_ROLLING_BACK):
+            folders = [entry.root for entry in self.records.checkpoint(record.id)]
+        else:
+            plan = plan_pb2.Plan.FromString(record.body)
+            try:
+                project = self.registries.fetch(registry_pb2.Project, plan.meta.namespace, plan.project)
+                roots = setup.resources_of(self.registries, plan.meta.namespace, project)
+            except ACPError:
+                return None
+            folders = [str(root.root) for root in roots.values()]
+        for folder in folders:
+            if not os.path.isdir(folder):
+                if record.id not in self._unseen:
+                    self._unseen.add(record.id)
+                    log.error(
+                        "plan %s: not taking it over: its resource folder %s is not visible to this "
+                        "process (every server process on one database must see each resource at "
+                        "the same path); another process that sees it will",
+                        record.id,
+                        folder,
+                    )
+                return folder
+        self._unseen.discard(record.id)
+        return None
+
+    def _start_heartbeat(self) -> None:
+        """Renew this engine's leases every third of the lease while it holds any. A store
+        error is logged and tried again: a lease is lost only when it expires."""
+        if (self._heartbeat_task is None or self._heartbeat_task.done()) and not self._closed:
+            self._heartbeat_task = asyncio.get_running_loop().create_task(
+                self._every(self.leases.ttl / 3, self._heartbeat, first_wait=True),
+                name="plan-lease-heartbeat",
+            )
+
+    def _stop_heartbeat_if_idle(self) -> None:
+        if not self.leases.held and self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            self._heartbeat_task = None
+
+    @staticmethod
+    async def _every(
+        interval: float, work: Callable[[], Awaitable[None]], *, first_wait: bool = False
+    ) -> None:
+        if first_wait:
+            await asyncio.sleep(interval)
+        while True:
+            try:
+                await work()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("plan leases: %s failed; trying again", work.__name__)
+            await asyncio.sleep(interval)
+
+    async def _heartbeat(self) -> None:
+        if not self.leases.held:
+            return
+        lost, requests = await self.store.write(self.leases.renew)
+        for plan_id in lost:
+            log.warning("plan %s: this process lost its lease; the plan stops here", plan_id)
+            self._stop_local(plan_id, "the plan's lease was lost")
+        for plan_id, request in requests.items():
+            self._requested(plan_id, request)
+
+    def _requested(self, plan_id: str, request: str) -> None:
+        if request.startswith(CANCEL_REQUEST):
+            self._stop_local(plan_id, request[len(CANCEL_REQUEST) :] or "cancelled")
+
+    def _stop_local(self, plan_id: str, reason: str) -> None:
+        cancel = self._cancels.get(plan_id)
+        if cancel is not None and not cancel.is_set():
+            self._cancel_reasons[plan_id] = reason
+            cancel.set()
+
+    async def _scan(self) -> None:
+        found = await self.store.read(lambda store: store.held_leases(leases.PREFIX, leases.SCAN_LIMIT))
+        for lease in found:
+            if lease.owner == self.leases.owner and lease.request:
+                self._requested(leases.plan_of(lease.name), lease.request)
+        for lease in self.leases.takeable(found):
+            await self.take_over(lease)
+
+    async def take_over(self, lease: Lease) -> bool:
+        """Claim a takeable lease and settle its plan as ``recover`` does; False when this
+        process cannot see the plan's folders or another process claimed it first."""
+        plan_id = leases.plan_of(lease.name)
+        if plan_id in self._tasks or plan_id in self._file_work or self.leases.holds(plan_id):
+            return False
+        record = await self.store.read(lambda store: store.get(records.KIND, plan_id))
+        if record is not None and await asyncio.to_thread(self._unseen_folder, record) is not None:
+            return False
+        steal = leases.steal_token(lease)
+
+        def claim(store: Store) -> Settlement | None:
+            if not self.leases.claim(plan_id, steal_token=steal):
+                return None
+            return self._settlement(store.get(records.KIND, plan_id))
+
+        try:
+            settlement = await self.store.write(claim)
+        except BaseException:
+            self.leases.forget(plan_id)
+            raise
+        if settlement is None:
+            return False
+        self._start_heartbeat()
+        entries, finish = settlement
+        self._file_work.add(plan_id)
+        try:
+            if entries:
+                await asyncio.to_thread(apply.restore, entries)
+            await self.store.write(lambda _store: finish())
+            log.warning("plan %s: taken over from a stopped process (lease token %d)", plan_id, lease.token)
+        finally:
+            self._file_work.discard(plan_id)
+            await self.store.write(lambda _store: self.leases.release(plan_id))
+            self._stop_heartbeat_if_idle()
+        return True
 
     async def close(self) -> None:
-        """Stop running plans (they are recorded as interrupted) and refuse new ones."""
+        """Stop running plans (they are recorded as interrupted, their leases released) and
+        refuse new ones; then stop the heartbeat and the scanner."""
         self._closed = True
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        for background in (self._scanner, self._heartbeat_task):
+            if background is not None:
+                background.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await background
+        self.leases.close()

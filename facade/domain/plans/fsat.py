@@ -132,18 +132,20 @@ def write_atomic(root_fd: int, path: str, content: bytes, mode: int, temp_name: 
         sync_dir(parent)
 
 
-def remove(root_fd: int, path: str) -> None:
+def remove(root_fd: int, path: str) -> bool:
     """Unlink ``path`` (a symlink there is removed, never followed); gone already: no-op.
-    A folder on the way that is now a symlink: nothing of ours is there, nothing is done."""
+    A folder on the way that is now a symlink (or a file): nothing is done, and False."""
     try:
         with open_parent(root_fd, path) as (parent, name), contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=parent)
             sync_dir(parent)
     except FileNotFoundError:
-        return
+        return True
     except OSError as exc:
         if not crosses_link(exc):
             raise
+        return False
+    return True
 
 
 def remove_dir(root_fd: int, path: str) -> None:

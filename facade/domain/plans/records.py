@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -47,30 +46,6 @@ JOURNAL_ABORTED = "aborted"
 JOURNAL_ROLLING_BACK = "rolling_back"
 JOURNAL_ROLLED_BACK = "rolled_back"
 _WRITING = (JOURNAL_APPLYING, JOURNAL_ROLLING_BACK)
-
-
-def current_owner() -> str:
-    return f"{socket.gethostname()}/{os.getpid()}"
-
-
-def owner_alive(owner: str) -> bool:
-    """Whether the process named by ``owner`` may still run: one on another host cannot be
-    checked from here, so it counts as alive; on this host it must exist and not be this
-    process (whose earlier engines are gone once it starts a new one)."""
-    host, _, pid = owner.rpartition("/")
-    if not owner or not pid.isdigit():
-        return False
-    if host != socket.gethostname():
-        return True
-    if int(pid) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -134,6 +109,11 @@ class CheckpointEntry:
         return CheckpointEntry(**data)
 
 
+def unsettled(record: Record) -> bool:
+    """Running, or stopped midway through writing its project."""
+    return record.state == model.state_name(model.RUNNING) or record.attrs.get("journal") in _WRITING
+
+
 def not_found(plan_id: str) -> ACPError:
     return ACPError(
         ErrorCode.NOT_FOUND,
@@ -144,8 +124,21 @@ def not_found(plan_id: str) -> ACPError:
 
 
 class PlanRecords:
-    def __init__(self, store: Store) -> None:
+    """Every write for a plan runs ``fence(plan_id)`` inside its transaction first (the
+    engine's lease check, leases.PlanLeases.fence), so whichever way a write is made it
+    commits only while its writer may write for that plan."""
+
+    def __init__(self, store: Store, fence: Callable[[str], None] | None = None) -> None:
         self.store = store
+        self._fence = fence
+
+    @contextmanager
+    def fenced(self, plan_id: str) -> Iterator[None]:
+        """A transaction (joining the caller's) whose writes the plan's lease guards."""
+        with self.store.transaction():
+            if self._fence is not None:
+                self._fence(plan_id)
+            yield
 
     # the plan ---------------------------------------------------------------------------
 
@@ -174,8 +167,6 @@ class PlanRecords:
                 "session_id": plan.session_id,
                 "phase": model.phase_name(plan.phase),
                 "journal": journal,
-                # The process working on it, while it runs or writes the project.
-                "owner": current_owner() if plan.state == model.RUNNING or journal in _WRITING else "",
             },
             create_time=plan.meta.create_time.ToNanoseconds() / 1e9,
             update_time=time.time(),
@@ -186,26 +177,22 @@ class PlanRecords:
 
     def save(self, plan: plan_pb2.Plan, *, journal: str | None = None) -> None:
         plan.meta.update_time.GetCurrentTime()
-        kept = self.journal(plan.meta.id) if journal is None else journal
-        self.store.update(self._record_of(plan, kept))
+        with self.fenced(plan.meta.id):
+            kept = self.journal(plan.meta.id) if journal is None else journal
+            self.store.update(self._record_of(plan, kept))
 
     def query(self, query: ListQuery) -> list[plan_pb2.Plan]:
         return [plan_pb2.Plan.FromString(r.body) for r in self.store.query(query)]
 
     def in_flight(self) -> list[Record]:
-        """Plans a stopped server left running or half-written; those of a live process
-        (another server on the same database) are its own business."""
-        return [
-            r
-            for r in self.store.iter_kind(KIND)
-            if (r.state == model.state_name(model.RUNNING) or r.attrs.get("journal") in _WRITING)
-            and not owner_alive(r.attrs.get("owner", ""))
-        ]
+        """Plans running or half-written: each is some process's business while it holds
+        the plan's lease, and settled by whoever takes the lease over (engine.py)."""
+        return [r for r in self.store.iter_kind(KIND) if unsettled(r)]
 
     # collections ------------------------------------------------------------------------
 
     def _rewrite(self, collection: str, plan_id: str, bodies: Sequence[bytes]) -> None:
-        with self.store.transaction():
+        with self.fenced(plan_id):
             self.store.delete_items(collection, plan_id)
             if bodies:
                 self.store.append_items(collection, plan_id, bodies)
@@ -225,7 +212,8 @@ class PlanRecords:
     def put_nodes(self, plan_id: str, nodes: Mapping[int, plan_pb2.DecisionNode]) -> None:
         """Nodes at their places in the tree's list (new ones appended): only their rows."""
         if nodes:
-            self.store.put_items(NODES, plan_id, {i: n.SerializeToString() for i, n in nodes.items()})
+            with self.fenced(plan_id):
+                self.store.put_items(NODES, plan_id, {i: n.SerializeToString() for i, n in nodes.items()})
 
     def steps(self, plan_id: str) -> list[plan_pb2.PlanStep]:
         return self._messages(STEPS, plan_id, plan_pb2.PlanStep)
@@ -236,19 +224,22 @@ class PlanRecords:
     def save_step(self, plan_id: str, index: int, step: plan_pb2.PlanStep) -> None:
         """One step's new state, at its place in the list: O(1) whatever the plan's length
         (a 10,000-step plan used to rewrite every step row at each step)."""
-        self.store.put_items(STEPS, plan_id, {index: step.SerializeToString()})
+        with self.fenced(plan_id):
+            self.store.put_items(STEPS, plan_id, {index: step.SerializeToString()})
 
     def put_steps(self, plan_id: str, steps: Mapping[int, plan_pb2.PlanStep]) -> None:
         """Steps at their places in the list (new ones appended): only their rows."""
         if steps:
-            self.store.put_items(STEPS, plan_id, {i: s.SerializeToString() for i, s in steps.items()})
+            with self.fenced(plan_id):
+                self.store.put_items(STEPS, plan_id, {i: s.SerializeToString() for i, s in steps.items()})
 
     def changes(self, plan_id: str) -> list[Change]:
         return self._objects(CHANGES, plan_id, Change.decode)
 
     def add_changes(self, plan_id: str, changes: Sequence[Change]) -> None:
         if changes:
-            self.store.append_items(CHANGES, plan_id, [c.encode() for c in changes])
+            with self.fenced(plan_id):
+                self.store.append_items(CHANGES, plan_id, [c.encode() for c in changes])
 
     def save_changes(self, plan_id: str, changes: Sequence[Change]) -> None:
         self._rewrite(CHANGES, plan_id, [c.encode() for c in changes])
@@ -270,7 +261,8 @@ class PlanRecords:
         return self._messages(CORRECTIONS, plan_id, plan_pb2.CorrectPlanRequest)
 
     def add_correction(self, plan_id: str, correction: plan_pb2.CorrectPlanRequest) -> None:
-        self.store.append_items(CORRECTIONS, plan_id, [correction.SerializeToString()])
+        with self.fenced(plan_id):
+            self.store.append_items(CORRECTIONS, plan_id, [correction.SerializeToString()])
 
     def checkpoint(self, plan_id: str) -> list[CheckpointEntry]:
         return self._objects(CHECKPOINT, plan_id, CheckpointEntry.decode)
@@ -292,7 +284,8 @@ class PlanRecords:
 
     def add_conversation(self, plan_id: str, entries: Sequence[dict[str, Any]]) -> None:
         if entries:
-            self.store.append_items(CONVERSATION, plan_id, [json.dumps(e).encode() for e in entries])
+            with self.fenced(plan_id):
+                self.store.append_items(CONVERSATION, plan_id, [json.dumps(e).encode() for e in entries])
 
     def save_conversation(self, plan_id: str, entries: Sequence[dict[str, Any]]) -> None:
         self._rewrite(CONVERSATION, plan_id, [json.dumps(e).encode() for e in entries])

@@ -1,7 +1,9 @@
 """``agents`` commands ride over a server restart (issue 14, item 2): a real ``agents serve``
 is stopped, ``agents`` commands (real subprocesses, over HTTP and gRPC) start and retry, the
-server comes back on the same ports, and each command succeeds once. Against a server that
-never comes back, retrying ends: after the attempts, or at the deadline, whichever is first.
+server comes back on the same ports, and each command succeeds once. A server that dies after
+a command's effect committed and before it answered: the command's retry (same request id)
+gets the stored answer from the restarted server, and the effect happened once. Against a
+server that never comes back, retrying ends: after the attempts, or at the deadline.
 """
 
 from __future__ import annotations
@@ -17,8 +19,16 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from cleveragents.acp.facade.idempotency import KILL_AFTER_COMMIT_ENV
 from tests.client.cli.conftest import CLI_TIMEOUT, clean_env
-from tests.server_process import START_TIMEOUT, Tokens, agents_command, kill_group, start_server
+from tests.server_process import (
+    START_TIMEOUT,
+    ServerProcess,
+    Tokens,
+    agents_command,
+    kill_group,
+    start_server,
+)
 
 RETRYING = re.compile(
     r"^agents: no answer from the server \((.+)\); retrying in [0-9.]+ s \(attempt (\d+) of (\d+)\)$"
@@ -128,22 +138,58 @@ def test_commands_ride_over_a_server_restart(tmp_path: pathlib.Path) -> None:
                 reasons = {match.group(1) for line in command.lines if (match := RETRYING.match(line))}
                 assert reasons, command.lines
                 assert all("refused" in reason.lower() for reason in reasons), command.lines
-            listing = subprocess.run(
-                agents_command("session", "list", "--json", "--server", server.http),
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=CLI_TIMEOUT,
-                check=True,
-            )
-            sessions = {s["meta"]["id"]: s["title"] for s in json.loads(listing.stdout)["sessions"]}
             # Each command's session, exactly once: a refused connection never sent anything.
-            assert sessions == {created["http"]: "over http", created["grpc"]: "over grpc"}
+            assert _sessions(server, env) == {created["http"]: "over http", created["grpc"]: "over grpc"}
         finally:
             assert server.stop() == 0, server.stderr()
     finally:
         for command in commands.values():
             command.kill()
+
+
+def _sessions(server: ServerProcess, env: dict[str, str]) -> dict[str, str]:
+    listing = subprocess.run(
+        agents_command("session", "list", "--json", "--server", server.http),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT,
+        check=True,
+    )
+    return {s["meta"]["id"]: s["title"] for s in json.loads(listing.stdout)["sessions"]}
+
+
+@pytest.mark.parametrize("wire", ["http", "grpc"])
+def test_a_command_rides_over_a_crash_after_its_effect_committed(tmp_path: pathlib.Path, wire: str) -> None:
+    tokens = Tokens.create(tmp_path)
+    http_port, grpc_port = _free_port(), _free_port()
+    ports = ("--http-port", str(http_port), "--grpc-port", str(grpc_port))
+    # The test hook of docs/idempotency.md: the server SIGKILLs itself once session.create
+    # committed, before its answer is stored or sent.
+    server = start_server(tmp_path, *ports, tokens=tokens.path, env={KILL_AFTER_COMMIT_ENV: "session.create"})
+    flags = ["--server", server.http] if wire == "http" else ["--grpc", server.grpc_target]
+    env = _env(tmp_path, tokens, ACP_RETRY_ATTEMPTS="10000", ACP_RETRY_SECONDS=str(3 * START_TIMEOUT))
+    command = Command.start(
+        ["session", "create", "--title", "once", "--value", "session.meta.id", *flags], env, tmp_path
+    )
+    restarted: ServerProcess | None = None
+    try:
+        assert server.process.wait(CLI_TIMEOUT) == -9, server.stderr()
+        server.stop()
+        assert command.retrying.wait(CLI_TIMEOUT), (command.lines, command.process.poll())
+        restarted = start_server(tmp_path, *ports, tokens=tokens.path)
+        status, out = command.finish()
+        assert status == 0, command.lines
+        # The first failure was the connection lost after sending; later ones, refused.
+        assert any(m and "refused" not in m.group(1).lower() for m in map(RETRYING.match, command.lines))
+        # One session: the committed one, answered to the retry from the stored request.
+        assert _sessions(restarted, env) == {out.strip(): "once"}
+    finally:
+        command.kill()
+        if server.process.poll() is None:
+            kill_group(server.process)
+        if restarted is not None:
+            assert restarted.stop() == 0, restarted.stderr()
 
 
 @pytest.mark.parametrize("wire", ["http", "grpc"])

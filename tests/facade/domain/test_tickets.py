@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from cleveragents.acp.client.local import LocalTransport
-from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract import catalog, envelope
 from cleveragents.acp.contract.call import CallContext, Principal
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.contract.transport import CallOptions
@@ -230,7 +230,8 @@ async def served(tmp_path: pathlib.Path) -> AsyncIterator[Served]:
 
 
 def options(token: str | None = None, ticket: str | None = None, version: str | None = None) -> CallOptions:
-    return CallOptions(acp_version=version, token=token, request_id="r1", ticket=ticket)
+    """A fresh request id per call: one id is one call (docs/idempotency.md)."""
+    return CallOptions(acp_version=version, token=token, request_id=envelope.new_request_id(), ticket=ticket)
 
 
 async def test_a_ticket_streams_as_its_principal_through_the_facade(

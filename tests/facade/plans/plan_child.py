@@ -4,6 +4,8 @@
 it (the test sets ACP_TEST_APPLY_PAUSE_FILE so apply waits between files).
 ``running DB FOLDER PID_FILE``: start a plan whose command step sleeps, print its id once
 it is executing, then wait to be killed.
+``gated DB FOLDER PID_FILE GATE``: the same, with a step that ends once GATE exists
+(test_lease_processes.py freezes this process past its lease, then wakes it).
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ from tests.facade.plans.helpers import (
     use,
 )
 
+# A step that ends once the file named by its second argument exists.
+GATED = (
+    "import os, sys, time\n"
+    "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+    "deadline = time.monotonic() + 60\n"
+    "while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:\n"
+    "    time.sleep(0.02)\n"
+)
 SLOW = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
 
 
@@ -47,9 +57,14 @@ async def main(mode: str, db: str, folder: str, *rest: str) -> None:
         await client.call("plan.apply", plan_id=plan.meta.id)
         say("applied")
     else:
-        await add_command_tool(client, "slow", [PY, "-c", SLOW, "{{pid_file}}"])
+        if mode == "gated":
+            await add_command_tool(client, "slow", [PY, "-c", GATED, "{{pid_file}}", "{{gate}}"])
+            args = {"pid_file": rest[0], "gate": rest[1]}
+        else:
+            await add_command_tool(client, "slow", [PY, "-c", SLOW, "{{pid_file}}"])
+            args = {"pid_file": rest[0]}
         await add_profile(client, "slow", allowed_tools=["slow"])
-        await add_action(client, steps=[{"tool": "slow", "args": {"pid_file": rest[0]}}], profile="slow")
+        await add_action(client, steps=[{"tool": "slow", "args": args}], profile="slow")
         plan = await use(client, {})
         await client.call("plan.execute", plan_id=plan.meta.id)
 

@@ -5,6 +5,7 @@ The store is counted, not timed: every row a write passes or removes is one row 
 
 from __future__ import annotations
 
+import itertools
 import pathlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -19,6 +20,8 @@ from cleveragents.acp.facade.store.base import Record, StoredEvent
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import plan_pb2, session_pb2
 from tests.facade.plans.helpers import add_action, add_profile, add_project, eventually, run, status, use
+from tests.facade.plans.model_world import ACTOR, KEY, KEY_ENV
+from tests.fake_openai import FakeOpenAI, turn
 
 LONG = 10_000
 SAMPLE = 1_000
@@ -149,3 +152,40 @@ async def test_another_namespace_is_served_while_a_long_plan_runs(
             answered_midway += 1
     assert answered_midway == 20
     await client.call("plan.cancel", plan_id=used.meta.id, reason="test over")
+
+
+TURNS = 60
+
+
+@pytest.mark.timeout(300)
+async def test_a_model_turn_writes_the_same_rows_however_long_the_plan_ran(
+    counted: tuple[ACPClient, list[CountingStore]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each turn of a model actor records its decision and its step as new rows: the last
+    turns touch as many rows as the first, where every turn used to rewrite every decision
+    and step row."""
+    client, (store,) = counted
+    monkeypatch.setenv(KEY_ENV, KEY)
+    async with FakeOpenAI() as fake:
+        await client.call(
+            "actor.add",
+            name=ACTOR,
+            spec={"provider": "openai", "model": "m", "base_url": fake.base_url, "api_key_env": KEY_ENV},
+        )
+        await client.call("action.add", name="act", spec={"actor": ACTOR, "prompt_template": "Write."})
+        fake.then(
+            *[turn("", [("fs_write", {"path": f"out/{i}.txt", "content": f"{i}\n"})]) for i in range(TURNS)],
+            turn("Done."),
+        )
+        plan_id = (await use(client, {})).meta.id
+        store.rewritten.clear()
+        plan = await run(client, plan_id)
+    assert plan.state == plan_pb2.PLAN_STATE_SUCCEEDED, plan.last_error
+    assert plan.progress.done == plan.progress.total == TURNS
+    marks = store.at_completion
+    assert len(marks) == TURNS
+    per_turn = [later - earlier for earlier, later in itertools.pairwise(marks)]
+    assert per_turn[5] == per_turn[-1], per_turn
+    # Decisions and steps are written whole once, by the strategy (its root decision).
+    assert store.rewritten.count(records.NODES) == 1
+    assert store.rewritten.count(records.STEPS) == 1

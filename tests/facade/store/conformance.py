@@ -14,6 +14,9 @@ import pytest
 
 from cleveragents.acp.facade.store.base import (
     EventFilter,
+    Lease,
+    LeaseHeldError,
+    LeaseLostError,
     ListQuery,
     Record,
     StaleRevisionError,
@@ -478,6 +481,151 @@ class StoreConformance:
         await writing
         assert await store.read(lambda s: s.get("session", "01B")) is not None
 
+    async def test_the_observer_hears_every_read_write_and_commit(self, store: Store) -> None:
+        heard: list[tuple[str, float]] = []
+
+        class Recorder:
+            def committed(self, seconds: float) -> None:
+                heard.append(("commit", seconds))
+
+            def waited(self, access: str, seconds: float) -> None:
+                heard.append((access, seconds))
+
+        store.observe(Recorder())
+
+        def insert(id: str) -> Callable[[Store], None]:
+            return lambda s: s.insert(record(id=id))
+
+        # One call after another: each write is its own commit.
+        for index in range(3):
+            await store.write(insert(f"01{index}"))
+        for _ in range(2):
+            await store.read(lambda s: s.get("session", "010"))
+        store.observe(None)
+        await store.read(lambda s: s.last_sequence())
+        assert [kind for kind, _ in heard] == ["write", "commit"] * 3 + ["read", "read"]
+        assert all(seconds >= 0 for _, seconds in heard)
+
+    # leases ---------------------------------------------------------------------------
+
+    def test_a_lease_is_claimed_once_and_fences_by_token(self, store: Store) -> None:
+        first = store.claim_lease("plan:01A", "one", 30)
+        assert first is not None
+        assert (first.owner, first.token, first.live) == ("one", 1, True)
+        assert first.expires > store.store_time()
+        assert store.claim_lease("plan:01A", "two", 30) is None
+        with store.transaction():
+            assert store.check_lease("plan:01A", 1) == store.get_lease("plan:01A")
+        with pytest.raises(LeaseLostError), store.transaction():
+            store.check_lease("plan:01A", 2)
+        # A write that holds no lease is refused while someone holds it.
+        with pytest.raises(LeaseHeldError) as held, store.transaction():
+            store.check_lease("plan:01A", None)
+        assert held.value.lease.token == 1
+        with store.transaction():
+            never = store.check_lease("plan:never", None)
+        assert never is None or (never.owner, never.token) == ("", 0)
+
+    def test_release_keeps_the_token_growing(self, store: Store) -> None:
+        first = store.claim_lease("plan:01A", "one", 30)
+        assert first is not None
+        assert store.release_lease("plan:01A", 7) is False
+        assert store.release_lease("plan:01A", first.token) is True
+        assert store.release_lease("plan:01A", first.token) is False
+        released = store.get_lease("plan:01A")
+        assert released is not None
+        assert (released.owner, released.live, released.token) == ("", False, 1)
+        with store.transaction():
+            store.check_lease("plan:01A", None)
+        with pytest.raises(LeaseLostError), store.transaction():
+            store.check_lease("plan:01A", 1)
+        second = store.claim_lease("plan:01A", "two", 30)
+        assert second is not None
+        assert (second.owner, second.token) == ("two", 2)
+
+    def test_an_expired_lease_refuses_its_holder_and_can_be_claimed(self, store: Store) -> None:
+        assert store.claim_lease("plan:01A", "one", 0.05) is not None
+        expired = _wait_for_expiry(store, "plan:01A")
+        assert (expired.owner, expired.token) == ("one", 1)
+        # The holder's writes are refused even before anyone else claims it.
+        with pytest.raises(LeaseLostError), store.transaction():
+            store.check_lease("plan:01A", 1)
+        taken = store.claim_lease("plan:01A", "two", 30)
+        assert taken is not None
+        assert taken.token == 2
+        # The old holder cannot renew or release what it lost.
+        assert store.renew_leases("one", {"plan:01A": 1}, 30) == {}
+        assert store.release_lease("plan:01A", 1) is False
+        assert store.renew_leases("two", {"plan:01A": 2}, 30) == {"plan:01A": ""}
+
+    def test_renewing_an_expired_lease_nobody_took_revives_it(self, store: Store) -> None:
+        assert store.claim_lease("plan:01A", "one", 0.05) is not None
+        _wait_for_expiry(store, "plan:01A")
+        assert store.renew_leases("one", {"plan:01A": 1}, 30) == {"plan:01A": ""}
+        with store.transaction():
+            store.check_lease("plan:01A", 1)
+        assert store.claim_lease("plan:01A", "two", 30) is None
+
+    def test_a_dead_holders_lease_is_taken_by_its_token(self, store: Store) -> None:
+        assert store.claim_lease("plan:01A", "one", 30) is not None
+        assert store.claim_lease("plan:01A", "two", 30, steal_token=5) is None
+        stolen = store.claim_lease("plan:01A", "two", 30, steal_token=1)
+        assert stolen is not None
+        assert (stolen.owner, stolen.token) == ("two", 2)
+        # A second taker with the same stale token finds it gone.
+        assert store.claim_lease("plan:01A", "three", 30, steal_token=1) is None
+
+    def test_a_request_reaches_the_holder_and_a_new_claim_clears_it(self, store: Store) -> None:
+        assert store.request_lease("plan:01A", "cancel") is False
+        assert store.claim_lease("plan:01A", "one", 30) is not None
+        assert store.request_lease("plan:01A", "cancel") is True
+        assert store.renew_leases("one", {"plan:01A": 1}, 30) == {"plan:01A": "cancel"}
+        lease = store.get_lease("plan:01A")
+        assert lease is not None
+        assert lease.request == "cancel"
+        assert store.release_lease("plan:01A", 1)
+        claimed = store.claim_lease("plan:01A", "two", 30)
+        assert claimed is not None
+        assert claimed.request == ""
+
+    def test_held_leases_by_prefix_soonest_first(self, store: Store) -> None:
+        assert store.claim_lease("plan:01B", "one", 60) is not None
+        assert store.claim_lease("plan:01A", "one", 30) is not None
+        assert store.claim_lease("other:01C", "one", 30) is not None
+        assert store.claim_lease("plan:01D", "one", 30) is not None
+        assert store.release_lease("plan:01D", 1)
+        assert [lease.name for lease in store.held_leases("plan:", 10)] == ["plan:01A", "plan:01B"]
+        assert [lease.name for lease in store.held_leases("plan:", 1)] == ["plan:01A"]
+        assert store.held_leases("plan_", 10) == []
+
+    def test_a_refused_fence_rolls_back_the_guarded_writes(self, store: Store) -> None:
+        assert store.claim_lease("plan:01A", "one", 30) is not None
+
+        def guarded() -> None:
+            with store.transaction():
+                store.insert(record(id="01X"))
+                store.append_events([event(plan_id="01A")])
+                store.check_lease("plan:01A", 2)
+
+        with pytest.raises(LeaseLostError):
+            guarded()
+        assert store.get("session", "01X") is None
+        assert store.last_sequence() == 0
+
+    async def test_concurrent_claims_have_one_winner(self, store: Store) -> None:
+        def claim(owner: str) -> Callable[[Store], Lease | None]:
+            return lambda s: s.claim_lease("plan:01A", owner, 30)
+
+        won = await asyncio.gather(*(store.write(claim(f"owner{i}")) for i in range(16)))
+        winners = [lease for lease in won if lease is not None]
+        assert len(winners) == 1
+        assert winners[0].token == 1
+
+    def test_the_store_clock_moves_forward(self, store: Store) -> None:
+        first = store.store_time()
+        time.sleep(0.01)
+        assert store.store_time() > first
+
     # durability and misuse ------------------------------------------------------------
 
     def test_reopen_keeps_everything(self, open_store: Callable[[], Store]) -> None:
@@ -519,3 +667,15 @@ class StoreConformance:
             assert store.get("session", "01B") is None
         finally:
             release.set()
+
+
+def _wait_for_expiry(store: Store, name: str) -> Lease:
+    """Until the lease has expired by the store's own clock (a bounded wait)."""
+    deadline = time.monotonic() + 10
+    while True:
+        lease = store.get_lease(name)
+        assert lease is not None
+        if not lease.live:
+            return lease
+        assert time.monotonic() < deadline, "the lease never expired"
+        time.sleep(0.02)

@@ -6,6 +6,7 @@ lock, conditional writes across connections, and event wake-ups."""
 from __future__ import annotations
 
 import asyncio
+import decimal
 import pathlib
 import secrets
 import subprocess
@@ -450,3 +451,19 @@ async def test_a_nul_character_is_the_callers_error_not_an_internal_one(pg_url: 
         assert isinstance(created, session_pb2.CreateSessionResponse)
     finally:
         await client.close()
+
+
+def test_statements_the_wire_path_cannot_decode_go_through_psycopg(
+    opened: Callable[..., PostgresStore],
+) -> None:
+    """facade/store/pg_wire.py runs the store's statements through libpq; a column type it
+    does not decode (numeric) or a parameter it does not encode (a list of ints) is left to
+    psycopg before anything runs, with the same answer."""
+    store = opened()
+    assert store.execute("SELECT 1.5::numeric, %s::text", ("x",)) == [(decimal.Decimal("1.5"), "x")]
+    assert store.execute("SELECT %s::bigint[]", ([1, 2],)) == [([1, 2],)]
+    assert store.execute("SELECT %s::text[], %s::float8, %s::bytea", (["a", 'b"\\'], 0.1, b"\x00\xff")) == [
+        (["a", 'b"\\'], 0.1, b"\x00\xff")
+    ]
+    with pytest.raises(postgres.NulCharacterError):
+        store.execute("SELECT %s::text[]", (["a\x00"],))

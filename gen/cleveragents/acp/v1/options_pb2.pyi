@@ -30,6 +30,7 @@ class Operation(_message.Message):
     SINCE_FIELD_NUMBER: _builtins.int
     SUMMARY_FIELD_NUMBER: _builtins.int
     ANONYMOUS_FIELD_NUMBER: _builtins.int
+    WHEN_ABANDONED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The ACP operation name, `<group>.<verb>` (for example `plan.status`)."""
     since: _builtins.str
@@ -38,6 +39,12 @@ class Operation(_message.Message):
     """One line for help texts and the OpenAPI summary."""
     anonymous: _builtins.bool
     """Served without a token in server mode (`meta.version`); every other operation needs one."""
+    when_abandoned: _builtins.str
+    """For an operation with side effects: what becomes of its work when the caller stops
+    waiting (a gRPC deadline or cancellation, a dropped HTTP connection). Empty: the call
+    is one store transaction, made whole or not at all. The table in docs/server.md
+    ("Deadlines and disconnects") and the OpenAPI descriptions are derived from it.
+    """
     def __init__(
         self,
         *,
@@ -45,10 +52,11 @@ class Operation(_message.Message):
         since: _builtins.str = ...,
         summary: _builtins.str = ...,
         anonymous: _builtins.bool = ...,
+        when_abandoned: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anonymous", b"anonymous", "name", b"name", "since", b"since", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anonymous", b"anonymous", "name", b"name", "since", b"since", "summary", b"summary", "when_abandoned", b"when_abandoned"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

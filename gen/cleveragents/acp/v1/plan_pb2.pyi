@@ -1018,19 +1018,27 @@ class RollbackPlanResponse(_message.Message):
 
     PLAN_FIELD_NUMBER: _builtins.int
     RESTORED_PATHS_FIELD_NUMBER: _builtins.int
+    SKIPPED_PATHS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def plan(self) -> Global___Plan: ...
     @_builtins.property
     def restored_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def skipped_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Paths left as they are because a folder on the way is now a symlink or a file (never
+        followed); the plan's last_error says so too.
+        """
+
     def __init__(
         self,
         *,
         plan: Global___Plan | None = ...,
         restored_paths: _abc.Iterable[_builtins.str] | None = ...,
+        skipped_paths: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "restored_paths", b"restored_paths"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "restored_paths", b"restored_paths", "skipped_paths", b"skipped_paths"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

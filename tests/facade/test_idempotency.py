@@ -1,0 +1,291 @@
+"""Request ids below every transport (facade/idempotency.py), over a real SQLite file and
+the in-process transport: a retry is answered from the store, marked as a replay, with no
+second effect; a reused id is refused; read-only calls store nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import sqlite3
+from collections.abc import AsyncIterator
+
+import pytest
+
+from cleveragents.acp.client.local import LocalTransport
+from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract.call import CallContext, Reply
+from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.contract.transport import CallOptions
+from cleveragents.acp.facade.factory import open_facade
+from cleveragents.acp.facade.idempotency import Idempotency, nothing_happened
+from cleveragents.acp.facade.service_facade import ServiceFacade
+from cleveragents.acp.facade.store.sqlite import SQLiteStore
+from cleveragents.acp.v1 import registry_pb2, session_pb2, specs_pb2
+
+CREATE = catalog.OPERATIONS["session.create"]
+LIST = catalog.OPERATIONS["session.list"]
+DELETE = catalog.OPERATIONS["session.delete"]
+
+
+@pytest.fixture
+async def facade(tmp_path: pathlib.Path) -> AsyncIterator[ServiceFacade]:
+    made = open_facade(tmp_path / "acp.db")
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+def rows(db: pathlib.Path) -> list[tuple[str, str, int, int]]:
+    """(request_id, operation, has an answer, is an error) of every stored request id."""
+    with sqlite3.connect(db) as conn:
+        found = conn.execute(
+            "SELECT request_id, operation, answer IS NOT NULL, error FROM requests ORDER BY request_id"
+        ).fetchall()
+    conn.close()
+    return [(r[0], r[1], int(r[2]), int(r[3])) for r in found]
+
+
+async def call(
+    facade: ServiceFacade, op: catalog.Operation, request: object, request_id: str = ""
+) -> tuple[object, bool]:
+    """(response, replayed) over the in-process transport, the way ``ACPClient`` calls."""
+    reply = Reply()
+    options = CallOptions(acp_version=None, token=None, request_id=request_id, reply=reply)
+    response = await LocalTransport(facade).call(op, request, options)  # type: ignore[arg-type]
+    return response, reply.replayed
+
+
+async def sessions(facade: ServiceFacade) -> list[session_pb2.Session]:
+    response, replayed = await call(facade, LIST, session_pb2.ListSessionsRequest(), "list-1")
+    assert not replayed
+    assert isinstance(response, session_pb2.ListSessionsResponse)
+    return list(response.sessions)
+
+
+async def test_a_retry_gets_the_first_answer_marked_as_a_replay_and_no_second_session(
+    facade: ServiceFacade, tmp_path: pathlib.Path
+) -> None:
+    request = session_pb2.CreateSessionRequest(title="once")
+    first, replayed = await call(facade, CREATE, request, "create-1")
+    assert not replayed
+    again, replayed = await call(facade, CREATE, session_pb2.CreateSessionRequest(title="once"), "create-1")
+    assert replayed
+    assert again == first
+    assert [s.meta.id for s in await sessions(facade)] == [first.session.meta.id]  # type: ignore[attr-defined]
+    # session.create's answer is its session: the stamp written with it is the answer
+    # (no second write), and the read-only session.list stored nothing.
+    assert rows(tmp_path / "acp.db") == [("create-1", "session.create", 0, 0)]
+
+
+async def test_without_a_request_id_of_the_callers_every_call_runs(facade: ServiceFacade) -> None:
+    ctx = CallContext(request_id="made-up-by-a-server")
+    await facade.invoke(CREATE, session_pb2.CreateSessionRequest(title="a"), ctx)
+    await facade.invoke(
+        CREATE, session_pb2.CreateSessionRequest(title="a"), CallContext(request_id="made-up-by-a-server")
+    )
+    assert len(await sessions(facade)) == 2
+    assert not ctx.replayed
+
+
+async def test_a_reused_request_id_with_other_params_or_operation_is_refused(facade: ServiceFacade) -> None:
+    first, _ = await call(facade, CREATE, session_pb2.CreateSessionRequest(title="one"), "same")
+    with pytest.raises(ACPError) as other_params:
+        await call(facade, CREATE, session_pb2.CreateSessionRequest(title="two"), "same")
+    assert other_params.value.code == "INVALID_PARAMS"
+    assert other_params.value.details["refinement"] == "REQUEST_ID_REUSED"
+    assert other_params.value.details["operation"] == "session.create"
+    session_id = first.session.meta.id  # type: ignore[attr-defined]
+    with pytest.raises(ACPError) as other_op:
+        await call(facade, DELETE, session_pb2.DeleteSessionRequest(session_id=session_id), "same")
+    assert other_op.value.details["refinement"] == "REQUEST_ID_REUSED"
+    assert [s.meta.id for s in await sessions(facade)] == [session_id]
+
+
+async def test_concurrent_duplicates_run_once_and_share_the_answer(facade: ServiceFacade) -> None:
+    request = session_pb2.CreateSessionRequest(title="together")
+    answers = await asyncio.gather(*(call(facade, CREATE, request, "dup") for _ in range(5)))
+    responses = [response for response, _ in answers]
+    assert all(response == responses[0] for response in responses)
+    assert sorted(replayed for _, replayed in answers) == [False, True, True, True, True]
+    assert len(await sessions(facade)) == 1
+
+
+async def test_an_error_is_replayed_even_once_the_call_would_succeed(
+    facade: ServiceFacade, tmp_path: pathlib.Path
+) -> None:
+    request = session_pb2.CreateSessionRequest(orchestrator="later")
+    with pytest.raises(ACPError) as first:
+        await call(facade, CREATE, request, "err-1")
+    assert first.value.code == "INVALID_PARAMS"
+    add = catalog.OPERATIONS["actor.add"]
+    spec = specs_pb2.ActorSpec(provider="scripted")
+    await call(facade, add, registry_pb2.AddActorRequest(name="later", spec=spec), "add-later")
+    reply = Reply()
+    with pytest.raises(ACPError) as again:
+        await LocalTransport(facade).call(
+            CREATE, request, CallOptions(acp_version=None, token=None, request_id="err-1", reply=reply)
+        )
+    assert again.value == first.value
+    assert reply.replayed
+    assert ("err-1", "session.create", 1, 1) in rows(tmp_path / "acp.db")
+    assert await sessions(facade) == []
+
+
+async def test_store_busy_means_nothing_happened_so_the_retry_runs(tmp_path: pathlib.Path) -> None:
+    """Another process holds the write lock: the call fails with STORE_BUSY, nothing is
+    stored for its request id, and the same id runs once the lock is gone."""
+    db = tmp_path / "acp.db"
+    facade = open_facade(db)
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        assert facade.idempotency is not None
+        store = facade.idempotency.store
+        assert isinstance(store, SQLiteStore)
+        store.write_timeout = 0.3
+        holder.execute("BEGIN IMMEDIATE")
+        request = session_pb2.CreateSessionRequest(title="busy")
+        with pytest.raises(ACPError) as busy:
+            await call(facade, CREATE, request, "busy-1")
+        assert busy.value.details["refinement"] == "STORE_BUSY"
+        assert nothing_happened(busy.value)
+        holder.execute("ROLLBACK")
+        _, replayed = await call(facade, CREATE, request, "busy-1")
+        assert not replayed
+        assert len(await sessions(facade)) == 1
+    finally:
+        holder.close()
+        await facade.close()
+
+
+async def test_a_duplicate_waits_for_the_first_run_at_most_its_bound(tmp_path: pathlib.Path) -> None:
+    """The first run is held up (another process holds the write lock); a duplicate waits
+    its bound, then gets a retryable REQUEST_IN_PROGRESS; the first run still ends once."""
+    db = tmp_path / "acp.db"
+    facade = open_facade(db)
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        idempotency = facade.idempotency
+        assert idempotency is not None
+        idempotency.wait_seconds = 0.2
+        holder.execute("BEGIN IMMEDIATE")
+        request = session_pb2.CreateSessionRequest(title="slow")
+        first = asyncio.ensure_future(call(facade, CREATE, request, "slow-1"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ACPError) as waited:
+            await call(facade, CREATE, request, "slow-1")
+        assert waited.value.code == "BUDGET_EXCEEDED"
+        assert waited.value.details["refinement"] == "REQUEST_IN_PROGRESS"
+        assert waited.value.details["retryable"] is True
+        holder.execute("ROLLBACK")
+        response, replayed = await first
+        assert not replayed
+        again, replayed = await call(facade, CREATE, request, "slow-1")
+        assert replayed
+        assert again == response
+        assert len(await sessions(facade)) == 1
+    finally:
+        holder.close()
+        await facade.close()
+
+
+async def test_past_retention_an_id_is_new_again_and_its_row_is_pruned(
+    facade: ServiceFacade, tmp_path: pathlib.Path
+) -> None:
+    idempotency = facade.idempotency
+    assert isinstance(idempotency, Idempotency)
+    now = [1_000_000.0]
+    idempotency.clock = lambda: now[0]
+    idempotency.retention = 60.0
+    request = session_pb2.CreateSessionRequest(title="kept")
+    await call(facade, CREATE, request, "old-1")
+    _, replayed = await call(facade, CREATE, request, "old-1")
+    assert replayed
+    now[0] += 61
+    await call(facade, CREATE, session_pb2.CreateSessionRequest(title="other"), "new-1")
+    if idempotency._prune_task is not None:
+        await idempotency._prune_task
+    assert [row[0] for row in rows(tmp_path / "acp.db")] == ["new-1"]
+    _, replayed = await call(facade, CREATE, request, "old-1")
+    assert not replayed
+    assert len(await sessions(facade)) == 3
+
+
+async def test_read_only_operations_store_nothing_and_are_never_replays(
+    facade: ServiceFacade, tmp_path: pathlib.Path
+) -> None:
+    for _ in range(2):
+        _, replayed = await call(facade, LIST, session_pb2.ListSessionsRequest(), "read-1")
+        assert not replayed
+    version = catalog.OPERATIONS["meta.version"]
+    _, replayed = await call(facade, version, version.request_type(), "read-1")
+    assert not replayed
+    assert rows(tmp_path / "acp.db") == []
+
+
+async def test_a_restarted_facade_replays_the_stored_answer(tmp_path: pathlib.Path) -> None:
+    db = tmp_path / "acp.db"
+    facade = open_facade(db)
+    try:
+        first, _ = await call(facade, CREATE, session_pb2.CreateSessionRequest(title="kept"), "restart-1")
+        session_id = first.session.meta.id  # type: ignore[attr-defined]
+        deleted, _ = await call(
+            facade, DELETE, session_pb2.DeleteSessionRequest(session_id=session_id), "del-1"
+        )
+    finally:
+        await facade.close()
+    facade = open_facade(db)
+    try:
+        again, replayed = await call(
+            facade, CREATE, session_pb2.CreateSessionRequest(title="kept"), "restart-1"
+        )
+        assert replayed
+        assert again == first
+        # The session is gone, yet its deletion's retry is answered, not NOT_FOUND.
+        redeleted, replayed = await call(
+            facade, DELETE, session_pb2.DeleteSessionRequest(session_id=session_id), "del-1"
+        )
+        assert replayed
+        assert redeleted == deleted
+        assert await sessions(facade) == []
+    finally:
+        await facade.close()
+
+
+async def test_a_second_process_on_the_same_store_replays_instead_of_running(tmp_path: pathlib.Path) -> None:
+    """Two facades over one file stand for two server processes: the second finds the
+    first's row at its first write (the stamp conflicts), rolls its write back and replays."""
+    db = tmp_path / "acp.db"
+    first, second = open_facade(db), open_facade(db)
+    try:
+        request = session_pb2.CreateSessionRequest(title="shared")
+        made, replayed = await call(first, CREATE, request, "two-1")
+        assert not replayed
+        again, replayed = await call(second, CREATE, request, "two-1")
+        assert replayed
+        assert again == made
+        with pytest.raises(ACPError) as other:
+            await call(second, CREATE, session_pb2.CreateSessionRequest(title="else"), "two-1")
+        assert other.value.details["refinement"] == "REQUEST_ID_REUSED"
+        assert len(await sessions(second)) == 1
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_told_message_is_stored_once(facade: ServiceFacade, tmp_path: pathlib.Path) -> None:
+    """session.tell's answer holds its messages (not rebuildable from records): its retry is
+    looked up before it runs, so the orchestrator does not run again."""
+    made, _ = await call(facade, CREATE, session_pb2.CreateSessionRequest(title="talk"), "talk-1")
+    session_id = made.session.meta.id  # type: ignore[attr-defined]
+    tell = catalog.OPERATIONS["session.tell"]
+    request = session_pb2.TellSessionRequest(session_id=session_id, content="hello")
+    first, replayed = await call(facade, tell, request, "tell-1")
+    assert not replayed
+    again, replayed = await call(facade, tell, request, "tell-1")
+    assert replayed
+    assert again == first
+    show = catalog.OPERATIONS["session.show"]
+    shown, _ = await call(facade, show, session_pb2.GetSessionRequest(session_id=session_id), "show-1")
+    assert [m.content for m in shown.messages].count("hello") == 1  # type: ignore[attr-defined]
+    assert ("tell-1", "session.tell", 1, 0) in rows(tmp_path / "acp.db")

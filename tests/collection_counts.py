@@ -1,0 +1,92 @@
+"""How many tests the suite has, counted from pytest's own collection, so docs/testing.md
+reports test functions and parametrized cases separately with numbers that are current.
+
+``python -m tests.collection_counts`` prints the block; ``--write`` replaces it in
+docs/testing.md (between the markers). ``tests/test_testing_doc.py`` fails when the doc's
+block differs from what a fresh collection gives.
+"""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+import subprocess
+import sys
+from dataclasses import dataclass
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "testing.md"
+BEGIN = "<!-- counts: python -m tests.collection_counts --write -->"
+END = "<!-- /counts -->"
+# The largest parametrizations named in the doc.
+LARGEST = 5
+COLLECT_TIMEOUT = 600
+
+
+def collect() -> list[str]:
+    """The node id of every item ``make test`` collects (its pytest, its testpaths)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=COLLECT_TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return [line for line in done.stdout.splitlines() if "::" in line]
+
+
+@dataclass(frozen=True)
+class Counts:
+    items: int
+    functions: int
+    parametrized: dict[str, int]
+
+    @classmethod
+    def of(cls, node_ids: list[str]) -> Counts:
+        per_function = collections.Counter(node_id.split("[", 1)[0] for node_id in node_ids)
+        # Cases show as ``function[id]``; schemathesis' show as the bare id, once per case.
+        with_ids = {node_id.split("[", 1)[0] for node_id in node_ids if "[" in node_id}
+        parametrized = {
+            function: cases for function, cases in per_function.items() if function in with_ids or cases > 1
+        }
+        return cls(len(node_ids), len(per_function), parametrized)
+
+    def block(self) -> str:
+        plain = self.functions - len(self.parametrized)
+        cases = sum(self.parametrized.values())
+        largest = sorted(self.parametrized.items(), key=lambda pair: (-pair[1], pair[0]))[:LARGEST]
+        lines = [
+            BEGIN,
+            f"`make test` collects {self.items:,} items from **{self.functions:,} test functions**: "
+            f"{plain:,} plain functions (one item each) and {len(self.parametrized):,} parametrized "
+            f"ones, which make {cases:,} items (a parametrized case is an item, not a test). "
+            f"The {LARGEST} largest parametrizations:",
+            "",
+            "| cases | test function |",
+            "| ---: | --- |",
+            *(f"| {count} | `{function}` |" for function, count in largest),
+            END,
+        ]
+        return "\n".join(lines)
+
+
+def documented(text: str) -> str:
+    """The generated block as the doc has it."""
+    start, end = text.index(BEGIN), text.index(END)
+    return text[start : end + len(END)]
+
+
+def main(argv: list[str]) -> int:
+    block = Counts.of(collect()).block()
+    if argv[1:] == ["--write"]:
+        text = DOC.read_text()
+        DOC.write_text(text.replace(documented(text), block))
+    else:
+        print(block)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

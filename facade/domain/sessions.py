@@ -180,11 +180,26 @@ class Sessions:
             return "project", f"no project {project!r} in namespace {namespace!r}"
         return None
 
-    async def show(self, ctx: CallContext, session_id: str) -> session_pb2.GetSessionResponse:
+    async def show(
+        self, ctx: CallContext, req: session_pb2.GetSessionRequest
+    ) -> session_pb2.GetSessionResponse:
+        session_id = req.session_id
+
         def read(store: Store) -> session_pb2.GetSessionResponse:
             # One snapshot: the record and its messages agree.
             _, session = load(store, ctx, session_id)
-            return session_pb2.GetSessionResponse(session=session, messages=messages(store, session_id))
+            history = messages(store, session_id)
+            if not req.page_size and not req.page_token:
+                return session_pb2.GetSessionResponse(session=session, messages=history)
+
+            def after(position: str | None, limit: int) -> list[session_pb2.Message]:
+                start = 0 if position is None else int(position) + 1
+                return history[start : start + limit]
+
+            page, next_token = self.pages.page(
+                "session.messages", {"session_id": session_id}, req, after, lambda m: str(m.index)
+            )
+            return session_pb2.GetSessionResponse(session=session, messages=page, next_page_token=next_token)
 
         return await self.store.read(read)
 

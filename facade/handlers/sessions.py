@@ -34,7 +34,7 @@ class SessionHandlers:
     async def GetSession(
         self, request: session_pb2.GetSessionRequest, ctx: CallContext
     ) -> session_pb2.GetSessionResponse:
-        return await self._sessions.show(ctx, request.session_id)
+        return await self._sessions.show(ctx, request)
 
     @handles("session.delete")
     async def DeleteSession(

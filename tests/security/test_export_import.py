@@ -10,11 +10,12 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+import grpc
 import pytest
 from google.protobuf import json_format
 from ulid import ULID
 
-from cleveragents.acp.contract import limits
+from cleveragents.acp.contract import catalog, limits
 from cleveragents.acp.contract.acp_client import ACPClient
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.v1 import session_pb2
@@ -129,3 +130,62 @@ def test_export_makes_nothing_import_refuses(
                 assert err.details["max_bytes"] == body_limit, err
 
     in_own_loop(body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_long_history_reads_in_pages(kind: str, tmp_path: pathlib.Path, tokens: Tokens) -> None:
+    """session.show pages the history (ACP 1.2) when asked: a stock gRPC client, whose
+    receive limit is 4 MiB, reads a 5 MB history a page at a time instead of failing for
+    good with RESOURCE_EXHAUSTED; without page_size the whole history comes at once (1.1)."""
+
+    async def body() -> None:
+        async with open_backend(kind, tmp_path, tokens) as backend:
+            alice = backend.client("alice")
+            session_id = await imported(alice, await document_of(alice, 50))
+            seen: list[str] = []
+            token = ""
+            for _ in range(10):
+                page = await alice.call("session.show", session_id=session_id, page_size=20, page_token=token)
+                assert isinstance(page, session_pb2.GetSessionResponse)
+                assert len(page.messages) <= 20
+                seen += [m.id for m in page.messages]
+                token = page.next_page_token
+                if not token:
+                    break
+            whole = await alice.call("session.show", session_id=session_id)
+            assert seen == [m.id for m in whole.messages]  # type: ignore[attr-defined]
+            assert whole.next_page_token == ""  # type: ignore[attr-defined]
+            err = await refused(
+                alice.call("session.show", session_id=session_id, page_size=5, page_token="forged"),
+                "INVALID_PARAMS",
+            )
+            assert err.details["field"] == "page_token"
+            if kind == "grpc":
+                await stock_client_pages(backend.grpc_target, backend.token("alice") or "", session_id)
+
+    in_own_loop(body)
+
+
+async def stock_client_pages(target: str, token: str, session_id: str) -> None:
+    op = catalog.OPERATIONS["session.show"]
+    metadata = (("authorization", f"Bearer {token}"),)
+    async with grpc.aio.insecure_channel(target) as channel:
+        show = channel.unary_unary(
+            op.full_method,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=session_pb2.GetSessionResponse.FromString,
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as whole:
+            await show(session_pb2.GetSessionRequest(session_id=session_id), metadata=metadata, timeout=30)
+        assert whole.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        count, page_token = 0, ""
+        for _ in range(10):
+            request = session_pb2.GetSessionRequest(
+                session_id=session_id, page_size=25, page_token=page_token
+            )
+            page = await show(request, metadata=metadata, timeout=30)
+            count += len(page.messages)
+            page_token = page.next_page_token
+            if not page_token:
+                break
+        assert count == 50

@@ -42,13 +42,16 @@ def resolve(name: str, major: Major | None = None) -> Operation:
 
 def in_major(op: Operation, request: message.Message, major: Major) -> tuple[Operation, message.Message]:
     """``op`` and ``request`` as the major ``major`` has them: its operation of the same name,
-    the request carried over field by field when that major's request type differs."""
+    the request carried over field by field when that major's request type differs (the
+    fields set: a field left at its default, such as a later minor's, is not carried)."""
     if op.major == major.number:
         return op, request
     target = resolve(op.name, major)
     if target.request_type is type(request):
         return target, request
-    return target, codec.from_dict(codec.to_dict(request), target.request_type)
+    given = {field.name for field, _ in request.ListFields()}
+    carried = {name: value for name, value in codec.to_dict(request).items() if name in given}
+    return target, codec.from_dict(carried, target.request_type)
 
 
 def request_for(op: Operation, params: Params, fields: Mapping[str, Any]) -> message.Message:

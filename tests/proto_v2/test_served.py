@@ -113,7 +113,8 @@ def _v2_shape(data: dict[str, object], session_id: str) -> None:
 
 
 def _v1_shape(data: dict[str, object]) -> None:
-    assert set(data) == {"session", "messages"}, data
+    # next_page_token: ACP 1.2's paging of the history ("" when not paging).
+    assert set(data) == {"session", "messages", "next_page_token"}, data
     assert len(data["messages"]) == 2  # type: ignore[arg-type]
 
 

@@ -23,7 +23,15 @@ from cleveragents.acp.client.grpc_transport import GrpcTransport
 from cleveragents.acp.contract.errors import ACPError
 from tests.gateway.conftest import Served
 from tests.gateway.test_http import data_of, envelope, error_of
-from tests.server_process import Tokens, agents_command, run_agents, start_gateway, start_server, wait_ready
+from tests.server_process import (
+    Children,
+    Tokens,
+    agents_command,
+    run_agents,
+    start_gateway,
+    start_server,
+    wait_ready,
+)
 from tests.tls import make_certificate
 
 
@@ -42,10 +50,12 @@ def agents(
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
-def test_first_start_prints_a_token_and_a_working_curl_line(tmp_path: pathlib.Path, workers: str) -> None:
+def test_first_start_prints_a_token_and_a_working_curl_line(
+    tmp_path: pathlib.Path, workers: str, children: Children
+) -> None:
     state = tmp_path / ".acp"
     args = ["serve", "--state-dir", str(state), "--http-port", "0", "--grpc-port", "0", "--workers", workers]
-    server = wait_ready(run_agents(args, tmp_path), tmp_path / "server.stderr")
+    server = children.server(wait_ready(run_agents(args, tmp_path), tmp_path / "server.stderr"))
     try:
         output = "\n".join(server.stdout)
         curl_line = next(line.strip() for line in server.stdout if line.strip().startswith("curl "))
@@ -67,7 +77,7 @@ def test_first_start_prints_a_token_and_a_working_curl_line(tmp_path: pathlib.Pa
     assert stat.S_IMODE((state / "tokens.toml").stat().st_mode) == 0o600
     assert (state / "acp.db").exists()
 
-    again = wait_ready(run_agents(args, tmp_path, name="again"), tmp_path / "again.stderr")
+    again = children.server(wait_ready(run_agents(args, tmp_path, name="again"), tmp_path / "again.stderr"))
     try:
         output = "\n".join(again.stdout)
         assert "acp_" not in output
@@ -162,11 +172,13 @@ async def _grpc_over_tls(target: str, root_certificates: bytes) -> None:
         assert info.value.details["grpc_code"] == "UNAVAILABLE"
 
 
-def test_tls_and_cors(tmp_path: pathlib.Path, certificate: tuple[pathlib.Path, pathlib.Path]) -> None:
+def test_tls_and_cors(
+    tmp_path: pathlib.Path, certificate: tuple[pathlib.Path, pathlib.Path], children: Children
+) -> None:
     cert, key = certificate
     tokens = Tokens.create(tmp_path)
     extra = ["--tls-cert", str(cert), "--tls-key", str(key), "--cors-origin", "https://app.example"]
-    server = start_server(tmp_path, *extra, tokens=tokens.path, name="tls")
+    server = children.server(start_server(tmp_path, *extra, tokens=tokens.path, name="tls"))
     try:
         assert server.http.startswith("https://")
         context = ssl.create_default_context(cafile=str(cert))
@@ -195,8 +207,8 @@ def test_tls_and_cors(tmp_path: pathlib.Path, certificate: tuple[pathlib.Path, p
         assert server.stop() == 0, server.stderr()
 
 
-def test_gateway_only_mode(tmp_path: pathlib.Path, served: Served) -> None:
-    gateway = start_gateway(tmp_path, served.server.grpc_target)
+def test_gateway_only_mode(tmp_path: pathlib.Path, served: Served, children: Children) -> None:
+    gateway = children.server(start_gateway(tmp_path, served.server.grpc_target))
     try:
         assert gateway.grpc is None
         with httpx.Client(base_url=gateway.http, timeout=10) as client:
@@ -235,11 +247,11 @@ def test_gateway_only_mode(tmp_path: pathlib.Path, served: Served) -> None:
             gateway.stop()
 
 
-def test_gateway_without_upstream_answers_envelopes(tmp_path: pathlib.Path) -> None:
+def test_gateway_without_upstream_answers_envelopes(tmp_path: pathlib.Path, children: Children) -> None:
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
-    gateway = start_gateway(tmp_path, f"127.0.0.1:{port}")
+    gateway = children.server(start_gateway(tmp_path, f"127.0.0.1:{port}"))
     try:
         with httpx.Client(base_url=gateway.http, timeout=30) as client:
             details = error_of(client.get("/api/v1/version"), "INTERNAL_ERROR")

@@ -16,7 +16,7 @@ import pytest
 from cleveragents.acp.contract import sse
 from tests.gateway.conftest import Served
 from tests.gateway.test_http import data_of, envelope, error_of
-from tests.server_process import Tokens, start_server
+from tests.server_process import Children, Tokens, start_server
 
 STREAM = "/api/v1/events/stream"
 
@@ -160,11 +160,13 @@ def _plan(client: httpx.Client, token: str, folder: pathlib.Path) -> str:
     return plan_id
 
 
-def test_a_slow_subscriber_ends_with_an_error_frame(tmp_path: pathlib.Path) -> None:
+def test_a_slow_subscriber_ends_with_an_error_frame(tmp_path: pathlib.Path, children: Children) -> None:
     """A queue of one event: a commit of two (a plan entering its execute phase publishes
     plan.phase_changed and plan.state_changed together) ends the live subscriber."""
     tokens = Tokens.create(tmp_path)
-    server = start_server(tmp_path, tokens=tokens.path, env={"ACP_EVENT_QUEUE_SIZE": "1"}, name="slow")
+    server = children.server(
+        start_server(tmp_path, tokens=tokens.path, env={"ACP_EVENT_QUEUE_SIZE": "1"}, name="slow")
+    )
     try:
         token = tokens.tokens["alice"]
         with httpx.Client(base_url=server.http, timeout=10) as client:

@@ -14,7 +14,7 @@ import pytest
 from tests.gateway.conftest import Served
 from tests.gateway.test_http import data_of, envelope, error_of
 from tests.gateway.test_sse import STREAM, Frames, new_session, tell
-from tests.server_process import Tokens, start_gateway, start_server
+from tests.server_process import Children, Tokens, start_gateway, start_server
 
 
 @pytest.fixture
@@ -107,10 +107,12 @@ def test_the_openapi_document_names_the_ticket(http: httpx.Client) -> None:
     assert document["paths"]["/api/v1/events/ticket"]["post"]["operationId"] == "events.ticket"
 
 
-def test_a_gateway_passes_the_ticket_upstream_and_nothing_logs_it(tmp_path: pathlib.Path) -> None:
+def test_a_gateway_passes_the_ticket_upstream_and_nothing_logs_it(
+    tmp_path: pathlib.Path, children: Children
+) -> None:
     tokens = Tokens.create(tmp_path)
-    server = start_server(tmp_path, "--log-level", "debug", tokens=tokens.path)
-    gateway = start_gateway(tmp_path, server.grpc_target, "--log-level", "debug")
+    server = children.server(start_server(tmp_path, "--log-level", "debug", tokens=tokens.path))
+    gateway = children.server(start_gateway(tmp_path, server.grpc_target, "--log-level", "debug"))
     tickets: list[str] = []
     try:
         with httpx.Client(base_url=gateway.http, timeout=10) as client:

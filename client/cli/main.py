@@ -60,6 +60,8 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
+        # Kept for error(): a missing required flag may be a mistyped one among these.
+        self._given = list(args) if args is not None else sys.argv[1:]
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggest(extras)}")
@@ -86,6 +88,14 @@ class Parser(argparse.ArgumentParser):
         if _MISSING_COMMAND.match(message):
             self.print_help(sys.stderr)
             self.exit(2, f"\n{self.prog}: error: {message}\n")
+        if message.startswith("the following arguments are required"):
+            for word in getattr(self, "_given", []):
+                flag = word.split("=", 1)[0]
+                if flag.startswith("--") and flag not in self._option_string_actions:
+                    hint = self._suggest([flag])
+                    if hint:
+                        message += f"; {flag!r} is not a flag{hint}"
+                        break
         invalid = _INVALID_CHOICE.match(message)
         if invalid:
             word = invalid.group(1)

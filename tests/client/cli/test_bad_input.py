@@ -37,6 +37,13 @@ SPEC_FILES = {
             "unrecognized arguments: --titel x (did you mean '--title'?)",
         ),
         (["plan", "list", "--jsn"], None, "usage: agents plan list", "(did you mean '--json'?)"),
+        # A required flag mistyped: the missing one is named with the suggestion.
+        (
+            ["project", "add", "demo", "--specc", "{}"],
+            None,
+            "usage: agents project add",
+            "arguments are required: --spec; '--specc' is not a flag (did you mean '--spec'?)",
+        ),
         (
             ["project", "add", "demo", "--spec", '{"resourcez": []}'],
             None,

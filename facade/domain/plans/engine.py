@@ -661,7 +661,11 @@ class PlanEngine:
         failure: tools.StepError | None = None
         try:
             if spec is None:
-                outcome = tools.run_builtin(step.tool, staging, actor.as_dict(step.args), step.id)
+                # The built-in fs tools resolve and read the project's files: a worker thread's
+                # work (this plan's task is the only user of its staging meanwhile).
+                outcome = await asyncio.to_thread(
+                    tools.run_builtin, step.tool, staging, actor.as_dict(step.args), step.id
+                )
             else:
                 outcome = await tools.run_command(
                     step.tool,

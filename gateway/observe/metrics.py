@@ -153,7 +153,9 @@ class Metrics:
         key = (operation, transport)
         series = self._series.get(key)
         if series is None:
-            if operation not in catalog.OPERATIONS or transport not in TRANSPORTS:
+            # Any major's operation (an operation only ACP 2 has was refused as unbounded).
+            known = any(operation in major.operations for major in catalog.CATALOG.majors.values())
+            if not known or transport not in TRANSPORTS:
                 raise ValueError(f"unbounded metric label {key!r}")
             series = self._series[key] = _Series()
         series.buckets[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1

@@ -142,3 +142,13 @@ async def test_an_operation_carried_to_another_major_keeps_its_request(v1_and_v2
         in_major(
             v1_and_v2.majors[1].operations["plan.list"], session_pb2.GetSessionRequest(), v1_and_v2.majors[2]
         )
+
+
+async def test_an_operation_only_the_second_major_has(facade: ServiceFacade, v1_and_v2: Catalog) -> None:
+    v1 = _client(facade, None, v1_and_v2)
+    session = (await v1.call("session.create", title="count")).session  # type: ignore[attr-defined]
+    await v1.call("session.tell", session_id=session.meta.id, content="/help")
+    v2 = _client(facade, "2.0", v1_and_v2)
+    counted = await v2.call("session.count", session_id=session.meta.id)
+    assert counted.message_count == 2  # type: ignore[attr-defined]
+    assert (await _error(v1, "session.count", session_id=session.meta.id)).code == "NOT_FOUND"

@@ -9,10 +9,18 @@ waits) does the same work in about a fifth of that: a ``session.show`` read went
 ``run`` takes what the store passes (str, int, float, bool, bytes, None, a list of str, a
 dict for jsonb) and returns rows decoded by column type; anything else is ``None``, and the
 caller uses psycopg. Parameters go as text, bytes as binary; results come back binary.
+
+A read's transaction costs no round trip of its own (libpq's pipeline mode, libpq 14 or
+later): its ``BEGIN`` goes in one write with its first statement (``run(..., begin=)``), and
+its ``COMMIT`` is sent without waiting for the answer (``commit_later``), which is read with
+the next read's first statement or before any other use of the connection (``settle``). A
+one-statement read is one round trip instead of three; the server ends the transaction as
+soon as the ``COMMIT`` arrives, so no snapshot is held while the connection idles.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
 import weakref
 from collections.abc import Callable, Sequence
@@ -22,6 +30,8 @@ import orjson
 import psycopg
 from psycopg import errors, pq
 from psycopg.types.json import Jsonb
+
+log = logging.getLogger(__name__)
 
 _OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
 _DOUBLE = struct.Struct(">d")
@@ -141,8 +151,16 @@ class Wire:
             weakref.WeakKeyDictionary()
         )
 
-    def run(self, conn: psycopg.Connection[Any], statement: str, params: Sequence[Any], fetch: str) -> Any:
-        """The statement's rows ("all"), first row ("one") or row count ("count"). Raises
+    def run(
+        self,
+        conn: psycopg.Connection[Any],
+        statement: str,
+        params: Sequence[Any],
+        fetch: str,
+        begin: bytes | None = None,
+    ) -> Any:
+        """The statement's rows ("all"), first row ("one") or row count ("count"); run after
+        ``begin`` (a transaction's BEGIN) in the same round trip when given. Raises
         NotImplementedError, before running anything, when a parameter or a result column
         is not one this path takes (the caller then uses psycopg)."""
         if self._decoders.get(statement, ()) is None:
@@ -157,6 +175,7 @@ class Wire:
         pgconn = conn.pgconn
         prepared = self._prepared.setdefault(conn, set())
         if name not in prepared:
+            self.settle(conn)
             numbered, count = statement, 0
             while "%s" in numbered:
                 count += 1
@@ -171,8 +190,11 @@ class Wire:
         decoders = self._decoders[statement]
         if decoders is None:
             raise NotImplementedError
-        # libpq takes None for a NULL parameter (psycopg's stub says otherwise).
-        result = _check(conn, pgconn.exec_prepared(name, cast(Any, values), formats, result_format=1))
+        if begin is None:
+            # libpq takes None for a NULL parameter (psycopg's stub says otherwise).
+            result = _check(conn, pgconn.exec_prepared(name, cast(Any, values), formats, result_format=1))
+        else:
+            result = _pipelined(conn, begin, name, values, formats)
         if fetch == "count":
             return result.command_tuples or 0
         rows = [
@@ -185,6 +207,82 @@ class Wire:
         if fetch == "one":
             return rows[0] if rows else None
         return rows
+
+    @staticmethod
+    def commit_later(conn: psycopg.Connection[Any]) -> None:
+        """Send COMMIT and return without its answer (the connection then owes it: read by
+        ``run(..., begin=)`` or ``settle`` before any other use)."""
+        pgconn = conn.pgconn
+        pgconn.enter_pipeline_mode()
+        pgconn.send_query_params(b"COMMIT", None)
+        pgconn.pipeline_sync()
+
+    @staticmethod
+    def owes(conn: psycopg.Connection[Any]) -> bool:
+        """Whether the answer to a ``commit_later`` is still to be read."""
+        return conn.pgconn.pipeline_status != pq.PipelineStatus.OFF
+
+    @staticmethod
+    def settle(conn: psycopg.Connection[Any]) -> None:
+        """Read the answer a ``commit_later`` left, if any: the connection is then usable
+        by psycopg and by synchronous libpq calls again."""
+        pgconn = conn.pgconn
+        if pgconn.pipeline_status == pq.PipelineStatus.OFF:
+            return
+        (committed,) = _drain(conn, 1)
+        pgconn.exit_pipeline_mode()
+        _committed(conn, committed)
+
+
+def _pipelined(
+    conn: psycopg.Connection[Any], begin: bytes, name: bytes, values: list[bytes | None], formats: list[int]
+) -> pq.abc.PGresult:
+    """``begin`` then the prepared statement, in one round trip that also reads the answer
+    to a COMMIT the connection owes; the statement's result."""
+    pgconn = conn.pgconn
+    owed = pgconn.pipeline_status != pq.PipelineStatus.OFF
+    if not owed:
+        pgconn.enter_pipeline_mode()
+    pgconn.send_query_params(begin, None)
+    pgconn.send_query_prepared(name, cast(Any, values), formats, result_format=1)
+    pgconn.pipeline_sync()
+    results = _drain(conn, 2 if owed else 1)
+    pgconn.exit_pipeline_mode()
+    if owed:
+        _committed(conn, results.pop(0))
+    began, result = results
+    _check(conn, began)
+    return _check(conn, result)
+
+
+def _drain(conn: psycopg.Connection[Any], syncs: int) -> list[pq.abc.PGresult]:
+    """The results of the pipeline's statements up to its ``syncs``-th sync point, in order
+    (``get_result`` releases the GIL while it waits)."""
+    pgconn = conn.pgconn
+    results: list[pq.abc.PGresult] = []
+    idle = False
+    while syncs:
+        result = pgconn.get_result()
+        if result is None:
+            # One None ends a statement's results; a second means nothing more will come.
+            if idle:
+                raise psycopg.OperationalError(pgconn.get_error_message() or "the pipeline ended early")
+            idle = True
+            continue
+        idle = False
+        if result.status == pq.ExecStatus.PIPELINE_SYNC:
+            syncs -= 1
+        else:
+            results.append(result)
+    return results
+
+
+def _committed(conn: psycopg.Connection[Any], result: pq.abc.PGresult) -> None:
+    """A read's COMMIT came back: its answer is given already and it wrote nothing, so a
+    failure is only worth a warning (a lost connection shows at the statement after)."""
+    if result.status not in _OK:
+        error = errors.error_from_result(result, encoding=conn.info.encoding)
+        log.warning("a read's COMMIT failed: %s", error)
 
 
 def _check(conn: psycopg.Connection[Any], result: pq.abc.PGresult) -> pq.abc.PGresult:

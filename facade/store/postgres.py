@@ -87,6 +87,9 @@ _EVENT_COLUMNS = "sequence, namespace, type, plan_id, session_id, time, body"
 CONNECT_TIMEOUT = 10
 # How long a replica waits for another one's migration before it gives up.
 MIGRATION_WAIT = 300.0
+# A read's transaction: one snapshot for all its statements, which wait for no writer.
+_BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+_IN_TRANSACTION = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 # Failures that mean "another transaction was in the way": nothing was written, retry.
 _BUSY = (errors.LockNotAvailable, errors.DeadlockDetected, errors.SerializationFailure)
 
@@ -210,6 +213,8 @@ class _Thread(threading.local):
         self.busy = False
         # The open write transaction appended events (its commit takes the commit lock).
         self.appended = False
+        # The open read's transaction has begun (with its first statement).
+        self.began = False
 
 
 class PostgresStore(Store):
@@ -349,20 +354,26 @@ class PostgresStore(Store):
         here = self._thread
         # The read lane's threads are the store's own: each keeps its connection.
         here.own = True
-        with self._borrow() as conn:
-            _command(conn, b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        # The transaction begins with fn's first statement, in its round trip (``_run``), and
+        # its COMMIT is not waited for on the thread's own connection (pg_wire.py).
+        with self._borrow(settle=False) as conn:
             observer = self.observer
             if observer is not None:
                 observer.waited("read", time.monotonic() - queued)
-            here.read = conn
+            here.read, here.began = conn, False
             try:
                 result = fn(self)
             except BaseException:
                 here.read = None
-                _rollback(conn)
+                if here.began:
+                    _rollback(conn)
                 raise
             here.read = None
-            _command(conn, b"COMMIT")
+            if here.began:
+                if conn is here.pinned:
+                    self._wire.commit_later(conn)
+                else:
+                    _command(conn, b"COMMIT")
             return result
 
     async def write(self, fn: Callable[[Store], T]) -> T:
@@ -423,12 +434,16 @@ class PostgresStore(Store):
             self._order.due(jobs)
 
     @contextmanager
-    def _borrow(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+    def _borrow(
+        self, timeout: float | None = None, *, settle: bool = True
+    ) -> Iterator[psycopg.Connection[Any]]:
         """A connection for one transaction or statement. The store's own reader and writer
         threads each keep one (taking it from the pool once, not per call: the pool's
         checkout costs about what a statement does); other threads, and a store thread
         needing a second one (a write inside a read), take one from the pool and give it
-        back. Waiting longer than the write bound for one is STORE_BUSY."""
+        back. Waiting longer than the write bound for one is STORE_BUSY. A kept connection
+        comes with the answer to its last read's COMMIT read, unless ``settle`` is False
+        (a read, which reads it with its first statement)."""
         if self._closed:
             raise RuntimeError("the store is closed")
         wait = self.write_timeout if timeout is None else timeout
@@ -455,13 +470,16 @@ class PostgresStore(Store):
             conn = kept
         here.busy = True
         try:
+            if settle:
+                self._wire.settle(conn)
             yield conn
         finally:
             here.busy = False
             if conn.broken or conn.closed:
                 self._unpin(conn)
                 here.pinned = None
-            elif conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            # (A read's COMMIT on its way is left for the next use to read: pg_wire.py.)
+            elif not self._wire.owes(conn) and conn.info.transaction_status != pq.TransactionStatus.IDLE:
                 _rollback(conn)
 
     def _unpin(self, conn: psycopg.Connection[Any]) -> None:
@@ -529,16 +547,33 @@ class PostgresStore(Store):
             self._check_owner()
             return self._on(cast(psycopg.Connection[Any], here.write), statement, params, fetch)
         if here.read is not None:
-            return self._on(here.read, statement, params, fetch)
+            if here.began:
+                return self._on(here.read, statement, params, fetch)
+            try:
+                return self._on(here.read, statement, params, fetch, _BEGIN_READ)
+            finally:
+                # Begun unless it failed before anything was sent.
+                here.began = here.read.info.transaction_status in _IN_TRANSACTION
         with self._borrow() as conn:
             return self._on(conn, statement, params, fetch)
 
-    def _on(self, conn: psycopg.Connection[Any], statement: Any, params: Any, fetch: str) -> Any:
+    def _on(
+        self,
+        conn: psycopg.Connection[Any],
+        statement: Any,
+        params: Any,
+        fetch: str,
+        begin: bytes | None = None,
+    ) -> Any:
+        """One statement on ``conn``; after ``begin`` (a read's BEGIN) when given."""
         started = time.monotonic()
         try:
             if isinstance(statement, str) and not isinstance(params, Mapping):
                 with contextlib.suppress(NotImplementedError):
-                    return self._wire.run(conn, statement, params, fetch)
+                    return self._wire.run(conn, statement, params, fetch, begin)
+            if begin is not None:
+                self._wire.settle(conn)
+                _command(conn, begin)
             cursor = conn.execute(statement, params)
             if fetch == "one":
                 return cursor.fetchone()
@@ -993,6 +1028,10 @@ class PostgresStore(Store):
         with self._pinned_lock:
             pinned, self._pinned = self._pinned, set()
         for conn in pinned:
+            try:
+                self._wire.settle(conn)
+            except psycopg.Error as exc:
+                log.warning("a read's COMMIT was lost at close: %s", exc)
             self._pool.putconn(conn)
         self._pool.close()
 

@@ -6,6 +6,7 @@ lock, conditional writes across connections, and event wake-ups."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import decimal
 import pathlib
 import secrets
@@ -18,7 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
+from psycopg import pq, sql
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
@@ -26,6 +27,7 @@ from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.store import pg_migrations, postgres
 from cleveragents.acp.facade.store.base import (
+    Record,
     SchemaTooNewError,
     StaleRevisionError,
     Store,
@@ -426,6 +428,89 @@ def test_wakeups_come_after_a_commit_anywhere_and_not_for_a_rollback(
         closer.join(10)
     finally:
         wakeups.close()
+
+
+# round trips -----------------------------------------------------------------------------
+
+
+def waits(trace: str) -> int:
+    """How often the client waited for the server in a libpq trace: each turn from lines it
+    sent (F) to lines it received (B)."""
+    turns, last = 0, ""
+    for line in trace.splitlines():
+        direction = line[:1]
+        if direction == "B" and last == "F":
+            turns += 1
+        if direction in ("F", "B"):
+            last = direction
+    return turns
+
+
+async def test_a_one_statement_read_waits_for_the_server_once(
+    opened: Callable[..., PostgresStore], tmp_path: pathlib.Path
+) -> None:
+    """A read's BEGIN travels with its first statement and its COMMIT is not waited for
+    (pg_wire.py): one round trip for a one-statement read and two for a two-statement one
+    (three and four when BEGIN and COMMIT each waited), counted in libpq's own trace of the
+    reader's connection, with the answers unchanged."""
+    store = opened(readers=1)
+    store.insert(record(id="01A"))
+
+    def one(s: Store) -> object:
+        return s.get("session", "01A")
+
+    def two(s: Store) -> object:
+        return s.get("session", "01A"), s.list_items("messages", "01A")
+
+    for fn in (one, two):  # prepares the statements on the reader's connection
+        await store.read(fn)
+    (reader,) = store._pinned
+    for fn, expected in ((one, 1), (two, 2)):
+        path = tmp_path / f"{fn.__name__}.trace"
+        with path.open("w") as file:
+            reader.pgconn.trace(file.fileno())
+            reader.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+            answers = [await store.read(fn) for _ in range(5)]
+            reader.pgconn.untrace()
+        assert waits(path.read_text()) == 5 * expected, fn.__name__
+        assert answers == [answers[0]] * 5
+    assert (await store.read(one)) == store.get("session", "01A")
+
+
+async def test_each_read_sees_what_committed_before_it_and_a_failed_one_leaves_none_open(
+    opened: Callable[..., PostgresStore], schema: tuple[str, str]
+) -> None:
+    """The COMMIT a read leaves unread ends its snapshot before the next read begins, also
+    when psycopg runs the next read's first statement; a read whose first statement fails
+    (on the server, or before anything was sent) rolls back and the next read on the same
+    connection works."""
+    store = opened(readers=1)
+    store.insert(record(id="01A", state="one"))
+    update = sql.SQL("UPDATE {}.records SET state = %s WHERE id = '01A'").format(sql.Identifier(schema[1]))
+    with raw(schema[0]) as conn:
+        for state in ("two", "three"):
+            conn.execute(update, (state,))
+            found = await store.read(lambda s: s.get("session", "01A"))
+            assert found is not None
+            assert found.state == state
+    for _ in range(2):  # a first statement psycopg runs (numeric), after a COMMIT owed
+        assert await store.read(lambda _s: store.execute("SELECT 1.5::numeric")) == [
+            (decimal.Decimal("1.5"),)
+        ]
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        await store.read(lambda _s: store.execute("SELECT * FROM no_such_table"))
+    with pytest.raises(postgres.NulCharacterError):
+        await store.read(lambda s: s.get("session", "01\x00"))
+
+    def after_a_refused_statement(s: Store) -> tuple[Record | None, int]:
+        with contextlib.suppress(postgres.NulCharacterError):
+            s.get("session", "01\x00")
+        return s.get("session", "01A"), s.last_sequence()
+
+    found, last = await store.read(after_a_refused_statement)
+    assert found is not None
+    assert found.state == "three"
+    assert last == 0
 
 
 # bad input -------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ waits) does the same work in about a fifth of that: a ``session.show`` read went
 150 µs to 30 µs of CPU, 600 µs to 250 µs of wall time, measured in a loop.
 
 ``run`` takes what the store passes (str, int, float, bool, bytes, None, a list of str, a
-dict for jsonb) and returns rows decoded by column type; anything else is ``None``, and the
-caller uses psycopg. Parameters go as text, bytes as binary; results come back binary.
+dict for jsonb) and returns rows decoded by column type; for anything else it returns
+``PSYCOPG``, having run nothing, and the caller uses psycopg. Parameters go as text, bytes
+as binary; results come back binary.
 
 A read's transaction costs no round trip of its own (libpq's pipeline mode, libpq 14 or
 later): its ``BEGIN`` goes in one write with its first statement (``run(..., begin=)``), and
@@ -20,6 +21,7 @@ soon as the ``COMMIT`` arrives, so no snapshot is held while the connection idle
 
 from __future__ import annotations
 
+import enum
 import logging
 import struct
 import weakref
@@ -81,6 +83,16 @@ _DECODERS: dict[int, Callable[[bytes], Any]] = {
     16: _bool,
     2278: _void,
 }
+
+
+class Fallback(enum.Enum):
+    """``Wire.run``'s answer for a statement it does not take (a value, not an exception, so
+    no error raised on the way is mistaken for it)."""
+
+    PSYCOPG = "run it through psycopg"
+
+
+PSYCOPG = Fallback.PSYCOPG
 
 
 class NulInTextError(ValueError):
@@ -160,14 +172,13 @@ class Wire:
         begin: bytes | None = None,
     ) -> Any:
         """The statement's rows ("all"), first row ("one") or row count ("count"); run after
-        ``begin`` (a transaction's BEGIN) in the same round trip when given. Raises
-        NotImplementedError, before running anything, when a parameter or a result column
-        is not one this path takes (the caller then uses psycopg)."""
+        ``begin`` (a transaction's BEGIN) in the same round trip when given. ``PSYCOPG``,
+        with nothing run, when a parameter or a result column is not one this path takes."""
         if self._decoders.get(statement, ()) is None:
-            raise NotImplementedError
+            return PSYCOPG
         encoded = _encode(params)
         if encoded is None:
-            raise NotImplementedError
+            return PSYCOPG
         values, formats = encoded
         name = self._names.get(statement)
         if name is None:
@@ -189,7 +200,7 @@ class Wire:
                 self._decoders[statement] = [_DECODERS[oid] for oid in types] if known else None
         decoders = self._decoders[statement]
         if decoders is None:
-            raise NotImplementedError
+            return PSYCOPG
         if begin is None:
             # libpq takes None for a NULL parameter (psycopg's stub says otherwise).
             result = _check(conn, pgconn.exec_prepared(name, cast(Any, values), formats, result_format=1))

@@ -69,7 +69,7 @@ from cleveragents.acp.facade.store.base import (
 )
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
 from cleveragents.acp.facade.store.pg_migrations import PG_MIGRATIONS
-from cleveragents.acp.facade.store.pg_wire import NulInTextError, Wire
+from cleveragents.acp.facade.store.pg_wire import PSYCOPG, NulInTextError, Wire
 from cleveragents.acp.facade.store.reads import ReadLane
 from cleveragents.acp.facade.store.requests import RequestEntry, decode_written, encode_written
 
@@ -569,8 +569,9 @@ class PostgresStore(Store):
         started = time.monotonic()
         try:
             if isinstance(statement, str) and not isinstance(params, Mapping):
-                with contextlib.suppress(NotImplementedError):
-                    return self._wire.run(conn, statement, params, fetch, begin)
+                result = self._wire.run(conn, statement, params, fetch, begin)
+                if result is not PSYCOPG:
+                    return result
             if begin is not None:
                 self._wire.settle(conn)
                 _command(conn, begin)

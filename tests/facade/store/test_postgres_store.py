@@ -25,7 +25,7 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.factory import open_facade
-from cleveragents.acp.facade.store import pg_migrations, postgres
+from cleveragents.acp.facade.store import pg_migrations, pg_wire, postgres
 from cleveragents.acp.facade.store.base import (
     Record,
     SchemaTooNewError,
@@ -552,3 +552,19 @@ def test_statements_the_wire_path_cannot_decode_go_through_psycopg(
     ]
     with pytest.raises(postgres.NulCharacterError):
         store.execute("SELECT %s::text[]", (["a\x00"],))
+
+
+def test_an_error_on_the_wire_path_is_never_taken_for_its_fall_back(
+    opened: Callable[..., PostgresStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wire path says "use psycopg" with a value (pg_wire.PSYCOPG), not an exception: a
+    NotImplementedError raised on it (here by a decoder) reaches the caller instead of the
+    statement quietly running again through psycopg."""
+
+    def unfinished(raw: bytes) -> str:
+        raise NotImplementedError("a decoder not written yet")
+
+    monkeypatch.setitem(pg_wire._DECODERS, 25, unfinished)
+    store = opened()
+    with pytest.raises(NotImplementedError, match="not written yet"):
+        store.execute("SELECT %s::text", ("x",))

@@ -101,3 +101,36 @@ async def test_as_root_commands_run_as_the_command_user(tmp_path: pathlib.Path) 
     # The server's own files stay out of reach.
     denied = await _run(["cat", "/etc/shadow"], scratch, Policy(command_user=user))
     assert not denied.ok
+
+
+async def test_a_command_that_cannot_start_is_an_os_error(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(FileNotFoundError) as info:
+        await _run(["no-such-program-acp"], tmp_path, Policy(limits=LIMITS))
+    assert info.value.filename == "no-such-program-acp"
+    assert info.value.strerror
+
+
+async def test_a_command_inherits_only_its_standard_streams(tmp_path: pathlib.Path) -> None:
+    """The wrapper's report pipe closes at the exec; the server's files never reach it."""
+    result = await _run(
+        [PY, "-c", "import os; print(sorted(map(int, os.listdir('/proc/self/fd'))))"], tmp_path, Policy()
+    )
+    assert result.ok, result.stderr
+    # 0-2, and the folder listdir opened to read the list.
+    assert json.loads(result.stdout)[:3] == [0, 1, 2]
+    assert len(json.loads(result.stdout)) == 4, result.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+async def test_a_program_the_command_user_cannot_run_is_an_os_error(tmp_path: pathlib.Path) -> None:
+    account = pwd.getpwnam("nobody")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    program = private / "tool"
+    program.write_text("#!/bin/sh\nexit 0\n")
+    program.chmod(0o700)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    user = CommandUser("nobody", account.pw_uid, account.pw_gid)
+    with pytest.raises(PermissionError):
+        await _run([str(program)], scratch, Policy(command_user=user))

@@ -5,11 +5,17 @@ interruption when the plan is cancelled.
 Containment (docs/security.md says what it does not cover):
 - environment: an allow-list (``ENV_ALLOWED``), so no secret of the server's environment
   (model keys, database URLs) reaches the command;
-- resource limits set in the child before exec: CPU seconds, address space, file size,
-  process count (``Policy.limits``);
+- resource limits: CPU seconds, address space, file size, process count (``Policy.limits``);
 - its own session and process group, killed as a whole on timeout or cancel;
 - when the server runs as root, the operator's unprivileged ``--command-user`` (uid, gid,
   no supplementary groups), owning the scratch folder.
+
+The user switch and the limits are made by a small wrapper (``CONTAIN``: this interpreter,
+isolated, no site) that then execs the command; subprocess only starts it in a new session.
+A ``preexec_fn`` or subprocess's ``user``/``group`` arguments would make CPython start the
+child with ``fork()``, which runs gRPC's fork handlers in the child of a server whose gRPC
+threads are busy, and the child then died of SIGABRT or SIGSEGV before its exec; without
+them CPython uses ``vfork()``, which runs no fork handler.
 """
 
 from __future__ import annotations
@@ -18,10 +24,10 @@ import asyncio
 import contextlib
 import os
 import pathlib
-import resource
 import signal
 import stat
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cleveragents.acp.facade.domain.plans.paths import ResourceRoot
@@ -45,23 +51,69 @@ def environment(source: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _limiter(limits: ProcessLimits) -> Callable[[], None]:
-    """Runs in the child between fork and exec: only ``setrlimit`` calls (no lock, no
-    allocation-heavy Python), lowering soft and hard limits so the command cannot raise them."""
-    pairs = (
-        (resource.RLIMIT_CPU, limits.cpu_seconds),
-        (resource.RLIMIT_AS, limits.memory_bytes),
-        (resource.RLIMIT_FSIZE, limits.file_bytes),
-        (resource.RLIMIT_NPROC, limits.processes),
-    )
+# Run as ``python -I -S -c CONTAIN REPORT CPU AS FSIZE NPROC UID GID ARGV...`` (UID -1: no
+# switch): drops to the command user, lowers soft and hard limits (so the command cannot
+# raise them) and execs ARGV; an OSError is written to the REPORT pipe, which otherwise
+# closes at the exec. What execvp imports is imported first: the command user may not be
+# able to read this interpreter's library.
+CONTAIN = """\
+import os, resource, sys, warnings
+report, cpu, memory, size, count, uid, gid = map(int, sys.argv[1:8])
+argv = sys.argv[8:]
+limits = ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, memory),
+          (resource.RLIMIT_FSIZE, size), (resource.RLIMIT_NPROC, count))
+try:
+    if uid >= 0:
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+    for which, value in limits:
+        hard = resource.getrlimit(which)[1]
+        cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (cap, cap))
+    os.set_inheritable(report, False)
+    os.execvp(argv[0], argv)
+except OSError as exc:
+    os.write(report, f"{exc.errno or 0} {exc.strerror or exc}".encode())
+    os._exit(127)
+"""
 
-    def limit() -> None:
-        for which, value in pairs:
-            _soft, hard = resource.getrlimit(which)
-            cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
-            resource.setrlimit(which, (cap, cap))
 
-    return limit
+def contained(argv: list[str], report: int, limits: ProcessLimits, user: CommandUser | None) -> list[str]:
+    """The wrapper's command line for ``argv`` (``CONTAIN``)."""
+    sizes = (limits.cpu_seconds, limits.memory_bytes, limits.file_bytes, limits.processes)
+    ids = (user.uid, user.gid) if user is not None else (-1, -1)
+    return [sys.executable, "-I", "-S", "-c", CONTAIN, str(report), *map(str, (*sizes, *ids)), *argv]
+
+
+async def _exec_report(fd: int) -> bytes:
+    """What the wrapper reported before its exec failed; empty once the command runs (the
+    pipe closes at the exec) or the wrapper died. Closes ``fd``."""
+    loop = asyncio.get_running_loop()
+    readable = asyncio.Event()
+    os.set_blocking(fd, False)
+    loop.add_reader(fd, readable.set)
+    chunks: list[bytes] = []
+    try:
+        while True:
+            await readable.wait()
+            readable.clear()
+            try:
+                chunk = os.read(fd, 4096)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+def _start_error(report: bytes, program: str) -> OSError:
+    errno_text, _, message = report.decode(errors="replace").partition(" ")
+    code = int(errno_text) if errno_text.isdigit() else 0
+    return OSError(code, message, program)
 
 
 def hand_over(folder: pathlib.Path, user: CommandUser | None) -> None:
@@ -121,19 +173,31 @@ async def run(
     program, or the operator's command user cannot run it)."""
     user = policy.command_user
     await asyncio.to_thread(hand_over, cwd, user)
-    process = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=str(cwd),
-        env=environment(),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-        preexec_fn=_limiter(policy.limits),
-        user=user.uid if user is not None else None,
-        group=user.gid if user is not None else None,
-        extra_groups=[] if user is not None else None,
-    )
+    report, report_end = os.pipe()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *contained(argv, report_end, policy.limits, user),
+            cwd=str(cwd),
+            env=environment(),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=(report_end,),
+        )
+    except BaseException:
+        os.close(report)
+        raise
+    finally:
+        os.close(report_end)
+    try:
+        failure = await _exec_report(report)
+    except BaseException:
+        _kill_group(process)
+        raise
+    if failure:
+        await process.wait()
+        raise _start_error(failure, argv[0])
     readers = [
         asyncio.ensure_future(_read_capped(process.stdout, output_limit)),
         asyncio.ensure_future(_read_capped(process.stderr, output_limit)),

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from google.protobuf import json_format, timestamp_pb2
@@ -982,29 +982,41 @@ class PlanEngine:
             await self._write(lambda: self._record_error(plan, refused))
             raise
         entries = [w.entry for w in writes]
-        # A call's apply leases the plan for its file work; a run's auto-apply holds the run's.
-        claimed = not self.leases.holds(plan.meta.id)
 
         def begin() -> None:
-            if claimed:
-                self._take_lease(plan.meta.id)
             self._still(plan, "apply")
             self.records.save_checkpoint(plan.meta.id, entries)
             plan.ClearField("last_error")
             self._transition(plan, model.APPLY, model.RUNNING, journal=records.JOURNAL_APPLYING)
 
+        async with self._leased_file_work(plan.meta.id, begin):
+            return await self._write_files(plan, writes, entries)
+
+    @contextlib.asynccontextmanager
+    async def _leased_file_work(self, plan_id: str, begin: Callable[[], None]) -> AsyncIterator[None]:
+        """The plan's lease around an apply's or rollback's file work: claimed in the write
+        that runs ``begin`` (forgotten if that write fails), renewed by the heartbeat while
+        the files change, released after. A run's auto-apply already holds the run's lease,
+        which stays the run's to release."""
+        claimed = not self.leases.holds(plan_id)
+
+        def leased() -> None:
+            if claimed:
+                self._take_lease(plan_id)
+            begin()
+
         try:
-            await self._write(begin)
+            await self._write(leased)
         except BaseException:
             if claimed:
-                self.leases.forget(plan.meta.id)
+                self.leases.forget(plan_id)
             raise
         self._start_heartbeat()
         try:
-            return await self._write_files(plan, writes, entries)
+            yield
         finally:
             if claimed:
-                await self._release(plan.meta.id)
+                await self._release(plan_id)
 
     async def _write_files(
         self, plan: plan_pb2.Plan, writes: list[Write], entries: list[CheckpointEntry]
@@ -1068,22 +1080,11 @@ class PlanEngine:
         with self._exclusive(plan.meta.id):
             await asyncio.to_thread(rollback.check, plan.meta.id, entries, force=force)
 
-            claimed = not self.leases.holds(plan.meta.id)
-
             def begin() -> None:
-                if claimed:
-                    self._take_lease(plan.meta.id)
                 self._still(plan, "rollback")
                 self.records.save(plan, journal=records.JOURNAL_ROLLING_BACK)
 
-            try:
-                await self._write(begin)
-            except BaseException:
-                if claimed:
-                    self.leases.forget(plan.meta.id)
-                raise
-            self._start_heartbeat()
-            try:
+            async with self._leased_file_work(plan.meta.id, begin):
                 restored = await asyncio.to_thread(apply.restore_all, entries)
                 # Paths never followed through a symlink are not restored: the plan says so.
                 skipped = (
@@ -1105,9 +1106,6 @@ class PlanEngine:
                         journal=records.JOURNAL_ROLLED_BACK,
                     )
                 )
-            finally:
-                if claimed:
-                    await self._release(plan.meta.id)
         return restored
 
     # read views -------------------------------------------------------------------------

@@ -50,9 +50,10 @@ class _Shape:
         payload: Any = inner.message_type if inner is not None else op.response_type.DESCRIPTOR
         self.sequence = "sequence" in payload.fields_by_name
         self.type = "type" in payload.fields_by_name
-        # By the serialized item: a frame depends on nothing else, so the subscribers
-        # of one event share its encoding.
-        self.frames: Recent[bytes, tuple[bytes, int | None]] = Recent(FRAME_CACHE_SIZE)
+        # By the item itself (by identity, the entry holding it so its id names nothing
+        # else): the subscribers of one event share its response object, never changed
+        # once handed out, so they share its encoding, at the cost of a dict probe.
+        self.frames: Recent[int, tuple[message.Message, tuple[bytes, int | None]]] = Recent(FRAME_CACHE_SIZE)
 
 
 _SHAPES: dict[str, _Shape] = {}
@@ -77,19 +78,19 @@ def item_id(op: Operation, item: message.Message) -> int | None:
 
 
 def encode(op: Operation, item: message.Message) -> tuple[bytes, int | None]:
-    """The frame of a stream item, and its ``id`` (the sequence, when items have one)."""
-    shape = _shape(op)
-    key = item.SerializeToString()
-    found = shape.frames.get(key)
-    if found is not None:
-        return found
+    """The frame of a stream item, and its ``id`` (the sequence, when items have one); made
+    once per item object, however many streams send it."""
+    shape = _SHAPES.get(op.name) or _shape(op)
+    found = shape.frames.get(id(item))
+    if found is not None and found[0] is item:
+        return found[1]
     payload: Any = getattr(item, shape.inner) if shape.inner is not None else item
     sequence = int(payload.sequence) if shape.sequence else None
     head = f"id: {sequence}\n" if sequence is not None else ""
     kind = payload.type if shape.type else ""
     data = orjson.dumps(codec.to_dict(payload))
     encoded = (f"{head}event: {kind or op.name}\ndata: ".encode() + data + b"\n\n", sequence)
-    shape.frames.put(key, encoded)
+    shape.frames.put(id(item), (item, encoded))
     return encoded
 
 

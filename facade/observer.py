@@ -7,11 +7,12 @@ tests run with ``NO_OBSERVER``, which costs one attribute test per call.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
 
 from google.protobuf import message
 
+from cleveragents.acp.contract.batched import close_iterator, next_batch
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError
@@ -63,14 +64,19 @@ def stream_end_reason(err: ACPError) -> str:
 
 async def watched(
     items: AsyncIterator[message.Message], observer: CallObserver, op: Operation, ctx: CallContext
-) -> AsyncIterator[message.Message]:
-    """A stream's items; tells ``observer`` once it is read, and once why it ended (a stream
-    closed before its first item was asked for was never open). Closes ``items``."""
+) -> AsyncGenerator[list[message.Message], None]:
+    """A stream's items, in the batches ``items`` hands out; tells ``observer`` once it is
+    read, and once why it ended (a stream closed before its first item was asked for was
+    never open). Closes ``items``."""
     observed = observer.stream_opened(op, ctx)
     reason = STREAM_CLOSED
     try:
-        async for item in items:
-            yield item
+        while True:
+            try:
+                batch = await next_batch(items)
+            except StopAsyncIteration:
+                return
+            yield batch
     except ACPError as err:
         reason = stream_end_reason(err)
         raise
@@ -79,8 +85,6 @@ async def watched(
         raise
     finally:
         try:
-            aclose = getattr(items, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await close_iterator(items)
         finally:
             observed.ended(reason)

@@ -5,10 +5,11 @@ both end their streams cleanly on shutdown instead of waiting to be cancelled.
 
 One pump task per stream reads the source into a bounded buffer, and the front end takes
 whatever has accumulated as one batch: SSE sends a batch in one write instead of a system
-call per item, and no item costs a task or an ``asyncio.wait`` of its own. The pump reads
-ahead of the front end by a bounded weight only (SSE: bytes; gRPC: one item), so a peer
-that stops reading still pushes back on the source, and the event log still ends a
-subscriber that falls too far behind.
+call per item, and no item costs a task or an ``asyncio.wait`` of its own. A ``Batched``
+source is read a batch at a time (the event log hands out what it holds at once). The pump
+reads ahead of the front end by a bounded weight only (SSE: bytes; gRPC: one item; at most
+one batch beyond it), so a peer that stops reading still pushes back on the source, and
+the event log still ends a subscriber that falls too far behind.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Generic, TypeVar
 
+from cleveragents.acp.contract.batched import close_iterator, next_batch
+
 T = TypeVar("T")
 
 
@@ -27,12 +30,6 @@ class Tick:
 
 
 TICK = Tick()
-
-
-async def close_iterator(items: AsyncIterator[object]) -> None:
-    aclose = getattr(items, "aclose", None)
-    if aclose is not None:
-        await aclose()
 
 
 def _wake(waiter: asyncio.Future[bool] | None, timed_out: bool = False) -> None:
@@ -59,10 +56,15 @@ class _Pump(Generic[T]):
         self.task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
+        items, weigh, buffer = self.items, self.weigh, self.buffer
         try:
-            async for item in self.items:
-                self.buffer.append(item)
-                self.weight += 1 if self.weigh is None else self.weigh(item)
+            while True:
+                try:
+                    batch = await next_batch(items)
+                except StopAsyncIteration:
+                    break
+                buffer.extend(batch)
+                self.weight += len(batch) if weigh is None else sum(map(weigh, batch))
                 _wake(self.waiter)
                 if self.weight >= self.limit:
                     self._room = asyncio.get_running_loop().create_future()

@@ -63,6 +63,8 @@ log = logging.getLogger(__name__)
 
 # Backlog rows read from the store per query.
 BACKLOG_BATCH = 256
+# Events handed to a reader at once (``Subscription.next_batch``).
+HAND_OUT_BATCH = BACKLOG_BATCH
 # Decoded backlog events kept (per generation) for the other subscribers reading them.
 DECODED_CACHE_SIZE = 2048
 # Rows the follower reads per query, and how often it reads without a wake-up.
@@ -454,13 +456,32 @@ class Subscription:
         return self
 
     async def __anext__(self) -> events_pb2.Event:
+        await self._fill()
+        event = self._pending.popleft()
+        self.last_sequence = event.sequence
+        return event
+
+    async def next_batch(self) -> list[events_pb2.Event]:
+        """The events ready to hand out, in order, at most ``HAND_OUT_BATCH`` (at least one:
+        it waits for one); StopAsyncIteration once closed. What a reader holds is out of
+        the queue, so the cap bounds how far past ``queue_size`` it may fall behind."""
+        await self._fill()
+        pending = self._pending
+        if len(pending) <= HAND_OUT_BATCH:
+            taken = list(pending)
+            pending.clear()
+        else:
+            taken = [pending.popleft() for _ in range(HAND_OUT_BATCH)]
+        self.last_sequence = taken[-1].sequence
+        return taken
+
+    async def _fill(self) -> None:
+        """Wait until events are pending; StopAsyncIteration once closed."""
         while True:
             if self._closed:
                 raise StopAsyncIteration
             if self._pending:
-                event = self._pending.popleft()
-                self.last_sequence = event.sequence
-                return event
+                return
             if not self._live:
                 # A long backlog is read batch by batch, each on a store reader thread.
                 await self._catch_up()

@@ -7,9 +7,10 @@ response once, for all of them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import NamedTuple
 
+from cleveragents.acp.contract.batched import Batched
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.contract.recent import Recent
@@ -31,7 +32,7 @@ class EventHandlers:
     ) -> AsyncIterator[events_pb2.SubscribeEventsResponse]:
         """Not a generator: the subscription is opened (authorized, its filters checked,
         attached to the log) before this returns, so early errors precede any headers."""
-        return self._responses(self._log.subscription(ctx, request))
+        return Batched(self._responses(self._log.subscription(ctx, request)))
 
     @handles("events.ticket")
     async def CreateStreamTicket(
@@ -56,10 +57,16 @@ class EventHandlers:
 
     async def _responses(
         self, subscription: Subscription
-    ) -> AsyncIterator[events_pb2.SubscribeEventsResponse]:
+    ) -> AsyncGenerator[list[events_pb2.SubscribeEventsResponse], None]:
+        """The responses of the events the subscription hands out together, as one list."""
+        respond = self._response
         async with subscription:
-            async for event in subscription:
-                yield self._response(event)
+            while True:
+                try:
+                    events = await subscription.next_batch()
+                except StopAsyncIteration:
+                    return
+                yield [respond(event) for event in events]
 
 
 def _wrap(event: events_pb2.Event) -> events_pb2.SubscribeEventsResponse:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from google.protobuf import message
 
+from cleveragents.acp.contract.batched import Batched
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError
@@ -57,7 +58,7 @@ class ObservedTransport:
             raise
         finally:
             observed.finish(code)
-        return observing.watched(items, self._telemetry, op, ctx)
+        return Batched(observing.watched(items, self._telemetry, op, ctx))
 
     async def close(self) -> None:
         await self._transport.close()

@@ -44,9 +44,11 @@ def test_without_a_type_the_event_is_named_after_the_operation() -> None:
     assert frame.startswith(b"id: 0\nevent: events.subscribe\n")
 
 
-def test_equal_items_share_a_frame_and_different_ones_do_not() -> None:
-    first = sse.encode(OP, _item(1))
-    assert sse.encode(OP, _item(1)) is first
+def test_an_item_is_encoded_once_and_other_items_have_frames_of_their_own() -> None:
+    item = _item(1)
+    first = sse.encode(OP, item)
+    assert sse.encode(OP, item) is first
+    assert sse.encode(OP, _item(1)) == first
     assert sse.encode(OP, _item(1, "other")) != first
     assert sse.encode(OP, _item(2))[1] == 2
 

@@ -4,10 +4,11 @@ always closed."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
 
+from cleveragents.acp.contract.batched import Batched
 from cleveragents.acp.gateway.streams import TICK, batches, until_stopped
 
 
@@ -41,6 +42,21 @@ async def test_items_already_available_come_as_one_batch() -> None:
     found = [batch async for batch in batches(source(), [], read_ahead=100)]
     assert found == [list(range(10))]
     assert source.closed
+
+
+async def batch_source(batches: list[list[int]]) -> AsyncGenerator[list[int], None]:
+    for batch in batches:
+        yield batch
+
+
+async def test_a_batched_source_is_read_a_batch_at_a_time_and_closed() -> None:
+    source = Batched(batch_source([[0, 1, 2], [], [3], [4, 5]]))
+    found = [batch async for batch in batches(source, [], read_ahead=1)]
+    assert found == [[0, 1, 2], [3], [4, 5]]
+    one_by_one = Batched(batch_source([[0, 1], [2]]))
+    assert [item async for item in one_by_one] == [0, 1, 2]
+    with pytest.raises(StopAsyncIteration):
+        await source.next_batch()
 
 
 async def test_read_ahead_bounds_the_weight_of_a_batch() -> None:

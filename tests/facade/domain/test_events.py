@@ -12,7 +12,13 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from cleveragents.acp.contract.errors import ACPError
-from cleveragents.acp.facade.domain.events import EVENT_TYPES, EventLog, Subscription, event_type
+from cleveragents.acp.facade.domain.events import (
+    EVENT_TYPES,
+    HAND_OUT_BATCH,
+    EventLog,
+    Subscription,
+    event_type,
+)
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import events_pb2, plan_pb2
 from tests.facade.store.conformance import fails_in_transaction
@@ -331,6 +337,27 @@ async def test_subscribing_before_iterating_keeps_live_events(log: EventLog) -> 
     log.publish(state_changed("p"))
     assert sequences(await collect(subscription, 1)) == [4]
     subscription.close()
+
+
+async def test_next_batch_hands_out_what_is_ready_together_in_order(log: EventLog) -> None:
+    """A backlog batch comes at most HAND_OUT_BATCH at a time; live events committed
+    together come together; the error of a too-slow reader names the last one handed out."""
+    total = HAND_OUT_BATCH + 10
+    log.publish_many([state_changed("p", reason=f"r{i}") for i in range(total)])
+    subscription = log.subscribe(namespaces=None)
+    got: list[events_pb2.Event] = []
+    async with asyncio.timeout(TIMEOUT):
+        while len(got) < total:
+            batch = await subscription.next_batch()
+            assert 1 <= len(batch) <= HAND_OUT_BATCH
+            assert subscription.last_sequence == batch[-1].sequence
+            got += batch
+        assert sequences(got) == list(range(1, total + 1))
+        log.publish_many([state_changed("p"), state_changed("p")])
+        assert sequences(await subscription.next_batch()) == [total + 1, total + 2]
+    subscription.close()
+    with pytest.raises(StopAsyncIteration):
+        await subscription.next_batch()
 
 
 async def test_publishers_on_other_threads(log: EventLog, store: SQLiteStore) -> None:

@@ -284,7 +284,8 @@ async def test_subscribers_of_one_event_share_its_response(log: EventLog) -> Non
     request = events_pb2.SubscribeEventsRequest()
     first = await facade.stream(op, request, CallContext())
     second = await facade.stream(op, request, CallContext())
-    one, two = await read(first, 5), await read(second, 5)
+    # Read side by side: a stream closed detaches its subscription at once.
+    one, two = await asyncio.gather(read(first, 5), read(second, 5))
     assert all(a is b for a, b in zip(one, two, strict=True))
     assert [r.event.log_record.message for r in one] == [f"m{i}" for i in range(5)]
 

@@ -37,7 +37,7 @@ from google.protobuf import message
 
 from cleveragents.acp.contract.call import CallContext, Reply
 from cleveragents.acp.contract.catalog import Operation
-from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
 from cleveragents.acp.facade.store.base import Store
 from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestClaimedError, RequestEntry
 
@@ -51,6 +51,11 @@ DEFAULT_RETENTION_SECONDS = 24 * 3600.0
 # How long a retry waits for the run of the same request id still going before it is told
 # to try again (BUDGET_EXCEEDED, retryable, REQUEST_IN_PROGRESS).
 DEFAULT_WAIT_SECONDS = 30.0
+# Retention (a pass over the stored rows in key order): rows read per step, and calls with
+# a request id between steps; about 4 rows read per such call, so a pass keeps ahead of
+# the rows those calls add.
+SWEEP_ROWS = 1024
+SWEEP_EVERY = 256
 # Test-only: the server SIGKILLs itself after the effect of this operation committed and
 # before its answer is stored or sent (tests/facade/test_idempotency_crash.py). Unset: inert.
 KILL_AFTER_COMMIT_ENV = "ACP_TEST_KILL_AFTER_COMMIT"
@@ -149,6 +154,9 @@ class _Running:
             self.done.set()
 
 
+# The operation's handler (``handlers.table.Unary``).
+Handler = Callable[[Any, CallContext], Awaitable[message.Message]]
+
 # A response field filled from the records a call wrote (entity kinds), or from the
 # request's field of the same name.
 _Shape = tuple[tuple[Any, frozenset[str] | None], ...]
@@ -179,6 +187,9 @@ class Idempotency:
         self._running: dict[tuple[str, str], _Running] = {}
         self._pruned = 0.0
         self._prune_task: asyncio.Task[None] | None = None
+        # Where the pass of the retention sweep goes on (None: no pass under way).
+        self._sweep_after: tuple[str, str] | None = None
+        self._since_step = 0
         self._kill_after = os.environ.get(KILL_AFTER_COMMIT_ENV, "")
 
     # the facade's entry ------------------------------------------------------------
@@ -188,8 +199,9 @@ class Idempotency:
         op: Operation,
         request: message.Message,
         ctx: CallContext,
-        call: Callable[[], Awaitable[message.Message]],
+        handler: Handler,
     ) -> message.Message:
+        """``handler(request, ctx)`` once for (principal, request id), or its stored outcome."""
         principal = ctx.require_principal().name
         key = (principal, ctx.request_id)
         digest = digest_of(op, request)
@@ -207,7 +219,7 @@ class Idempotency:
                 if stored is not None and stored.time >= self.clock() - self.retention:
                     outcome = self._stored_outcome(stored, op, request, digest)
                     return _replay(outcome, ctx)
-            outcome, replayed = await self._first(op, request, ctx, call, digest)
+            outcome, replayed = await self._first(op, request, ctx, handler, digest, principal)
             return _replay(outcome, ctx) if replayed else outcome.unwrap()
         finally:
             running.settle(outcome)
@@ -235,8 +247,9 @@ class Idempotency:
         op: Operation,
         request: message.Message,
         ctx: CallContext,
-        call: Callable[[], Awaitable[message.Message]],
+        handler: Handler,
         digest: bytes,
+        principal: str,
     ) -> tuple[_Outcome, bool]:
         """Run the call under a claim; (outcome, whether it is another run's replayed).
 
@@ -246,7 +259,7 @@ class Idempotency:
         stores its answer. Every such operation writes before it acts outside the store."""
         now = self.clock()
         entry = RequestEntry(
-            principal=ctx.require_principal().name,
+            principal=principal,
             request_id=ctx.request_id,
             operation=op.key,
             digest=digest,
@@ -257,11 +270,15 @@ class Idempotency:
         token = CLAIM.set(claim)
         outcome: _Outcome | None = None
         try:
-            outcome = _Outcome(response=await call())
+            outcome = _Outcome(response=await handler(request, ctx))
         except RequestClaimedError:
             pass
         except ACPError as err:
             outcome = _Outcome(error=err)
+        except Exception as exc:
+            fault = internal_error(exc, op.name)
+            fault.__cause__ = exc
+            outcome = _Outcome(error=fault)
         finally:
             claim.open = False
             CLAIM.reset(token)
@@ -357,7 +374,7 @@ class Idempotency:
         return found
 
     def rebuild(
-        self, op: Operation, request: message.Message, written: Mapping[tuple[str, str], bytes]
+        self, op: Operation, request: message.Message, written: dict[tuple[str, str], bytes]
     ) -> message.Message | None:
         """``op``'s answer from the records the call wrote and its request; None when its
         answer cannot be rebuilt so."""
@@ -369,7 +386,7 @@ class Idempotency:
             if kinds is None:
                 setattr(response, field.name, getattr(request, field.name))
                 continue
-            body = next((b for (kind, _), b in reversed(list(written.items())) if kind in kinds), None)
+            body = _last_body(written, kinds)
             if body is not None:
                 getattr(response, field.name).ParseFromString(body)
         return response
@@ -378,7 +395,7 @@ class Idempotency:
         self,
         op: Operation,
         request: message.Message,
-        written: Mapping[tuple[str, str], bytes],
+        written: dict[tuple[str, str], bytes],
         response: message.Message,
     ) -> bool:
         """Whether ``rebuild`` gives ``response`` (then the stamp is the stored answer): the
@@ -391,7 +408,7 @@ class Idempotency:
                 if getattr(response, field.name) != getattr(request, field.name):
                     return False
                 continue
-            body = next((b for (kind, _), b in reversed(list(written.items())) if kind in kinds), None)
+            body = _last_body(written, kinds)
             if body is None or not response.HasField(field.name):
                 return False
             value = getattr(response, field.name)
@@ -402,19 +419,33 @@ class Idempotency:
     # retention ---------------------------------------------------------------------
 
     def _maybe_prune(self) -> None:
-        """Drop rows past retention, at most every quarter of it (and every minute)."""
-        now = self.clock()
-        if now - self._pruned < min(60.0, self.retention / 4) or self._prune_task is not None:
+        """Drop rows past retention in passes over the table, a pass starting at most every
+        quarter of it (and every minute); within a pass, a step of ``SWEEP_ROWS`` rows every
+        ``SWEEP_EVERY`` calls (a store with an index on time takes a pass in one step)."""
+        if self._prune_task is not None:
             return
-        self._pruned = now
-        self._prune_task = asyncio.get_running_loop().create_task(self._prune(now - self.retention))
+        if self._sweep_after is not None:
+            self._since_step += 1
+            if self._since_step < SWEEP_EVERY:
+                return
+        else:
+            now = self.clock()
+            if now - self._pruned < min(60.0, self.retention / 4):
+                return
+            self._pruned = now
+        self._since_step = 0
+        self._prune_task = asyncio.get_running_loop().create_task(self._prune(self.clock() - self.retention))
 
     async def _prune(self, older_than: float) -> None:
+        after = self._sweep_after
         try:
-            removed = await self.store.write(lambda store: store.prune_requests(older_than))
+            removed, self._sweep_after = await self.store.write(
+                lambda store: store.sweep_requests(older_than, after, SWEEP_ROWS)
+            )
             if removed:
                 log.debug("pruned %d request ids older than the retention", removed)
         except Exception:
+            self._sweep_after = None
             log.exception("pruning request ids failed")
         finally:
             self._prune_task = None
@@ -424,6 +455,14 @@ class Idempotency:
         if task is not None:
             with contextlib.suppress(Exception):
                 await task
+
+
+def _last_body(written: dict[tuple[str, str], bytes], kinds: frozenset[str]) -> bytes | None:
+    """The body of the last record of one of ``kinds`` the call wrote."""
+    for key in reversed(written):
+        if key[0] in kinds:
+            return written[key]
+    return None
 
 
 def _replay(outcome: _Outcome, ctx: CallContext) -> message.Message:

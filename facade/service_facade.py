@@ -29,7 +29,6 @@ from cleveragents.acp.facade.handlers.table import Handler, Streaming, Unary
 from cleveragents.acp.facade.idempotency import Idempotency
 from cleveragents.acp.facade.observer import CallObserver
 from cleveragents.acp.facade.store.base import StoreObserver
-from cleveragents.acp.facade.store.requests import RequestClaimedError
 
 log = logging.getLogger(__name__)
 
@@ -165,23 +164,10 @@ class ServiceFacade:
             except Exception as exc:
                 raise internal_error(exc, op.name) from exc
         else:
-            response = await self.idempotency.run(
-                op, request, ctx, lambda: self._call(handler, op, request, ctx)
-            )
+            response = await self.idempotency.run(op, request, ctx, handler)
         if ctx.served_version != op.version_table.current:
             return surface.strip(response, ctx.served_version)
         return response
-
-    @staticmethod
-    async def _call(
-        handler: Unary, op: Operation, request: message.Message, ctx: CallContext
-    ) -> message.Message:
-        try:
-            return await handler(request, ctx)
-        except (ACPError, RequestClaimedError):
-            raise
-        except Exception as exc:
-            raise internal_error(exc, op.name) from exc
 
     async def stream(
         self, op: Operation, request: message.Message, ctx: CallContext

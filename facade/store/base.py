@@ -345,6 +345,15 @@ class Store(abc.ABC):
     def prune_requests(self, older_than: float) -> int:
         """Retention: drop rows whose run started before ``older_than``; how many went."""
 
+    def sweep_requests(
+        self, older_than: float, after: tuple[str, str] | None, limit: int
+    ) -> tuple[int, tuple[str, str] | None]:
+        """Retention in steps, for a store without an index on the rows' time: drop the rows
+        past ``older_than`` among the ``limit`` rows after the key ``after`` (principal,
+        request_id; None: the first); (how many went, the key the next step starts after,
+        None once this pass reached the last row). By default one step prunes every row."""
+        return self.prune_requests(older_than), None
+
     # leases: on the store's clock, so replicas whose clocks differ agree on expiry --------
 
     @abc.abstractmethod

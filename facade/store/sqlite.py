@@ -140,6 +140,12 @@ _PUT_REQUEST = (
     "WHERE requests.owner = excluded.owner OR requests.time < ?"
 )
 
+_SWEEP_FIRST = "SELECT principal, request_id, time FROM requests ORDER BY principal, request_id LIMIT ?"
+_SWEEP_AFTER = (
+    "SELECT principal, request_id, time FROM requests WHERE (principal, request_id) > (?, ?) "
+    "ORDER BY principal, request_id LIMIT ?"
+)
+
 
 def _request_row(entry: RequestEntry, cutoff: float, *, answer: bool) -> tuple[Any, ...]:
     return (
@@ -716,8 +722,30 @@ class SQLiteStore(Store):
         )
 
     def prune_requests(self, older_than: float) -> int:
+        """Reads the whole table (no index on time: migration 5); ``sweep_requests`` is the
+        step a server takes."""
         with self.transaction():
             return int(self.execute("DELETE FROM requests WHERE time < ?", (older_than,)).rowcount)
+
+    def sweep_requests(
+        self, older_than: float, after: tuple[str, str] | None, limit: int
+    ) -> tuple[int, tuple[str, str] | None]:
+        with self.transaction():
+            if after is None:
+                rows = self._all(_SWEEP_FIRST, (limit,))
+            else:
+                rows = self._all(_SWEEP_AFTER, (*after, limit))
+            expired = [
+                (principal, request_id, older_than)
+                for principal, request_id, time_ in rows
+                if time_ < older_than
+            ]
+            if expired:
+                self._db.executemany(
+                    "DELETE FROM requests WHERE principal=? AND request_id=? AND time < ?", expired
+                )
+            last = (str(rows[-1][0]), str(rows[-1][1])) if len(rows) == limit else None
+            return len(expired), last
 
     # leases ---------------------------------------------------------------------------
 

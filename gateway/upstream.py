@@ -4,6 +4,12 @@
 client ``Transport`` (the CLI hands in a gRPC one): the caller's token, ticket, version and
 request id travel upstream, which does every check. The gateway itself never imports a
 client: whoever assembles it chooses the transport.
+
+The gateway calls upstream once and never retries: its own caller decides (an ACP client
+retries with the same request id, as its ``RetryPolicy`` says). An upstream it cannot reach
+answers at once INTERNAL_ERROR with ``details.grpc_code`` UNAVAILABLE and, when another
+attempt may get past it, ``details.retryable``, instead of after the transport's retries
+(about six seconds for a closed port), which a retrying client would multiply.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from google.protobuf import message
 
 from cleveragents.acp.contract.call import CallContext, Reply
 from cleveragents.acp.contract.catalog import Operation
+from cleveragents.acp.contract.errors import TransportError
+from cleveragents.acp.contract.retry import RetryPolicy, retryable
 from cleveragents.acp.contract.transport import CallOptions, Transport
 
 
@@ -28,8 +36,16 @@ def options_of(ctx: CallContext) -> CallOptions:
         ticket=ctx.ticket,
         transport=ctx.transport,
         traceparent=ctx.traceparent,
+        retry=RetryPolicy.OFF,
         reply=ctx.reply,
     )
+
+
+def _offer_retry(error: TransportError) -> None:
+    """The upstream was not reached, or was lost: the caller may try again where the
+    transport would have (``details.retryable``, as the server's own STORE_BUSY says)."""
+    if retryable(error):
+        error.details["retryable"] = True
 
 
 class TransportService:
@@ -39,12 +55,20 @@ class TransportService:
         self.transport = transport
 
     async def invoke(self, op: Operation, request: message.Message, ctx: CallContext) -> message.Message:
-        return await self.transport.call(op, request, options_of(ctx))
+        try:
+            return await self.transport.call(op, request, options_of(ctx))
+        except TransportError as exc:
+            _offer_retry(exc)
+            raise
 
     async def stream(
         self, op: Operation, request: message.Message, ctx: CallContext
     ) -> AsyncIterator[message.Message]:
-        return await self.transport.open_stream(op, request, options_of(ctx))
+        try:
+            return await self.transport.open_stream(op, request, options_of(ctx))
+        except TransportError as exc:
+            _offer_retry(exc)
+            raise
 
     async def close(self) -> None:
         await self.transport.close()

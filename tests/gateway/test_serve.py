@@ -20,7 +20,9 @@ import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.grpc_transport import GrpcTransport
+from cleveragents.acp.client.http_transport import HTTPTransport
 from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.contract.retry import RetryPolicy
 from tests.gateway.conftest import Served
 from tests.gateway.test_http import data_of, envelope, error_of
 from tests.server_process import (
@@ -248,13 +250,35 @@ def test_gateway_only_mode(tmp_path: pathlib.Path, served: Served, children: Chi
 
 
 def test_gateway_without_upstream_answers_envelopes(tmp_path: pathlib.Path, children: Children) -> None:
+    """An upstream on a closed port: the gateway tries it once (no "attempts" in the answer;
+    it used to retry six times, about six seconds), says nothing was sent and that another
+    try may get through, and a client's own retry policy does the retrying."""
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
     gateway = children.server(start_gateway(tmp_path, f"127.0.0.1:{port}"))
     try:
         with httpx.Client(base_url=gateway.http, timeout=30) as client:
-            details = error_of(client.get("/api/v1/version"), "INTERNAL_ERROR")
-            assert details["grpc_code"] == "UNAVAILABLE"
+            for answer in (
+                client.get("/api/v1/version"),
+                envelope(client, {"operation": "session.show", "params": {"session_id": "01A"}}),
+            ):
+                details = error_of(answer, "INTERNAL_ERROR")
+                assert details == {"grpc_code": "UNAVAILABLE", "sent": False, "retryable": True}
+
+        async def retried_by_the_client() -> ACPError:
+            retry = RetryPolicy(attempts=2, backoff=0)
+            acp = ACPClient(HTTPTransport.connect(gateway.http, retry=retry))
+            try:
+                with pytest.raises(ACPError) as info:
+                    await acp.call("session.create", title="never sent")
+            finally:
+                await acp.close()
+            return info.value
+
+        error = asyncio.run(retried_by_the_client())
+        assert error.code == "INTERNAL_ERROR"
+        assert error.details["grpc_code"] == "UNAVAILABLE"
+        assert error.details["attempts"] == 2
     finally:
         assert gateway.stop() == 0, gateway.stderr()

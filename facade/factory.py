@@ -134,7 +134,7 @@ class _StoreResource:
         self.store = store
 
     async def close(self) -> None:
-        self.store.close()
+        await self.store.aclose()
 
 
 class _ModelsResource:

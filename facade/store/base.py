@@ -17,6 +17,7 @@ tools, tests and the services not yet converted.
 from __future__ import annotations
 
 import abc
+import asyncio
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -399,4 +400,11 @@ class Store(abc.ABC):
         """Leave a request (a cancel) for the holder of a live lease; False if none holds it."""
 
     @abc.abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Commit what is queued, stop the store's threads, close its connections: it
+        waits for them, so never on an event loop (``aclose`` is the loop's)."""
+
+    async def aclose(self) -> None:
+        """``close`` on a worker thread: the loop goes on serving (and answering the writes
+        the close commits) while the writer finishes and the threads are joined."""
+        await asyncio.to_thread(self.close)

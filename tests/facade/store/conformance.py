@@ -481,6 +481,44 @@ class StoreConformance:
         await writing
         assert await store.read(lambda s: s.get("session", "01B")) is not None
 
+    async def test_closing_waits_for_a_running_write_without_holding_the_loop(self, store: Store) -> None:
+        """``aclose`` while a write runs: the loop goes on (a task of it runs) before the
+        write may finish; then the close commits and answers it. A close that waited on the
+        loop would let the write go only after the helper's safety bound: the loop's turn
+        would come after the release, and the test fails instead of hanging."""
+        inside = threading.Event()
+        release = threading.Event()
+        loop_ran_first: list[bool] = []
+
+        def slow(s: Store) -> str:
+            s.insert(record(id="01B"))
+            inside.set()
+            assert release.wait(30)
+            return "written"
+
+        async def on_the_loop() -> None:
+            loop_ran_first.append(not release.is_set())
+            release.set()
+
+        def release_later() -> None:
+            # Only a safety bound, shorter than the write's: the loop's task releases it.
+            release.wait(20)
+            release.set()
+
+        writing = asyncio.ensure_future(store.write(slow))
+        assert await asyncio.to_thread(inside.wait, 10)
+        helper = threading.Thread(target=release_later, daemon=True)
+        helper.start()
+        closing = asyncio.ensure_future(store.aclose())
+        await asyncio.sleep(0)
+        await on_the_loop()
+        await closing
+        helper.join()
+        assert loop_ran_first == [True]
+        assert await writing == "written"
+        with pytest.raises(RuntimeError, match="closed"):
+            await store.write(lambda s: None)
+
     async def test_the_observer_hears_every_read_write_and_commit(self, store: Store) -> None:
         heard: list[tuple[str, float]] = []
 

@@ -15,7 +15,12 @@ ticket was issued is refused, and its namespaces are the current ones.
 Outstanding tickets (issued, not yet presented, not expired) are capped per principal
 (``MAX_PER_PRINCIPAL``) and in all (``MAX_OUTSTANDING``): a caller asking past the cap gets
 BUDGET_EXCEEDED (``TOO_MANY_TICKETS``) until one of its tickets is used or expires, so no
-caller can fill the store with tickets. The count is kept by the process that issued them.
+caller can fill the store with tickets. Both are counted in the store, so they hold across
+the workers of ``agents serve --workers N`` and the replicas over one database: a
+principal's by its issued tickets (those expired meanwhile are marked so as they are
+counted), the total in one counter record every issue and redemption updates first (on
+PostgreSQL its row lock orders them; SQLite has one writer). A total at its cap is recounted
+from the tickets at most once per ``SWEEP_SECONDS``.
 
 ``issue`` and ``redeem`` are what the event loop awaits: their store work runs on the
 store's writer thread (``issue_now`` and ``redeem_now`` are the same, blocking their thread).
@@ -26,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import secrets
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
@@ -36,7 +40,13 @@ import orjson
 from cleveragents.acp.contract.call import CallContext, Principal, Role
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.events import check_event_types
-from cleveragents.acp.facade.store.base import Record, StaleRevisionError, Store
+from cleveragents.acp.facade.store.base import (
+    ListQuery,
+    Record,
+    StaleRevisionError,
+    Store,
+    StoreConflictError,
+)
 from cleveragents.acp.v1 import events_pb2
 
 KIND = "stream_ticket"
@@ -44,7 +54,13 @@ TICKET_PREFIX = "acpt_"
 TTL_SECONDS = 30.0
 MAX_TTL_SECONDS = 60.0
 STREAM_OPERATION = "events.subscribe"
-_ISSUED, _USED = "issued", "used"
+_ISSUED, _USED, _EXPIRED = "issued", "used", "expired"
+# The record counting issued tickets of every principal (its body: count, last recount).
+COUNTER_KIND, COUNTER_ID = "stream_ticket_count", "outstanding"
+# A total at its cap is recounted at most this often (the recount reads every issued ticket).
+SWEEP_SECONDS = 1.0
+# Issued tickets read per page when counting them.
+_PAGE = 256
 # Records of tickets expired this long ago are removed, at most once per interval.
 PRUNE_SECONDS = 60.0
 # Outstanding tickets one principal may hold, and all principals together.
@@ -130,16 +146,12 @@ class StreamTickets:
         self.ttl_seconds = ttl_seconds
         self._clock = clock
         self._pruned = -PRUNE_SECONDS
-        # Outstanding tickets this process issued: principal -> ticket digest -> expiry.
-        self._outstanding: dict[str, dict[str, float]] = {}
-        self._count = 0
-        self._lock = threading.Lock()
 
     async def issue(
         self, ctx: CallContext, request: events_pb2.CreateStreamTicketRequest
     ) -> events_pb2.CreateStreamTicketResponse:
         """``issue_now`` on the store's writer thread."""
-        return await self._store.write(lambda _store: self.issue_now(ctx, request))
+        return _answer(await self._store.write(lambda _store: self._issue(ctx, request)))
 
     async def redeem(self, ticket: str, operation: str, request: object) -> Principal:
         """``redeem_now``, using the ticket up on the store's writer thread."""
@@ -152,63 +164,87 @@ class StreamTickets:
         self, ctx: CallContext, request: events_pb2.CreateStreamTicketRequest
     ) -> events_pb2.CreateStreamTicketResponse:
         """A ticket for the stream ``request`` describes, once its filters would be admitted."""
+        return _answer(self._issue(ctx, request))
+
+    def _issue(
+        self, ctx: CallContext, request: events_pb2.CreateStreamTicketRequest
+    ) -> events_pb2.CreateStreamTicketResponse | ACPError:
+        """The ticket, or the refusal past a cap (returned, not raised: the expired tickets
+        marked while counting stay marked when the transaction commits)."""
         principal = ctx.require_principal()
         ctx.visible_namespaces(request.namespace)
         check_event_types(list(request.event_type))
         now = self._clock()
-        self._prune(now)
         ticket = TICKET_PREFIX + secrets.token_urlsafe(32)
         key = digest(ticket)
         expires = now + self.ttl_seconds
-        self._hold(principal.name, key, expires, now)
-        try:
-            self._insert(request, principal, key, now, expires)
-        except BaseException:
-            self._release(principal.name, key)
-            raise
+        with self._store.transaction():
+            outstanding = _Outstanding.lock(self._store)
+            self._prune(now, outstanding)
+            refusal = self._hold(principal.name, now, outstanding)
+            if refusal is None:
+                outstanding.count += 1
+                self._insert(request, principal, key, now, expires)
+            outstanding.save(self._store, now)
+        if refusal is not None:
+            return refusal
         response = events_pb2.CreateStreamTicketResponse(ticket=ticket)
         response.expire_time.FromNanoseconds(int(expires * 1e9))
         return response
 
-    def _hold(self, name: str, key: str, expires: float, now: float) -> None:
-        """Count a new ticket of ``name``, or refuse it past a cap (expired ones go first)."""
-        with self._lock:
-            if len(self._outstanding.get(name, ())) >= MAX_PER_PRINCIPAL:
-                self._drop_expired(name, now)
-            if self._count >= MAX_OUTSTANDING:
-                for other in list(self._outstanding):
-                    self._drop_expired(other, now)
-            for count, cap, whose in (
-                (len(self._outstanding.get(name, ())), MAX_PER_PRINCIPAL, f"principal {name!r} holds"),
-                (self._count, MAX_OUTSTANDING, "the server holds"),
-            ):
-                if count >= cap:
-                    raise ACPError(
-                        ErrorCode.BUDGET_EXCEEDED,
-                        f"{whose} {count} unused stream tickets, the most allowed; use one or "
-                        f"let one expire (they live {self.ttl_seconds:g} s)",
-                        {"max_tickets": cap, "retry_after_seconds": self.ttl_seconds},
-                        refinement="TOO_MANY_TICKETS",
-                    )
-            self._outstanding.setdefault(name, {})[key] = expires
-            self._count += 1
+    def _hold(self, name: str, now: float, outstanding: _Outstanding) -> ACPError | None:
+        """None when ``name`` may have one more ticket, else the refusal."""
+        held = len(self._live(self._issued(name), now, outstanding))
+        if held >= MAX_PER_PRINCIPAL:
+            return self._too_many(f"principal {name!r} holds", held, MAX_PER_PRINCIPAL)
+        if outstanding.count >= MAX_OUTSTANDING and now - outstanding.swept >= SWEEP_SECONDS:
+            outstanding.count = len(self._live(self._issued(None), now, outstanding))
+            outstanding.swept = now
+        if outstanding.count >= MAX_OUTSTANDING:
+            return self._too_many("the server holds", outstanding.count, MAX_OUTSTANDING)
+        return None
 
-    def _drop_expired(self, name: str, now: float) -> None:
-        held = self._outstanding[name]
-        for key in [key for key, expires in held.items() if expires <= now]:
-            del held[key]
-            self._count -= 1
-        if not held:
-            del self._outstanding[name]
+    def _too_many(self, whose: str, count: int, cap: int) -> ACPError:
+        return ACPError(
+            ErrorCode.BUDGET_EXCEEDED,
+            f"{whose} {count} unused stream tickets, the most allowed; use one or "
+            f"let one expire (they live {self.ttl_seconds:g} s)",
+            {"max_tickets": cap, "retry_after_seconds": self.ttl_seconds},
+            refinement="TOO_MANY_TICKETS",
+        )
 
-    def _release(self, name: str, key: str) -> None:
-        """The ticket is no longer outstanding (presented, or never stored)."""
-        with self._lock:
-            held = self._outstanding.get(name)
-            if held is not None and held.pop(key, None) is not None:
-                self._count -= 1
-                if not held:
-                    del self._outstanding[name]
+    def _issued(self, name: str | None) -> list[Record]:
+        """Every issued ticket of ``name`` (None: of everyone), page by page."""
+        found: list[Record] = []
+        before: str | None = None
+        while True:
+            page = self._store.query(
+                ListQuery(
+                    kind=KIND,
+                    state=_ISSUED,
+                    attrs={} if name is None else {"principal": name},
+                    before_id=before,
+                    limit=_PAGE,
+                )
+            )
+            found.extend(page)
+            if len(page) < _PAGE:
+                return found
+            before = page[-1].id
+
+    def _live(self, issued: list[Record], now: float, outstanding: _Outstanding) -> list[Record]:
+        """The tickets not expired; the others are marked expired and counted out."""
+        live = []
+        for record in issued:
+            if now < float(record.attrs.get("expires", "0")):
+                live.append(record)
+                continue
+            self._store.update(
+                dataclasses.replace(record, state=_EXPIRED, revision=record.revision + 1, update_time=now),
+                expected_revision=record.revision,
+            )
+            outstanding.count -= 1
+        return live
 
     def _insert(
         self,
@@ -248,7 +284,6 @@ class StreamTickets:
 
     def _admitted(self, record: Record, key: str, now: float, operation: str, request: object) -> Principal:
         attrs = record.attrs
-        self._release(attrs.get("principal", ""), key)
         if now >= float(attrs.get("expires", "0")):
             raise _refused("TICKET_EXPIRED", "the stream ticket expired; ask events.ticket for a new one")
         if operation != attrs.get("operation") or not isinstance(request, events_pb2.SubscribeEventsRequest):
@@ -269,17 +304,23 @@ class StreamTickets:
         return self._principal(attrs)
 
     def _use(self, key: str, now: float) -> Record:
+        """Use the ticket up (an expired one too: ``_admitted`` says so), counting it out."""
         with self._store.transaction():
+            # The counter first: on PostgreSQL its row lock orders this with every issue.
+            outstanding = _Outstanding.lock(self._store)
             record = self._store.get(KIND, key)
             if record is None:
                 raise _refused("TICKET_UNKNOWN", "unknown stream ticket; ask events.ticket for one")
-            if record.state != _ISSUED:
+            if record.state not in (_ISSUED, _EXPIRED):
                 raise _used()
             used = dataclasses.replace(record, state=_USED, revision=record.revision + 1, update_time=now)
             try:
                 self._store.update(used, expected_revision=record.revision)
             except StaleRevisionError:
                 raise _used() from None
+            if record.state == _ISSUED:
+                outstanding.count -= 1
+                outstanding.save(self._store, now)
         return record
 
     def _principal(self, attrs: dict[str, str]) -> Principal:
@@ -299,12 +340,61 @@ class StreamTickets:
             )
         return principal
 
-    def _prune(self, now: float) -> None:
+    def _prune(self, now: float, outstanding: _Outstanding) -> None:
+        """Remove the records of tickets expired ``PRUNE_SECONDS`` ago (at most once per
+        interval in this process); those never presented nor marked are counted out."""
         if now - self._pruned < PRUNE_SECONDS:
             return
         self._pruned = now
         limit = now - PRUNE_SECONDS
-        with self._store.transaction():
-            stale = [r.id for r in self._store.iter_kind(KIND) if float(r.attrs.get("expires", "0")) < limit]
-            for key in stale:
-                self._store.delete(KIND, key)
+        for record in self._store.iter_kind(KIND):
+            if float(record.attrs.get("expires", "0")) < limit:
+                self._store.delete(KIND, record.id)
+                if record.state == _ISSUED:
+                    outstanding.count -= 1
+
+
+def _answer(
+    outcome: events_pb2.CreateStreamTicketResponse | ACPError,
+) -> events_pb2.CreateStreamTicketResponse:
+    if isinstance(outcome, ACPError):
+        raise outcome
+    return outcome
+
+
+@dataclasses.dataclass
+class _Outstanding:
+    """The store's count of issued tickets, read in the write transaction that changes it."""
+
+    record: Record
+    count: int
+    # When the count was last recounted from the tickets (on the issuer's clock).
+    swept: float
+
+    @classmethod
+    def lock(cls, store: Store) -> _Outstanding:
+        """The counter, created on first use (on PostgreSQL the read locks its row until
+        the transaction ends; another process creating it first is fine)."""
+        record = store.get(COUNTER_KIND, COUNTER_ID)
+        if record is None:
+            record = Record(kind=COUNTER_KIND, id=COUNTER_ID, namespace="", body=b"{}")
+            try:
+                store.insert(record)
+            except StoreConflictError:
+                found = store.get(COUNTER_KIND, COUNTER_ID)
+                if found is None:
+                    raise
+                record = found
+        state = orjson.loads(record.body or b"{}")
+        return cls(record, int(state.get("count", 0)), float(state.get("swept", 0.0)))
+
+    def save(self, store: Store, now: float) -> None:
+        """Write the count back (nothing when it did not change)."""
+        body = orjson.dumps({"count": max(self.count, 0), "swept": self.swept})
+        if body == self.record.body:
+            return
+        saved = dataclasses.replace(
+            self.record, body=body, revision=self.record.revision + 1, update_time=now
+        )
+        store.update(saved, expected_revision=self.record.revision)
+        self.record = saved

@@ -24,9 +24,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cleveragents.acp.facade.domain import tickets
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import events_pb2
-from tests.gateway.test_http import error_of
+from tests.gateway.test_http import envelope, error_of
 from tests.gateway.test_sse import STREAM, Frames, new_session, stream, tell
 from tests.gateway.test_tickets import ticket_for
 from tests.server_process import ServerProcess, Tokens, agents_command, kill_group, start_server
@@ -186,6 +187,37 @@ def test_resume_works_on_whichever_worker_a_client_reconnects_to(
                 break
         assert min(per_worker(metrics_port, "acp_subscribers_ended_total")) >= 2
         assert seen == told
+
+
+def test_the_stream_ticket_cap_holds_across_workers(
+    workers: ServerProcess, tokens: Tokens, metrics_port: int
+) -> None:
+    """A principal's tickets asked over fresh connections (so of both workers): the cap is the
+    server's, not each worker's. Both workers issued some, each refuses the next, and a ticket
+    used on either frees one place for both."""
+    token = tokens.tokens["alice"]
+    asked = {"operation": "events.ticket", "params": {}}
+    with fresh(workers) as client:
+        held = [ticket_for(client, token) for _ in range(tickets.MAX_PER_PRINCIPAL)]
+        at_cap = per_worker(metrics_port, "acp_requests_total", operation="events.ticket")
+        assert min(at_cap) >= 1
+        for _ in range(MAX_TRIES):
+            refused = error_of(envelope(client, asked, token), "BUDGET_EXCEEDED")
+            assert refused["refinement"] == "TOO_MANY_TICKETS"
+            now = per_worker(metrics_port, "acp_requests_total", operation="events.ticket")
+            if all(after > before for after, before in zip(now, at_cap, strict=True)):
+                break
+        assert all(
+            after > before
+            for after, before in zip(
+                per_worker(metrics_port, "acp_requests_total", operation="events.ticket"), at_cap, strict=True
+            )
+        )
+        with client.stream("GET", STREAM, params={"ticket": held[0]}) as opened:
+            assert opened.status_code == 200
+        ticket_for(client, token)
+        refused = error_of(envelope(client, asked, token), "BUDGET_EXCEEDED")
+        assert refused["refinement"] == "TOO_MANY_TICKETS"
 
 
 def test_a_killed_worker_is_started_again(workers: ServerProcess, tokens: Tokens, metrics_port: int) -> None:

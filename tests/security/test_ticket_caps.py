@@ -5,15 +5,22 @@ frees its place."""
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
+import threading
+from collections.abc import Callable, Iterator
 
+import orjson
 import pytest
 
 from cleveragents.acp.contract.call import CallContext, Principal
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.domain import tickets
+from cleveragents.acp.facade.store.base import Store
+from cleveragents.acp.facade.store.postgres import PostgresStore
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import events_pb2
+from tests import postgres
 from tests.conformance.harness import Run, run_everywhere
 from tests.server_process import Tokens
 
@@ -81,11 +88,89 @@ def test_the_server_holds_at_most_max_outstanding(
         assert "server" in refused.message
         clock.now += issuer.ttl_seconds
         issue(issuer, "p2")
-        # What the issuer remembers is what is outstanding: nothing of the expired ones.
-        assert issuer._count == 1
-        assert list(issuer._outstanding) == ["p2"]
+        # What the store counts is what is outstanding: nothing of the expired ones.
+        assert outstanding(store) == 1
     finally:
         store.close()
+
+
+def outstanding(store: Store) -> int:
+    counter = store.get(tickets.COUNTER_KIND, tickets.COUNTER_ID)
+    assert counter is not None
+    return int(orjson.loads(counter.body)["count"])
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def shared(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[Callable[[], Store]]:
+    """Opens another store over one database each call (another worker or replica)."""
+    opened: list[Store] = []
+    with contextlib.ExitStack() as stack:
+        if request.param == "sqlite":
+            path = tmp_path / "acp.db"
+
+            def make() -> Store:
+                return SQLiteStore(path)
+
+        else:
+            url = stack.enter_context(postgres.fresh_schema())
+
+            def make() -> Store:
+                return PostgresStore(url)
+
+        def opener() -> Store:
+            opened.append(make())
+            return opened[-1]
+
+        try:
+            yield opener
+        finally:
+            for store in opened:
+                store.close()
+
+
+def test_the_caps_hold_across_processes_over_one_database(shared: Callable[[], Store]) -> None:
+    """Two issuers over one database (two workers of a server) count the same tickets: each
+    gives half, the next is refused by both; one redeemed through either frees its place
+    for both; the total cap counts both issuers' tickets too."""
+    clock = Clock()
+    first, second = (tickets.StreamTickets(shared(), None, clock=clock) for _ in range(2))
+    held = [issue(first if index % 2 else second, "alice") for index in range(tickets.MAX_PER_PRINCIPAL)]
+    too_many(first, "alice")
+    too_many(second, "alice")
+    second.redeem_now(held[1], "events.subscribe", events_pb2.SubscribeEventsRequest())
+    issue(first, "alice")
+    too_many(second, "alice")
+    clock.now += first.ttl_seconds
+    issue(second, "alice")
+    assert outstanding(shared()) == 1
+
+
+def test_concurrent_issuers_over_one_database_never_pass_the_cap(shared: Callable[[], Store]) -> None:
+    """Issuers in threads of their own, all at once, as many tries as twice the cap: exactly
+    the cap is issued (on PostgreSQL the writes run concurrently; the counter's row lock
+    orders them)."""
+    clock = Clock()
+    issuers = [tickets.StreamTickets(shared(), None, clock=clock) for _ in range(4)]
+    start = threading.Barrier(len(issuers))
+    given: list[str] = []
+    refused: list[str] = []
+
+    def run(issuer: tickets.StreamTickets) -> None:
+        start.wait(30)
+        for _ in range(tickets.MAX_PER_PRINCIPAL // 2):
+            try:
+                given.append(issue(issuer, "alice"))
+            except ACPError as err:
+                refused.append(str(err.details["refinement"]))
+
+    threads = [threading.Thread(target=run, args=(issuer,)) for issuer in issuers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(given) == tickets.MAX_PER_PRINCIPAL
+    assert refused == ["TOO_MANY_TICKETS"] * tickets.MAX_PER_PRINCIPAL
+    assert outstanding(shared()) == tickets.MAX_PER_PRINCIPAL
 
 
 async def capped(run: Run) -> None:

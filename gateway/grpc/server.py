@@ -13,12 +13,14 @@ each under its own package (``cleveragents.acp.v1``, ``cleveragents.acp.v2``).
 from __future__ import annotations
 
 import asyncio
+import functools
+import operator
 import socket
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
-from google.protobuf import message, unknown_fields
+from google.protobuf import descriptor, message, unknown_fields
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -49,14 +51,23 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
-def _serialize(response: message.Message) -> bytes:
-    return response.SerializeToString()
+# A C-level call per answer (gRPC calls the serializer with the handler's response).
+_serialize: Callable[[message.Message], bytes] = operator.methodcaller("SerializeToString")
+
+
+@functools.cache
+def _has_message_fields(desc: descriptor.Descriptor) -> bool:
+    """Whether a message of this type can hold other messages (read once per type): a flat
+    request needs no ``ListFields`` walk."""
+    return any(field.message_type is not None for field in desc.fields)
 
 
 def _unknown_fields(msg: message.Message, path: str = "") -> list[str]:
     """Paths of fields this server does not know, anywhere in the message."""
     unknown = unknown_fields.UnknownFieldSet(msg)
     found = [f"{path or '<request>'}#{unknown[i].field_number}" for i in range(len(unknown))]
+    if not _has_message_fields(msg.DESCRIPTOR):
+        return found
     for field, value in msg.ListFields():
         if field.message_type is None:
             continue
@@ -90,21 +101,34 @@ class GrpcHandlers:
         self._contract = contract or catalog.CATALOG
 
     def _context(self, context: grpc.aio.ServicerContext[Any, Any]) -> CallContext:
-        entries = [
-            (key, value) for key, value in context.invocation_metadata() or () if isinstance(value, str)
-        ]
-        metadata = dict(entries)
-        tickets = [value for key, value in entries if key == TICKET_METADATA]
+        """One pass over the metadata; of a key sent twice the last value counts, except
+        credentials, which must come once."""
+        bearers: list[str] = []
+        tickets: list[str] = []
+        version = given = traceparent = None
+        for key, value in context.invocation_metadata() or ():
+            if not isinstance(value, str):
+                continue
+            if key == "authorization":
+                bearers.append(value)
+            elif key == TICKET_METADATA:
+                tickets.append(value)
+            elif key == common.VERSION_HEADER:
+                version = value
+            elif key == common.REQUEST_ID_HEADER:
+                given = value
+            elif key == "traceparent":
+                traceparent = value
         if len(tickets) > 1:
             raise ambiguous_credentials(f"{len(tickets)} stream tickets")
         return CallContext(
-            token=common.single_bearer([value for key, value in entries if key == "authorization"]),
+            token=common.single_bearer(bearers),
             ticket=tickets[0] if tickets and tickets[0] else None,
-            acp_version=metadata.get(common.VERSION_HEADER) or None,
-            request_id=common.request_id(metadata.get(common.REQUEST_ID_HEADER)),
-            request_id_given=bool(metadata.get(common.REQUEST_ID_HEADER)),
+            acp_version=version or None,
+            request_id=common.request_id(given),
+            request_id_given=bool(given),
             transport="grpc",
-            traceparent=metadata.get("traceparent"),
+            traceparent=traceparent,
         )
 
     def _decode(self, op: Operation, data: bytes) -> message.Message:
@@ -204,38 +228,27 @@ class GrpcHandlers:
         )
 
     def _unary_handler(self, op: Operation) -> grpc.RpcMethodHandler[bytes, message.Message]:
-        async def behaviour(data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> message.Message:
-            return await self.unary(op, data, context)
-
+        # A partial of the coroutine function, not a wrapping coroutine: one frame less per
+        # call (gRPC still sees a coroutine function). No deserializer: the raw bytes come in.
         return grpc.unary_unary_rpc_method_handler(
-            behaviour,
-            request_deserializer=_identity,
-            response_serializer=_serialize,
+            functools.partial(GrpcHandlers.unary, self, op), response_serializer=_serialize
         )
 
     def _stream_handler(self, op: Operation) -> grpc.RpcMethodHandler[bytes, message.Message]:
-        async def behaviour(
-            data: bytes, context: grpc.aio.ServicerContext[Any, Any]
-        ) -> AsyncIterator[message.Message]:
-            async for item in self.stream(op, data, context):
-                yield item
-
         return grpc.unary_stream_rpc_method_handler(
-            behaviour,
-            request_deserializer=_identity,
-            response_serializer=_serialize,
+            functools.partial(GrpcHandlers.stream, self, op), response_serializer=_serialize
         )
 
     def generic_handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
-        by_service: dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]] = {}
-        for op in self._contract.operations():
-            handler = self._stream_handler(op) if op.server_streaming else self._unary_handler(op)
-            by_service.setdefault(op.service, {})[op.method] = handler
-        return [grpc.method_handlers_generic_handler(name, table) for name, table in by_service.items()]
-
-    def fallback_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        """One handler for every operation of the catalog and NOT_FOUND for any other method
+        of an ACP package: gRPC asks each generic handler in turn, so one per service cost a
+        call per service on every call."""
+        table = {
+            op.full_method: self._stream_handler(op) if op.server_streaming else self._unary_handler(op)
+            for op in self._contract.operations()
+        }
         packages = tuple(f"/{major.package}." for major in self._contract.majors.values())
-        return _Fallback(self.unknown, packages)
+        return [_Routes(table, self.unknown, packages)]
 
 
 if TYPE_CHECKING:
@@ -244,12 +257,18 @@ else:
     _GenericRpcHandler = grpc.GenericRpcHandler
 
 
-class _Fallback(_GenericRpcHandler):
-    """Registered last: an unknown method of an ACP package answers the ACP NOT_FOUND."""
+class _Routes(_GenericRpcHandler):
+    """The catalog's methods by wire name; an unknown method of an ACP package answers the
+    ACP NOT_FOUND, any other method is left to the other handlers (reflection, health) and
+    else to gRPC's UNIMPLEMENTED, which clients probe (reflection v1)."""
 
     def __init__(
-        self, answer: Callable[[str, grpc.aio.ServicerContext[Any, Any]], Any], packages: tuple[str, ...]
+        self,
+        table: dict[str, grpc.RpcMethodHandler[Any, Any]],
+        answer: Callable[[str, grpc.aio.ServicerContext[Any, Any]], Any],
+        packages: tuple[str, ...],
     ) -> None:
+        self._table = table
         self._answer = answer
         self._packages = packages
 
@@ -257,9 +276,9 @@ class _Fallback(_GenericRpcHandler):
         self, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         method = handler_call_details.method
-        if not method.startswith(self._packages):
-            # Other services keep gRPC's UNIMPLEMENTED, which clients probe (reflection v1).
-            return None
+        handler = self._table.get(method)
+        if handler is not None or not method.startswith(self._packages):
+            return handler
 
         async def behaviour(data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> NoReturn:
             await self._answer(method, context)
@@ -299,7 +318,6 @@ def build_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = service_names()
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    server.add_generic_rpc_handlers([handlers.fallback_handler()])
     return server, health_servicer
 
 

@@ -273,8 +273,9 @@ def test_ctrl_c_interrupts_a_local_run(local_cli: Cli, children: Children) -> No
         env=local_cli.env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        # A child of a non-interactive shell may inherit SIGINT ignored; Ctrl-C must reach it.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # No preexec_fn to un-ignore SIGINT: tests/hygiene.py restores it in pytest, so the
+        # child does not inherit it ignored; a preexec_fn would fork() a process that may have
+        # gRPC threads running, and gRPC's fork handlers can kill the child before its exec.
     )
     lines = Lines(process)
     assert lines.until(1) == ["PLAN_STATE_RUNNING"]

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests import browser as chromium
-from tests.server_process import ServerProcess, Tokens, start_server
+from tests.server_process import Children, ServerProcess, Tokens, start_server
 
 
 @pytest.fixture(scope="session")
@@ -33,9 +33,11 @@ def browser() -> Iterator[Any]:
 
 @dataclass
 class Console:
-    """One server and a browser page signed out, with what the scenarios need."""
+    """One server and a browser page signed out, with what the scenarios need (a server a
+    scenario starts goes to ``children``: killed with its group however the test ends)."""
 
     server: ServerProcess
+    children: Children
     tokens: Tokens
     directory: pathlib.Path
     page: Any
@@ -90,9 +92,10 @@ def watch(page: Any, problems: list[str]) -> None:
 
 
 @pytest.fixture
-def console(browser: Any, tmp_path: pathlib.Path) -> Iterator[Console]:
+def console(browser: Any, tmp_path: pathlib.Path, children: Children) -> Iterator[Console]:
+    """Its server belongs to ``children``; the teardown checks that it stops cleanly."""
     tokens = Tokens.create(tmp_path)
-    server = start_server(tmp_path, tokens=tokens.path)
+    server = children.server(start_server(tmp_path, tokens=tokens.path))
     context = browser.new_context(viewport={"width": 1280, "height": 860})
     page = context.new_page()
     page.set_default_timeout(20_000)
@@ -100,9 +103,9 @@ def console(browser: Any, tmp_path: pathlib.Path) -> Iterator[Console]:
     watch(page, problems)
     shots = tmp_path / "screenshots"
     shots.mkdir()
-    made = Console(server, tokens, tmp_path, page, shots, problems)
+    made = Console(server, children, tokens, tmp_path, page, shots, problems)
     try:
         yield made
     finally:
         context.close()
-        assert made.server.stop() == 0, made.server.stderr()
+    assert made.server.stop() == 0, made.server.stderr()

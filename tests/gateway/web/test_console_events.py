@@ -18,7 +18,7 @@ import pytest
 
 from cleveragents.acp.contract import sse
 from tests.gateway.web.conftest import Console, watch
-from tests.server_process import ServerProcess, Tokens, start_server
+from tests.server_process import Children, ServerProcess, Tokens, start_server
 
 FOREIGN = pathlib.Path(__file__).parent / "foreign"
 WAIT = 30.0
@@ -76,7 +76,9 @@ def test_the_event_panel_resumes_across_a_restart_with_nothing_lost_or_repeated(
     port = urlsplit(console.server.http).port
     assert console.server.stop(signal.SIGKILL) == -signal.SIGKILL
     page.wait_for_selector("#feed-state:not([data-state=live])")
-    console.server = start_server(console.directory, "--http-port", str(port), tokens=console.tokens.path)
+    console.server = console.children.server(
+        start_server(console.directory, "--http-port", str(port), tokens=console.tokens.path)
+    )
     chat(console, session_id, "three", "four")
     page.wait_for_selector("#feed-state[data-state=live]", timeout=WAIT * 1000)
     chat(console, session_id, "five")
@@ -111,10 +113,10 @@ def foreign_origin() -> Iterator[str]:
 
 
 def test_an_eventsource_page_on_another_origin_uses_a_ticket(
-    browser: Any, foreign_origin: str, tmp_path: pathlib.Path
+    browser: Any, foreign_origin: str, tmp_path: pathlib.Path, children: Children
 ) -> None:
     tokens = Tokens.create(tmp_path)
-    server = start_server(tmp_path, "--cors-origin", foreign_origin, tokens=tokens.path)
+    server = children.server(start_server(tmp_path, "--cors-origin", foreign_origin, tokens=tokens.path))
     token = tokens.tokens["alice"]
     context = browser.new_context()
     problems: list[str] = []
@@ -145,14 +147,16 @@ def test_an_eventsource_page_on_another_origin_uses_a_ticket(
         assert problems == []
     finally:
         context.close()
-        assert server.stop() == 0, server.stderr()
+    assert server.stop() == 0, server.stderr()
 
 
 def test_an_origin_the_server_does_not_name_gets_no_ticket(
-    browser: Any, foreign_origin: str, tmp_path: pathlib.Path
+    browser: Any, foreign_origin: str, tmp_path: pathlib.Path, children: Children
 ) -> None:
     tokens = Tokens.create(tmp_path)
-    server = start_server(tmp_path, "--cors-origin", "http://127.0.0.1:9", tokens=tokens.path)
+    server = children.server(
+        start_server(tmp_path, "--cors-origin", "http://127.0.0.1:9", tokens=tokens.path)
+    )
     context = browser.new_context()
     try:
         page = context.new_page()
@@ -164,4 +168,4 @@ def test_an_origin_the_server_does_not_name_gets_no_ticket(
         assert outcome == "TypeError"
     finally:
         context.close()
-        assert server.stop() == 0, server.stderr()
+    assert server.stop() == 0, server.stderr()

@@ -513,6 +513,34 @@ async def test_each_read_sees_what_committed_before_it_and_a_failed_one_leaves_n
     assert last == 0
 
 
+def terminate(url: str, pid: int) -> None:
+    """End a server backend and wait until it is gone."""
+    with raw(url) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        while conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+            time.sleep(0.01)
+
+
+async def test_a_reader_connection_lost_with_its_commit_unread_is_replaced(
+    opened: Callable[..., PostgresStore], schema: tuple[str, str]
+) -> None:
+    """The server ends the reader's connection while the answer to its last COMMIT is still
+    unread: the next read fails with the connection error (it does not hang or read a stale
+    answer), and the read after that runs on a new connection."""
+    store = opened(readers=1)
+    store.insert(record(id="01A"))
+    await store.read(lambda s: s.get("session", "01A"))  # prepared on the reader's connection
+    ((pid,),) = await store.read(lambda _s: store.execute("SELECT pg_backend_pid()"))
+    await asyncio.to_thread(terminate, schema[0], pid)
+    with pytest.raises(psycopg.Error, match="server closed the connection"):
+        await store.read(lambda s: s.get("session", "01A"))
+    found = await store.read(lambda s: s.get("session", "01A"))
+    assert found is not None
+    assert found.id == "01A"
+    ((other,),) = await store.read(lambda _s: store.execute("SELECT pg_backend_pid()"))
+    assert other != pid
+
+
 # bad input -------------------------------------------------------------------------------
 
 

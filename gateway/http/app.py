@@ -34,7 +34,7 @@ from cleveragents.acp.gateway import common
 from cleveragents.acp.gateway.http import binding, redaction
 from cleveragents.acp.gateway.http.application import GatewayApp
 from cleveragents.acp.gateway.http.cors import EnvelopeCORSMiddleware
-from cleveragents.acp.gateway.http.responses import EnvelopeResponse, Exchange
+from cleveragents.acp.gateway.http.responses import Answer, EnvelopeResponse, Exchange, guarded, send_answer
 from cleveragents.acp.gateway.http.routing import Route, RouteTable, route_path
 from cleveragents.acp.gateway.http.sse import SSEResponse
 
@@ -44,6 +44,7 @@ _VERSION_HEADER = common.VERSION_HEADER.encode()
 _REQUEST_ID_HEADER = common.REQUEST_ID_HEADER.encode()
 _IDEMPOTENCY_KEY_HEADER = common.IDEMPOTENCY_KEY_HEADER.encode()
 _TRACEPARENT_HEADER = b"traceparent"
+_AUTHORIZATION = b"authorization"
 _REPLAYED = "ACP-Replayed"
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
@@ -54,6 +55,24 @@ class GatewaySettings:
     keepalive_seconds: float = 15.0
     cors_origins: Sequence[str] = ()
     server_build: str = ""
+
+
+# What ``Gateway.handle`` answers: an envelope ready to send, or a stream.
+Answered = Answer | SSEResponse
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
+def _bearer(authorization: bytes | list[str] | None) -> str | None:
+    """The bearer token of a request's Authorization header: its value, or, when it came
+    more than once, the list of its values (AMBIGUOUS_CREDENTIALS)."""
+    if authorization is None:
+        return None
+    if isinstance(authorization, list):
+        return common.single_bearer(authorization)
+    return common.bearer_token(authorization.decode("latin-1"))
 
 
 # A browser's EventSource authenticates its stream with ``?ticket=`` (events.ticket).
@@ -109,42 +128,67 @@ class Gateway:
     async def serve(
         self, found: tuple[Route, dict[str, str]] | None, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        """Answers one request; ``found`` is its route when the caller already matched it."""
-        request = Request(scope, receive)
+        """Answers one request; ``found`` is its route when the caller already matched it.
+
+        Whatever is raised before the answer started is an INTERNAL_ERROR envelope, as
+        ``EnvelopeGuard`` makes it around other applications (``GatewayApp`` calls this
+        without the guard when no user middleware sits in between)."""
         try:
-            response = await self.handle(request, found)
+            answer = await self.handle(Request(scope, receive), found)
         except binding.PeerGoneError:
             return
-        await response(scope, receive, send)
+        if isinstance(answer, tuple):
+            await send_answer(send, answer)
+            return
+        stream = answer
+        await guarded(
+            lambda sending: stream(scope, receive, sending), send, f"{scope['method']} {scope['path']}"
+        )
 
-    async def handle(
-        self, request: Request, found: tuple[Route, dict[str, str]] | None = None
-    ) -> Response | SSEResponse:
+    async def handle(self, request: Request, found: tuple[Route, dict[str, str]] | None = None) -> Answered:
         exchange = Exchange()
         try:
-            exchange.acp_version = binding.header(request, _VERSION_HEADER) or None
+            # The first value of each header, as Starlette's Headers.get finds it.
+            raw = request.scope["headers"]
+            headers: dict[bytes, Any] = dict(reversed(raw))
+            version = headers.get(_VERSION_HEADER)
+            if version:
+                exchange.acp_version = version.decode("latin-1")
             # Validated when given; made once, when the answer needs it, when not.
-            exchange.request_id = common.given_request_id(
-                binding.header(request, _REQUEST_ID_HEADER), binding.header(request, _IDEMPOTENCY_KEY_HEADER)
-            )
-            exchange.request_id_given = exchange.request_id is not None
-            exchange.traceparent = binding.header(request, _TRACEPARENT_HEADER)
+            given = headers.get(_REQUEST_ID_HEADER)
+            key = headers.get(_IDEMPOTENCY_KEY_HEADER)
+            if given is not None or key is not None:
+                exchange.request_id = common.given_request_id(_text(given), _text(key))
+                exchange.request_id_given = exchange.request_id is not None
+            traceparent = headers.get(_TRACEPARENT_HEADER)
+            if traceparent is not None:
+                exchange.traceparent = traceparent.decode("latin-1")
             route, variables = found or self.routes.match(request.method, route_path(request.scope))
             exchange.version_table = route.version_table
-            return await self._dispatch(route, variables, request, exchange)
+            if len(headers) != len(raw):
+                # A header repeats: two Authorization values are refused where the token is read.
+                values = binding.header_values(request, _AUTHORIZATION)
+                if len(values) > 1:
+                    headers[_AUTHORIZATION] = values
+            return await self._dispatch(route, variables, request, headers, exchange)
         except ACPError as err:
-            return exchange.error(err)
+            return exchange.error_answer(err)
         except binding.PeerGoneError:
             raise
         except Exception as exc:
-            return exchange.error(internal_error(exc, f"{request.method} {request.url.path}"))
+            return exchange.error_answer(internal_error(exc, f"{request.method} {request.url.path}"))
 
     async def _dispatch(
-        self, route: Route, variables: dict[str, str], request: Request, exchange: Exchange
-    ) -> Response | SSEResponse:
+        self,
+        route: Route,
+        variables: dict[str, str],
+        request: Request,
+        headers: dict[bytes, Any],
+        exchange: Exchange,
+    ) -> Answered:
         if route.op is not None:
             exchange.transport = "rest"
-            token = common.single_bearer(binding.header_values(request, b"authorization"))
+            token = _bearer(headers.get(_AUTHORIZATION))
             if route.op.server_streaming:
                 data = await binding.bind_rest(
                     route.op, request, variables, self.settings.max_body_bytes, skip=TICKET_PARAMETER
@@ -156,10 +200,12 @@ class Gateway:
             )
             return await self._call(route.op, data, token, exchange)
         if route.endpoint == "envelope" and route.major is not None:
-            return await self._envelope(route.major, request, exchange)
+            return await self._envelope(route.major, request, headers, exchange)
         return await self._health(exchange)
 
-    async def _envelope(self, major: Major, request: Request, exchange: Exchange) -> Response:
+    async def _envelope(
+        self, major: Major, request: Request, headers: dict[bytes, Any], exchange: Exchange
+    ) -> Answer:
         raw = await binding.read_body(request, self.settings.max_body_bytes, self.large)
         body = binding.parse_json(raw)
         parsed = envelope.parse_request(body)
@@ -177,9 +223,9 @@ class Gateway:
                 + ("" if major.number == 1 else f" in ACP {major.number}"),
                 {"operation": parsed.operation},
             )
-        authorization = binding.header_values(request, b"authorization")
-        header_token = common.single_bearer(authorization)
-        if parsed.token and authorization:
+        authorization = headers.get(_AUTHORIZATION)
+        header_token = _bearer(authorization)
+        if parsed.token and authorization is not None:
             raise ambiguous_credentials("auth.token and an Authorization header")
         return await self._call(op, parsed.params, parsed.token or header_token, exchange)
 
@@ -196,7 +242,7 @@ class Gateway:
 
     async def _call(
         self, op: Operation, params: dict[str, Any], token: str | None, exchange: Exchange
-    ) -> Response:
+    ) -> Answer:
         request = codec.from_dict(params, op.request_type)
         ctx = self._context(token, exchange)
         try:
@@ -205,7 +251,7 @@ class Gateway:
             if ctx.reply is not None and ctx.reply.replayed:
                 exchange.extra_headers[_REPLAYED] = "true"
         exchange.served = ctx.served_version
-        return exchange.ok(codec.to_dict(response))
+        return exchange.ok_answer(codec.to_dict(response))
 
     async def _stream(
         self,
@@ -231,10 +277,10 @@ class Gateway:
             closing=self.closing,
         )
 
-    async def _health(self, exchange: Exchange) -> Response:
+    async def _health(self, exchange: Exchange) -> Answer:
         op = catalog.OPERATIONS["meta.version"]
         await self.service.invoke(op, op.request_type(), CallContext(request_id=exchange.ensure_request_id()))
-        return exchange.ok({"status": "SERVING"})
+        return exchange.ok_answer({"status": "SERVING"})
 
     def refuse(self, err: ACPError) -> Response:
         return Exchange().error(err)

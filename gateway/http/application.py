@@ -24,12 +24,13 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cleveragents.acp.contract import versions
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
 from cleveragents.acp.gateway import common
 from cleveragents.acp.gateway.http import openapi
+from cleveragents.acp.gateway.http.responses import guarded
 from cleveragents.acp.gateway.http.routing import OPENAPI_PATH, not_found, route_path
 from cleveragents.acp.gateway.web import pages
 
@@ -53,6 +54,8 @@ class GatewayApp(FastAPI):
         )
         self.gateway = gateway
         self.state.gateway = gateway
+        # Set when the middleware stack is built: no user middleware to run on the hot paths.
+        self._direct = False
         self.add_exception_handler(StarletteHTTPException, self._http_error)
         self.add_exception_handler(ACPError, self._acp_error)
         self.add_exception_handler(Exception, self._fault)
@@ -70,10 +73,15 @@ class GatewayApp(FastAPI):
             except ACPError:
                 found = WRONG_METHOD
             if found is not None:
-                scope[HOT_ROUTE] = found
                 scope["app"] = self
                 if self.middleware_stack is None:
                     self.middleware_stack = self.build_middleware_stack()
+                if self._direct:
+                    # No user middleware: straight to the gateway, which guards itself.
+                    route = None if found is WRONG_METHOD else found
+                    await self.gateway.serve(route, scope, receive, send)  # type: ignore[arg-type]
+                    return
+                scope[HOT_ROUTE] = found
                 await self.middleware_stack(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
@@ -82,6 +90,7 @@ class GatewayApp(FastAPI):
         """User middleware around the hot paths and FastAPI's own stack alike; the guard
         outermost."""
         added = self.user_middleware
+        self._direct = not added
         self.user_middleware = []
         try:
             framework = super().build_middleware_stack()
@@ -168,17 +177,6 @@ class EnvelopeGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def sending(message: Message) -> None:
-            nonlocal started
-            started = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive, sending)
-        except Exception as exc:
-            if started:
-                raise
-            response = self.gateway.refuse(internal_error(exc, f"{scope['method']} {scope['path']}"))
-            await response(scope, receive, send)
+        await guarded(
+            lambda sending: self.app(scope, receive, sending), send, f"{scope['method']} {scope['path']}"
+        )

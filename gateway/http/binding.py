@@ -218,7 +218,8 @@ async def bind_rest(
     """The JSON params of a REST call, per the operation's ``google.api.http`` rule;
     query parameters named in ``skip`` are the caller's to read."""
     rule = op.http
-    pairs = request.query_params.multi_items()
+    # Most calls have no query string: no QueryParams for them.
+    pairs = request.query_params.multi_items() if request.scope.get("query_string") else []
     if skip:
         pairs = [(key, value) for key, value in pairs if key not in skip]
     body = await read_body(request, limit, large)

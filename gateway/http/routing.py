@@ -80,6 +80,14 @@ def _prefix(path: str) -> str:
     return "/".join(head)
 
 
+def _key(path: str) -> tuple[str, int]:
+    return _prefix(path), path.count("/")
+
+
+def _slashes(route: Route) -> int:
+    return route.template.count("/")
+
+
 class RouteTable:
     def __init__(
         self, operations: Iterable[Operation] | None = None, *, contract: Catalog | None = None
@@ -96,15 +104,22 @@ class RouteTable:
             _route("GET", HEALTH_PATH, endpoint="health"),
             *(_route(op.http.method, op.http.path, op=op) for op in ops),
         ]
-        # Candidates per prefix, in table order; a template with a variable in its prefix
-        # is a candidate for every path.
+        # Candidates per (prefix, number of slashes), in table order: a variable matches one
+        # segment, so a template only matches paths with as many slashes as it has. A
+        # template with a variable in its prefix is a candidate for every prefix.
         anywhere = [route for route in self.routes if "{" in _prefix(route.template)]
-        self._by_prefix: dict[str, list[Route]] = {}
+        self._by_key: dict[tuple[str, int], list[Route]] = {}
         for route in self.routes:
-            key = _prefix(route.template)
-            if "{" not in key and key not in self._by_prefix:
-                self._by_prefix[key] = [r for r in self.routes if _prefix(r.template) == key or r in anywhere]
-        self._anywhere = anywhere
+            key = _key(route.template)
+            if "{" not in key[0] and key not in self._by_key:
+                self._by_key[key] = [
+                    r
+                    for r in self.routes
+                    if _key(r.template) == key or (r in anywhere and _slashes(r) == key[1])
+                ]
+        self._anywhere: dict[int, list[Route]] = {}
+        for route in anywhere:
+            self._anywhere.setdefault(_slashes(route), []).append(route)
 
     def find(self, method: str, raw_path: str) -> tuple[Route, dict[str, str]] | None:
         """The route and its decoded path variables; None when no route has this path,
@@ -113,7 +128,11 @@ class RouteTable:
         HEAD is served as GET (the server sends no body)."""
         verb = "GET" if method == "HEAD" else method
         allowed: list[str] = []
-        for route in self._by_prefix.get(_prefix(raw_path), self._anywhere):
+        key = _key(raw_path)
+        candidates = self._by_key.get(key)
+        if candidates is None:
+            candidates = self._anywhere.get(key[1], [])
+        for route in candidates:
             found = route.pattern.match(raw_path)
             if found is None:
                 continue

@@ -33,13 +33,31 @@ STOP_SECONDS = 2.0
 # How long the writer lets lines gather after the first before writing them.
 GATHER_SECONDS = 0.05
 
-Access = tuple[float, dict[str, Any]]
+# The fields of a call's access line, in order; a call queues their values alone (the
+# writer thread makes the line's dict), with the duration in seconds.
+CALL_FIELDS = ("request_id", "trace_id", "operation", "transport", "principal", "namespace", "code")
+Call = tuple[str, str, str, str, str, str, str, float]
+Access = tuple[float, dict[str, Any] | Call]
+
+# The text of the last second seen (lines come in bursts within one second).
+_second: tuple[int, str] = (-1, "")
 
 
 def _iso(created: float) -> str:
+    global _second
     seconds = int(created)
     millis = int((created - seconds) * 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+    last, text = _second
+    if last != seconds:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+        _second = (seconds, text)
+    return f"{text}.{millis:03d}Z"
+
+
+def _call_fields(values: Call) -> dict[str, Any]:
+    fields: dict[str, Any] = dict(zip(CALL_FIELDS, values, strict=False))
+    fields["duration_ms"] = round(values[-1] * 1000, 3)
+    return fields
 
 
 def _json_access(created: float, fields: dict[str, Any]) -> str:
@@ -147,6 +165,11 @@ class Logging:
         """Queue one access line (callers check ``access_on`` first)."""
         self._sink.put((time.time(), fields))
 
+    def call(self, values: Call) -> None:
+        """Queue a call's access line: the values of ``CALL_FIELDS`` and its duration in
+        seconds (callers check ``access_on`` first)."""
+        self._sink.put((time.time(), values))
+
     @property
     def dropped(self) -> int:
         return self._sink.dropped
@@ -154,7 +177,10 @@ class Logging:
     def _line(self, item: Access | logging.LogRecord) -> str:
         if isinstance(item, logging.LogRecord):
             return self._formatter.format(item)
-        return self._access_line(*item)
+        created, fields = item
+        if type(fields) is tuple:
+            return self._access_line(created, _call_fields(fields))
+        return self._access_line(created, fields)  # type: ignore[arg-type]
 
     def _write(self) -> None:
         """Wake on the first queued line, then let the lines of the next ``GATHER_SECONDS``

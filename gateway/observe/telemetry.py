@@ -35,8 +35,8 @@ def _namespace(op: Operation, request: message.Message) -> str:
     return str(getattr(request, "namespace", "")) if has else ""
 
 
-def _trace_id(span_context: trace.SpanContext | None) -> str:
-    return format(span_context.trace_id, "032x") if span_context is not None and span_context.is_valid else ""
+def _trace_id(span_context: trace.SpanContext) -> str:
+    return format(span_context.trace_id, "032x") if span_context.is_valid else ""
 
 
 class _Call:
@@ -63,9 +63,9 @@ class _Call:
         seconds = time.perf_counter() - self._started
         telemetry, op, ctx, span = self._telemetry, self._op, self._ctx, self._span
         telemetry.metrics.count(op.name, ctx.transport, code, seconds)
-        span_context = None
+        trace_id = ""
         if span is not None:
-            span_context = span.get_span_context()
+            trace_id = _trace_id(span.get_span_context())
             if span.is_recording():
                 span.set_attribute("acp.code", code)
                 if ctx.principal is not None:
@@ -77,17 +77,18 @@ class _Call:
             otel_context.detach(self._token)  # type: ignore[arg-type]
         log = telemetry.log
         if log is not None and log.access_on:
-            log.access(
-                {
-                    "request_id": ctx.request_id,
-                    "trace_id": _trace_id(span_context),
-                    "operation": op.name,
-                    "transport": ctx.transport,
-                    "principal": ctx.principal.name if ctx.principal is not None else "",
-                    "namespace": self._namespace,
-                    "code": code,
-                    "duration_ms": round(seconds * 1000, 3),
-                }
+            principal = ctx.principal
+            log.call(
+                (
+                    ctx.request_id,
+                    trace_id,
+                    op.name,
+                    ctx.transport,
+                    principal.name if principal is not None else "",
+                    self._namespace,
+                    code,
+                    seconds,
+                )
             )
 
 
@@ -138,8 +139,11 @@ class CallTelemetry:
 
     def start(self, op: Operation, request: message.Message, ctx: CallContext) -> _Call:
         namespace = _namespace(op, request)
-        parent = tracing.remote_context(ctx.traceparent)
         tracer = self._tracer
+        if tracer is None and not ctx.traceparent:
+            # Tracing off and no trace to continue: nothing to make or attach.
+            return _Call(self, op, ctx, namespace, None, None)
+        parent = tracing.remote_context(ctx.traceparent)
         span: Span | None = None
         token: object | None = None
         if tracer is not None:

@@ -12,7 +12,7 @@ import pytest
 from starlette.types import Message, Receive, Scope, Send
 
 from cleveragents.acp.facade.factory import open_facade
-from cleveragents.acp.gateway.http.app import GatewayApp, build_app
+from cleveragents.acp.gateway.http.app import Gateway, GatewayApp, build_app
 from cleveragents.acp.gateway.http.application import EnvelopeGuard
 
 
@@ -102,3 +102,66 @@ async def test_lifespan_events_are_acknowledged(app: GatewayApp) -> None:
     incoming: list[Message] = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
     sent = await call(app, {"type": "lifespan"}, incoming)
     assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+
+
+class _Failing(Gateway):
+    """A gateway whose answer to every request is a stream that raises, before or after it
+    starts (as ``SSEResponse`` could): what ``serve`` does then."""
+
+    def __init__(self, service: Any, *, started: bool) -> None:
+        super().__init__(service)
+        self.started = started
+
+    async def handle(self, request: Any, found: Any = None) -> Any:
+        async def answer(scope: Scope, receive: Receive, send: Send) -> None:
+            if self.started:
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+            raise RuntimeError("stream boom")
+
+        return answer
+
+
+async def test_the_hot_paths_answer_an_envelope_for_an_error_before_the_response(app: GatewayApp) -> None:
+    sent = await call(_Failing(app.gateway.service, started=False), http_scope())
+    assert sent[0]["status"] == 500
+    assert orjson.loads(sent[1]["body"])["error"]["code"] == "INTERNAL_ERROR"
+    assert "boom" not in sent[1]["body"].decode()
+    with pytest.raises(RuntimeError, match="stream boom"):
+        await call(_Failing(app.gateway.service, started=True), http_scope())
+
+
+def envelope_call(headers: list[tuple[bytes, bytes]], body: dict[str, Any]) -> tuple[Scope, list[Message]]:
+    scope = {**http_scope("/api/v1/acp"), "method": "POST", "headers": headers}
+    return scope, [{"type": "http.request", "body": orjson.dumps(body), "more_body": False}]
+
+
+@pytest.mark.parametrize(
+    ("headers", "token", "status", "code"),
+    [
+        # Another header repeated: still one Authorization value.
+        ([(b"x-a", b"1"), (b"x-a", b"2"), (b"authorization", b"Bearer t")], None, 200, None),
+        (
+            [(b"authorization", b"Bearer t"), (b"x-a", b"1"), (b"authorization", b"Bearer u")],
+            None,
+            401,
+            "AUTH_REQUIRED",
+        ),
+        # An empty Authorization header is still a second credential beside auth.token.
+        ([(b"authorization", b"")], "t", 401, "AUTH_REQUIRED"),
+        ([(b"x-a", b"1"), (b"x-a", b"2")], "t", 200, None),
+    ],
+)
+async def test_authorization_headers_are_counted_whatever_else_repeats(
+    app: GatewayApp, headers: list[tuple[bytes, bytes]], token: str | None, status: int, code: str | None
+) -> None:
+    body: dict[str, Any] = {"operation": "meta.version"}
+    if token is not None:
+        body["auth"] = {"token": token}
+    sent = await call(app, *envelope_call(headers, body))
+    assert sent[0]["status"] == status
+    answer = orjson.loads(sent[1]["body"])
+    if code is not None:
+        assert (answer["error"]["code"], answer["error"]["details"]["refinement"]) == (
+            code,
+            "AMBIGUOUS_CREDENTIALS",
+        )

@@ -17,7 +17,7 @@ from google.protobuf import message
 from cleveragents.acp.contract import rich_status
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, TransportError
-from cleveragents.acp.contract.retry import RetryPolicy, again, retryable
+from cleveragents.acp.contract.retry import RetryPolicy, with_retry
 from cleveragents.acp.contract.transport import TICKET_METADATA, CallOptions, StreamItems
 
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
@@ -114,13 +114,7 @@ class GrpcTransport:
     async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
         """One call; UNAVAILABLE (a ``TransportError``) is retried as the policy allows
         (retry.py), with the same ``x-request-id``."""
-        try:
-            return await self._call(op, request, options)
-        except ACPError as exc:
-            policy = options.retry or self.retry
-            if not (policy.enabled and retryable(exc)):
-                raise
-            return await again(policy, op, exc, lambda: self._call(op, request, options))
+        return await with_retry(options.retry or self.retry, op, lambda: self._call(op, request, options))
 
     async def _call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
         if op.server_streaming:
@@ -166,13 +160,9 @@ class GrpcTransport:
         """Returns once the server has admitted the stream: it sends its initial metadata
         right after admission, and an admission error ends the call before any. A server
         that cannot be reached is retried as for calls."""
-        try:
-            return await self._open_stream(op, request, options)
-        except ACPError as exc:
-            policy = options.retry or self.retry
-            if not (policy.enabled and retryable(exc)):
-                raise
-            return await again(policy, op, exc, lambda: self._open_stream(op, request, options))
+        return await with_retry(
+            options.retry or self.retry, op, lambda: self._open_stream(op, request, options)
+        )
 
     async def _open_stream(
         self, op: Operation, request: message.Message, options: CallOptions

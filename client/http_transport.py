@@ -22,7 +22,7 @@ from google.protobuf import descriptor, message
 from cleveragents.acp.contract import codec, envelope, sse
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, TransportError
-from cleveragents.acp.contract.retry import RetryPolicy, again, retryable
+from cleveragents.acp.contract.retry import RetryPolicy, with_retry
 from cleveragents.acp.contract.transport import CallOptions, StreamItems
 
 ENVELOPE_PATH = "/api/v1/acp"
@@ -145,13 +145,7 @@ class HTTPTransport:
     async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
         """One call; a ``TransportError`` is retried as the policy allows (retry.py), with
         the same request id, so a server that replays by request id does it once."""
-        try:
-            return await self._call(op, request, options)
-        except ACPError as exc:
-            policy = options.retry or self.retry
-            if not (policy.enabled and retryable(exc)):
-                raise
-            return await again(policy, op, exc, lambda: self._call(op, request, options))
+        return await with_retry(options.retry or self.retry, op, lambda: self._call(op, request, options))
 
     async def _call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
         payload: dict[str, Any] = {
@@ -179,13 +173,9 @@ class HTTPTransport:
         self, op: Operation, request: message.Message, options: CallOptions
     ) -> AsyncIterator[message.Message]:
         """Admits the stream; a server that cannot be reached is retried as for calls."""
-        try:
-            return await self._open_stream(op, request, options)
-        except ACPError as exc:
-            policy = options.retry or self.retry
-            if not (policy.enabled and retryable(exc)):
-                raise
-            return await again(policy, op, exc, lambda: self._open_stream(op, request, options))
+        return await with_retry(
+            options.retry or self.retry, op, lambda: self._open_stream(op, request, options)
+        )
 
     async def _open_stream(
         self, op: Operation, request: message.Message, options: CallOptions

@@ -103,6 +103,17 @@ def retryable(error: ACPError) -> bool:
 RetryPolicy.OFF = RetryPolicy(attempts=1)
 
 
+async def with_retry(policy: RetryPolicy, op: Operation, attempt: Callable[[], Awaitable[T]]) -> T:
+    """``attempt`` once, and again as ``policy`` allows when it fails with an error another
+    attempt may get past: what each client transport does around its calls and streams."""
+    try:
+        return await attempt()
+    except ACPError as exc:
+        if not (policy.enabled and retryable(exc)):
+            raise
+        return await again(policy, op, exc, attempt)
+
+
 async def again(
     policy: RetryPolicy,
     op: Operation,

@@ -1,5 +1,6 @@
-"""``RetryPolicy`` and ``again``: which failures are retried, and that retrying is bounded by
-attempts and by the deadline (a fake clock that the fake sleep advances, so nothing waits)."""
+"""``RetryPolicy``, ``again`` and ``with_retry``: which failures are retried, and that
+retrying is bounded by attempts and by the deadline (a fake clock that the fake sleep
+advances, so nothing waits)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.errors import ACPError, TransportError
-from cleveragents.acp.contract.retry import Retrying, RetryPolicy, again
+from cleveragents.acp.contract.retry import Retrying, RetryPolicy, again, with_retry
 
 READ = catalog.OPERATIONS["session.list"]
 WRITE = catalog.OPERATIONS["session.create"]
@@ -140,3 +141,33 @@ async def test_an_answer_that_is_no_reason_to_retry_ends_the_retrying() -> None:
     assert len(time.pauses) == 2
     assert RetryPolicy.OFF.attempts == 1
     assert not RetryPolicy.OFF.enabled
+
+
+async def test_with_retry_tries_again_only_after_an_error_the_policy_retries() -> None:
+    """The transports' wrapper: one attempt when it succeeds or the error is final or
+    retrying is off; otherwise ``again`` (a backoff of 0: nothing waits)."""
+    calls = 0
+
+    async def lost_once() -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise lost(sent=False)
+        return "answer"
+
+    async def refused() -> str:
+        nonlocal calls
+        calls += 1
+        raise ACPError("INVALID_PARAMS", "no")
+
+    assert await with_retry(RetryPolicy(backoff=0), WRITE, lost_once) == "answer"
+    assert calls == 2
+    calls = 0
+    with pytest.raises(TransportError) as info:
+        await with_retry(RetryPolicy.OFF, WRITE, lost_once)
+    assert calls == 1
+    assert "attempts" not in info.value.details
+    calls = 0
+    with pytest.raises(ACPError, match="no"):
+        await with_retry(RetryPolicy(backoff=0), READ, refused)
+    assert calls == 1

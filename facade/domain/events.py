@@ -24,6 +24,9 @@ follow the last delivered sequence (the single-process fast path); when another 
 committed in between, they wait for the follower, which reads them in order with the gap.
 Everything is delivered under one lock, at most once per sequence, in increasing order.
 
+Subscribers catching up side by side (a herd reconnecting after a restart, many consoles
+opening) share each backlog read: one store query and one decoding per batch for all of them.
+
 Retention (by count and/or age) prunes old events. A subscriber that asks for events
 older than what is retained gets what is retained: an unfiltered stream then starts
 above ``after_sequence + 1``, and ``Subscription.missed`` is true.
@@ -135,6 +138,8 @@ class EventLog:
         # Subscribers catching up read the same rows at about the same time: one decoding
         # each, keyed by the row itself (so never stale, whoever else writes the store).
         self._decoded: Recent[tuple[int, bytes], events_pb2.Event] = Recent(DECODED_CACHE_SIZE)
+        # Backlog batches being read for several subscribers (``_backlog``), by position and filter.
+        self._reading: dict[tuple[int, EventFilter], asyncio.Future[tuple[list[events_pb2.Event], int]]] = {}
         # Pruning is amortized: after a tenth of the count limit, or a tenth of the age.
         self._prune_every = max(1, min(1000, (retention_count or 0) // 10))
         self._prune_interval = min(60.0, (retention_seconds or 0.0) / 10)
@@ -287,6 +292,54 @@ class EventLog:
         """More than one subscriber is attached, so work per event may be worth sharing
         (a hint: read without the lock)."""
         return len(self._subscribers) > 1
+
+    async def _backlog(
+        self, after: int, where: EventFilter, shared: bool
+    ) -> tuple[list[events_pb2.Event], int]:
+        """One backlog batch after ``after`` and the log's first sequence, read off the loop
+        in one snapshot. ``shared`` (others are attached): subscribers asking for the same
+        batch while it is being read (a herd reconnecting, many consoles opening) wait for
+        that one read instead of each querying the store."""
+        if not shared:
+            return await self._read_backlog(after, where, False)
+        key = (after, where)
+        loop = asyncio.get_running_loop()
+        reading = self._reading.get(key)
+        if reading is not None and reading.get_loop() is loop:
+            try:
+                # Shielded: a waiter that leaves does not cancel the read for the others.
+                return await asyncio.shield(reading)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not reading.cancelled() or (task is not None and task.cancelling()):
+                    raise
+                # The reader left before its read was done: read on our own.
+        reading = loop.create_future()
+        self._reading[key] = reading
+        try:
+            found = await self._read_backlog(after, where, True)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                reading.cancel()
+            else:
+                reading.set_exception(exc)
+                # Retrieved here: when nobody waited, that is not worth a warning.
+                reading.exception()
+            raise
+        else:
+            reading.set_result(found)
+        finally:
+            if self._reading.get(key) is reading:
+                del self._reading[key]
+        return found
+
+    async def _read_backlog(
+        self, after: int, where: EventFilter, shared: bool
+    ) -> tuple[list[events_pb2.Event], int]:
+        batch, first = await self._store.read(
+            lambda store: (store.read_events(after, BACKLOG_BATCH, where), store.first_sequence())
+        )
+        return [self._event_of(stored, shared) for stored in batch], first
 
     def _event_of(self, stored: StoredEvent, shared: bool) -> events_pb2.Event:
         """``shared``: other subscribers were attached when the batch was asked for."""
@@ -496,15 +549,12 @@ class Subscription:
         everything committed since unless it overflowed meanwhile."""
         after = self.last_sequence
         # Whether others read along is decided as the read starts: they may detach meanwhile.
-        shared = self._log.fanning_out
-        batch, first = await self._log.store.read(
-            lambda store: (store.read_events(after, BACKLOG_BATCH, self.filter), store.first_sequence())
-        )
+        batch, first = await self._log._backlog(after, self.filter, self._log.fanning_out)
         if self._closed:
             return
         if not self.missed and after + 1 < first:
             self.missed = True
-        self._pending.extend(self._log._event_of(stored, shared) for stored in batch)
+        self._pending.extend(batch)
         if len(batch) == BACKLOG_BATCH:
             return
         with self._log._lock:

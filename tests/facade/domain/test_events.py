@@ -8,6 +8,7 @@ import pathlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -326,6 +327,29 @@ async def test_subscribers_reading_the_same_backlog_share_its_events(log: EventL
     assert all(a is b for a, b in zip(one, two, strict=True))
     assert one == alone
     assert [e.plan_state_changed.reason for e in one] == [f"r{i}" for i in range(300)]
+
+
+async def test_subscribers_catching_up_together_share_each_backlog_read(
+    log: EventLog, store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five subscribers reading a 600-event backlog side by side: one store read per batch
+    for all of them (fifteen without sharing), and every one gets every event."""
+    log.publish_many([state_changed(f"p{i}") for i in range(600)])
+    reads = 0
+    read = store.read
+
+    async def counted(fn: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return await read(fn)
+
+    monkeypatch.setattr(store, "read", counted)
+    subscribers = [log.subscribe(namespaces=None) for _ in range(5)]
+    got = await asyncio.gather(*(collect(sub, 600) for sub in subscribers))
+    assert all(sequences(events) == list(range(1, 601)) for events in got)
+    assert reads <= 5
+    for sub in subscribers:
+        sub.close()
 
 
 async def test_subscribing_before_iterating_keeps_live_events(log: EventLog) -> None:

@@ -1,11 +1,18 @@
 """Reader threads for a store's ``read``: the event loop hands them work and never waits.
 
-``loop.run_in_executor`` answers each call with its own wake-up of a pool thread and its own
-``call_soon_threadsafe``; under a gRPC load that was a GIL hand-off per read among half a
-dozen threads and cost about 200 µs of server CPU per call (``session.show`` over gRPC: 590 µs
-against 390 µs with the read made inline). Here a thread takes every read queued meanwhile
-(up to ``BATCH``), runs them, and answers the whole batch with one ``call_soon_threadsafe``
-per event loop: the more callers wait, the fewer hand-offs each costs.
+Every hand-off between threads is a wake-up and a context switch, and on a loaded machine
+each switch also makes the code around it slower. ``loop.run_in_executor`` paid one wake-up
+of a pool thread and one ``call_soon_threadsafe`` per read (``session.show`` over gRPC: 590
+µs of server CPU per call against 390 µs with the read made inline). Here:
+
+- The first thread serves the queue. Reads queued while it works are taken at its next look
+  (up to ``BATCH``) without waking anything, and a batch is answered with one
+  ``call_soon_threadsafe`` per event loop: the more callers wait, the fewer hand-offs each costs.
+- The other threads are helpers, woken only when the first one has been on one batch for
+  ``stall`` seconds while reads wait behind it (a slow read, or a reader thread the machine
+  set aside): a helper takes the waiting reads. So a slow read holds up the others for about
+  ``stall`` at most, and at an ordinary load no second thread wakes and contends for the GIL
+  (two threads taking turns on one queue cost about 5 context switches per gRPC call more).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -21,19 +29,30 @@ T = TypeVar("T")
 
 # The most reads one thread takes at once: a slow one delays at most this many others.
 BATCH = 32
+# How long the first thread may be on one batch while reads wait before a helper takes them.
+STALL_SECONDS = 0.002
 
 _Read = tuple[Callable[[], Any], "asyncio.Future[Any]", asyncio.AbstractEventLoop]
 _Answer = tuple["asyncio.Future[Any]", BaseException | None, Any]
+# Put on the helpers' queue: one of them takes what waits in the first thread's queue.
+_HELP = "help"
 
 
 class ReadLane:
-    def __init__(self, threads: int, name: str) -> None:
+    def __init__(self, threads: int, name: str, *, stall: float = STALL_SECONDS) -> None:
         if threads < 1:
             raise ValueError("a read lane needs at least one thread")
         self._queue: queue.SimpleQueue[_Read | None] = queue.SimpleQueue()
-        self._threads = [
-            threading.Thread(target=self._serve, name=f"{name}-{n}", daemon=True) for n in range(threads)
+        self._helpers: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._stall = stall
+        self._threads = [threading.Thread(target=self._serve, name=f"{name}-0", daemon=True)]
+        self._threads += [
+            threading.Thread(target=self._help, name=f"{name}-{n}", daemon=True) for n in range(1, threads)
         ]
+        # When the first thread began its current batch (monotonic); 0.0 while it waits.
+        self._busy_since = 0.0
+        # The loop a stall check is scheduled on, if any (one at a time).
+        self._watching: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
@@ -50,6 +69,8 @@ class ReadLane:
                 for thread in self._threads:
                     thread.start()
             self._queue.put((call, future, loop))
+        if self._busy_since and len(self._threads) > 1:
+            self._watch(loop, self._stall)
         return await future
 
     def close(self) -> None:
@@ -59,40 +80,94 @@ class ReadLane:
                 return
             self._closed = True
             started = self._started
-            for _ in self._threads:
-                self._queue.put(None)
+            self._queue.put(None)
+            for _ in self._threads[1:]:
+                self._helpers.put(None)
         if started:
             for thread in self._threads:
                 if thread is not threading.current_thread():
                     thread.join()
 
+    # on the event loop -----------------------------------------------------------------
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
+        """Look again in ``delay`` seconds whether reads wait behind a stalled first thread."""
+        watching = self._watching
+        if watching is not None and not watching.is_closed():
+            return
+        self._watching = loop
+        loop.call_later(delay, self._check, loop)
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._watching = None
+        since = self._busy_since
+        if not since or self._queue.empty():
+            return
+        waited = time.monotonic() - since
+        if waited >= self._stall:
+            self._helpers.put(_HELP)
+        else:
+            self._watch(loop, self._stall - waited)
+
+    # on the reader threads --------------------------------------------------------------
+
     def _serve(self) -> None:
+        """The first thread: every read, unless a helper takes it first."""
         while True:
             first = self._queue.get()
             if first is None:
                 return
-            batch = [first]
-            while len(batch) < BATCH:
-                try:
-                    read = self._queue.get_nowait()
-                except queue.Empty:
+            self._busy_since = time.monotonic()
+            batch = self._take([first])
+            settled = _run(batch)
+            self._busy_since = 0.0
+            _answer(settled)
+
+    def _help(self) -> None:
+        """A helper: asked for help, it takes what waits while the first thread stays stalled."""
+        while True:
+            if self._helpers.get() is None:
+                return
+            while True:
+                batch = self._take([])
+                if not batch:
                     break
-                if read is None:
-                    # Another thread's stop signal (or ours): leave it for the next get().
-                    self._queue.put(None)
+                _answer(_run(batch))
+                since = self._busy_since
+                if not since or time.monotonic() - since < self._stall:
                     break
-                batch.append(read)
-            answers: dict[asyncio.AbstractEventLoop, list[_Answer]] = {}
-            for call, future, loop in batch:
-                try:
-                    answer: _Answer = (future, None, call())
-                except BaseException as exc:  # handed to the caller
-                    answer = (future, exc, None)
-                answers.setdefault(loop, []).append(answer)
-            for loop, settled in answers.items():
-                # A closed loop: nobody waits for these answers.
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(_settle, settled)
+
+    def _take(self, batch: list[_Read]) -> list[_Read]:
+        """``batch`` and the reads queued now, up to ``BATCH``."""
+        while len(batch) < BATCH:
+            try:
+                read = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if read is None:
+                # The first thread's stop signal: leave it for its next get().
+                self._queue.put(None)
+                break
+            batch.append(read)
+        return batch
+
+
+def _run(batch: list[_Read]) -> dict[asyncio.AbstractEventLoop, list[_Answer]]:
+    answers: dict[asyncio.AbstractEventLoop, list[_Answer]] = {}
+    for call, future, loop in batch:
+        try:
+            answer: _Answer = (future, None, call())
+        except BaseException as exc:  # handed to the caller
+            answer = (future, exc, None)
+        answers.setdefault(loop, []).append(answer)
+    return answers
+
+
+def _answer(answers: dict[asyncio.AbstractEventLoop, list[_Answer]]) -> None:
+    for loop, settled in answers.items():
+        # A closed loop: nobody waits for these answers.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, settled)
 
 
 def _settle(answers: list[_Answer]) -> None:

@@ -74,3 +74,35 @@ async def test_close_finishes_queued_reads_then_refuses_new_ones() -> None:
 def test_a_lane_needs_a_thread() -> None:
     with pytest.raises(ValueError, match="at least one thread"):
         ReadLane(0, "test-read")
+
+
+async def test_reads_one_after_another_are_answered_by_one_thread() -> None:
+    """At an ordinary load the helpers stay asleep: no second thread wakes and contends."""
+    lane = ReadLane(3, "test-read")
+    try:
+        threads = {(await lane.run(functools.partial(_numbered, n)))[1] for n in range(50)}
+    finally:
+        lane.close()
+    assert len(threads) == 1
+
+
+async def test_a_read_stuck_behind_a_slow_one_is_taken_by_a_helper() -> None:
+    lane = ReadLane(2, "test-read", stall=0.001)
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> int:
+        started.set()
+        release.wait(30)
+        return threading.get_ident()
+
+    try:
+        blocked = asyncio.ensure_future(lane.run(slow))
+        assert await asyncio.to_thread(started.wait, 30)
+        # Waiting behind the slow read: answered while that one still runs.
+        helped = await asyncio.wait_for(lane.run(threading.get_ident), 30)
+        assert not blocked.done()
+        release.set()
+        assert await blocked != helped
+    finally:
+        release.set()
+        lane.close()

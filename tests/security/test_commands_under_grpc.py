@@ -32,8 +32,9 @@ STEPS = 10
 AT_ONCE = 4
 POLLERS = 16
 CHANNELS = 8
-# The in-process test: commands run one after another beside a busy gRPC client and server.
-COMMANDS = 150
+# The in-process test: commands run one after another beside a busy gRPC client and server
+# (with the fork() start, 35-45% of them died: 53-68 of 150 in four runs).
+COMMANDS = 80
 PINGERS = 4
 
 

@@ -68,6 +68,8 @@ class _Lingering:
     def __init__(self, transport: asyncio.Transport, protocol: GuardedH11Protocol) -> None:
         self._transport = transport
         self._protocol = protocol
+        # Called on every response: found here, not through ``__getattr__``.
+        self.write = transport.write
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
@@ -124,7 +126,10 @@ class GuardedH11Protocol(H11Protocol):
         self.bounds = bounds
         self.per_client = per_client
         self._client_key: str | None = None
-        self._deadline: asyncio.TimerHandle | None = None
+        # The deadline (loop time) and the one timer that checks it: re-arming per request
+        # only moves ``_due``; the timer, when it fires early, waits again for the rest.
+        self._due: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._in_body = False
         # Bytes dropped since a refusal (0: not refused).
         self._draining = 0
@@ -152,6 +157,9 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self._disarm()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._client_key is not None:
             self.per_client[self._client_key] -= 1
             if self.per_client[self._client_key] <= 0:
@@ -211,18 +219,31 @@ class GuardedH11Protocol(H11Protocol):
             self._follow()
 
     def _arm(self, seconds: float) -> None:
-        self._disarm()
-        self._deadline = self.loop.call_later(seconds, self._expired)
+        due = self._due = self.loop.time() + seconds
+        timer = self._timer
+        if timer is not None:
+            if timer.when() <= due:
+                return
+            timer.cancel()
+        self._timer = self.loop.call_at(due, self._check)
 
     def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        self._due = None
+
+    def _check(self) -> None:
+        self._timer = None
+        due = self._due
+        if due is None:
+            return
+        if self.loop.time() < due:
+            self._timer = self.loop.call_at(due, self._check)
+            return
+        self._due = None
+        self._expired()
 
     def _expired(self) -> None:
         """The deadline passed: a request still incomplete is refused; a connection that
         sent nothing since its last response (or at all) is closed."""
-        self._deadline = None
         if self.transport.is_closing() or self._draining:
             return
         state = self.conn.their_state

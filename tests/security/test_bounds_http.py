@@ -99,6 +99,38 @@ def test_slow_headers_and_bodies_are_refused_and_closed(timeouts: ServerProcess)
     assert details == {"field": "request", "timeout_seconds": 1, "refinement": "REQUEST_TIMEOUT"}
 
 
+def test_a_slow_request_after_an_answered_one_is_refused(timeouts: ServerProcess) -> None:
+    """The deadline is armed again after each answer: the next request on a kept-alive
+    connection, trickled byte by byte, is refused too."""
+    with _connect(timeouts) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while b'"SERVING"' not in first:
+            chunk = sock.recv(65536)
+            assert chunk, first
+            first += chunk
+        assert first.startswith(b"HTTP/1.1 200 ")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n")
+        sock.setblocking(False)
+        answer = b""
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            with contextlib.suppress(BlockingIOError, BrokenPipeError, ConnectionResetError):
+                sock.send(b"X")
+            try:
+                chunk = sock.recv(65536)
+            except BlockingIOError:
+                time.sleep(0.1)
+                continue
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            answer += chunk
+    details = _envelope_error(answer, "INVALID_PARAMS")
+    assert details == {"field": "request", "timeout_seconds": 1, "refinement": "REQUEST_TIMEOUT"}
+
+
 def test_idle_connections_are_closed(timeouts: ServerProcess) -> None:
     with _connect(timeouts) as sock:
         assert _read_all(sock) == b""  # nothing sent: closed without an answer

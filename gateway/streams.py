@@ -7,9 +7,9 @@ One pump task per stream reads the source into a bounded buffer, and the front e
 whatever has accumulated as one batch: SSE sends a batch in one write instead of a system
 call per item, and no item costs a task or an ``asyncio.wait`` of its own. A ``Batched``
 source is read a batch at a time (the event log hands out what it holds at once). The pump
-reads ahead of the front end by a bounded weight only (SSE: bytes; gRPC: one item; at most
-one batch beyond it), so a peer that stops reading still pushes back on the source, and
-the event log still ends a subscriber that falls too far behind.
+reads ahead of the front end by a bounded weight only (SSE: bytes; gRPC: one item; a
+``Batched`` source: one batch), so a peer that stops reading still pushes back on the
+source, and the event log still ends a subscriber that falls too far behind.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Generic, TypeVar
 
-from cleveragents.acp.contract.batched import close_iterator, next_batch
+from cleveragents.acp.contract.batched import Batched, close_iterator, next_batch
 
 T = TypeVar("T")
 
@@ -57,6 +57,9 @@ class _Pump(Generic[T]):
 
     async def _run(self) -> None:
         items, weigh, buffer = self.items, self.weigh, self.buffer
+        # A batched source holds what is not read yet: one batch is all the pump reads ahead
+        # (and its items are not weighed one by one).
+        whole = isinstance(items, Batched)
         try:
             while True:
                 try:
@@ -64,7 +67,10 @@ class _Pump(Generic[T]):
                 except StopAsyncIteration:
                     break
                 buffer.extend(batch)
-                self.weight += len(batch) if weigh is None else sum(map(weigh, batch))
+                if whole:
+                    self.weight = self.limit
+                else:
+                    self.weight += len(batch) if weigh is None else sum(map(weigh, batch))
                 _wake(self.waiter)
                 if self.weight >= self.limit:
                     self._room = asyncio.get_running_loop().create_future()

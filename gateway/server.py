@@ -230,6 +230,9 @@ class Server:
         observability = self.observability
         if observability.logging is not None:
             observability.logging.start()
+        if self._opening is not None:
+            # Not ready, and saying why, from the first request the socket can take.
+            await observability.readiness.migrating()
         self._socket = bind_socket(config.host, config.http_port, reuse_port=config.reuse_port)
         try:
             grpc_target = await self._start_grpc()

@@ -108,11 +108,14 @@ class ChatModels:
         *,
         cancel: asyncio.Event | None = None,
         max_chars: int | None = None,
+        hold: Callable[[int, str], None] | None = None,
     ) -> Turn:
         """One model turn: its text goes to ``emit`` piece by piece as it streams. With
         ``max_chars`` the call stops once the answer grows past it (the turn comes back
-        with ``finish_reason`` ``"length_budget"``)."""
-        call = _Call(self, actor_name, spec, messages, tools, emit, max_chars)
+        with ``finish_reason`` ``"length_budget"``). With ``hold``, the text not yet published
+        when the answer ends goes to ``hold`` instead (index, text), for the caller to publish
+        first thing in its next write: one write less per turn."""
+        call = _Call(self, actor_name, spec, messages, tools, emit, max_chars, hold)
         if cancel is None:
             return await call.run()
         work = asyncio.ensure_future(call.run())
@@ -144,6 +147,7 @@ class _Call:
         tools: Sequence[Mapping[str, Any]],
         emit: Emit,
         max_chars: int | None,
+        hold: Callable[[int, str], None] | None = None,
     ) -> None:
         self.models = models
         self.settings = models.settings
@@ -153,6 +157,7 @@ class _Call:
         self.tools = tools
         self.emit = emit
         self.max_chars = max_chars
+        self.hold = hold
         self.where = f"the model server of actor {actor_name!r} ({spec.base_url})"
         self.key = ""
 
@@ -278,7 +283,12 @@ class _Call:
         finally:
             await opened.__aexit__(None, None, None)
         turn = builder.finish()
-        await pump.close()
+        if self.hold is None:
+            await pump.close()
+        else:
+            tail = await pump.hold()
+            if tail is not None:
+                self.hold(*tail)
         return turn
 
     def _after_start(self, pump: DeltaPump, failure: ModelError, summary: str) -> Exception:

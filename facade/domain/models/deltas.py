@@ -21,6 +21,7 @@ class DeltaPump:
         self._parts: list[str] = []
         self._wake = asyncio.Event()
         self._closing = False
+        self._holding = False
         self.count = 0
         self._task = asyncio.get_running_loop().create_task(self._run(), name="model-deltas")
 
@@ -37,12 +38,12 @@ class DeltaPump:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if self._parts:
+            if self._parts and not self._holding:
                 text = "".join(self._parts)
                 self._parts.clear()
                 await self._emit(self.count, text)
                 self.count += 1
-            if self._closing and not self._parts:
+            if self._closing and (self._holding or not self._parts):
                 return
 
     async def close(self) -> None:
@@ -50,6 +51,21 @@ class DeltaPump:
         self._closing = True
         self._wake.set()
         await self._task
+
+    async def hold(self) -> tuple[int, str] | None:
+        """Stop once the publish in flight is done, and hand back what still waits, unpublished,
+        as (index, text): the caller publishes it in its next write, which saves a write (and
+        its fsync) at the end of every turn."""
+        self._closing = True
+        self._holding = True
+        self._wake.set()
+        await self._task
+        if not self._parts:
+            return None
+        text = "".join(self._parts)
+        self._parts.clear()
+        self.count += 1
+        return self.count - 1, text
 
     def abandon(self) -> None:
         """Stop without publishing what waits (the call failed in a way that leaves no turn)."""

@@ -504,7 +504,12 @@ class PlanEngine:
                 await self._write(lambda: self._transitions(plan, model.STRATEGIZE, model.EXECUTE))
             runner = self._model(plan_setup)
             if runner is not None:
-                await runner.execute(await model_run.EngineRun.open(self, plan, plan_setup, cancel))
+                run = await model_run.EngineRun.open(self, plan, plan_setup, cancel)
+                try:
+                    await runner.execute(run)
+                finally:
+                    # Text a halt or failure left held is published before the halt is written.
+                    await run.flush()
             else:
                 await self._steps(plan, plan_setup, cancel)
             await self._validate(plan, plan_setup, cancel)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
@@ -66,6 +66,7 @@ class PlanRun(Protocol):
     def check_cancel(self) -> None: ...
     def stop(self, code: str, message: str) -> NoReturn: ...
     def text(self, turn: int) -> Emit: ...
+    def hold(self, turn: int) -> Callable[[int, str], None]: ...
     async def charge(self, cost: float, tokens: int, what: str) -> None: ...
     async def decide(
         self,
@@ -213,6 +214,7 @@ class ModelActor:
                     run.text(turn_number),
                     cancel=run.cancel,
                     max_chars=max_chars,
+                    hold=run.hold(turn_number),
                 )
             except ModelCancelledError:
                 run.check_cancel()

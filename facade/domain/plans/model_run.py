@@ -10,7 +10,7 @@ loop (``PlanEngine._read``/``_write``). A turn writes only its new decisions and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from cleveragents.acp.facade.domain.models.deltas import Emit
@@ -60,6 +60,9 @@ class EngineRun:
         self._stored = (len(self._nodes), len(self._steps))
         self._prompt = loaded.prompt
         self._conversation = loaded.conversation
+        # A turn's last text piece, held back by the model client: published first thing in
+        # the run's next write (the turn's decisions), or by ``flush`` when the run ends first.
+        self._held: list[events_pb2.TextDelta] = []
 
     @classmethod
     async def open(
@@ -101,6 +104,26 @@ class EngineRun:
 
         return emit
 
+    def hold(self, turn: int) -> Callable[[int, str], None]:
+        name = self.setup.actor.name
+
+        def keep(index: int, text: str) -> None:
+            self._held.append(events_pb2.TextDelta(actor=name, turn=turn, index=index, text=text))
+
+        return keep
+
+    def _publish_held(self) -> None:
+        """Inside a write: the held text pieces, before anything else the write publishes."""
+        for delta in self._held:
+            self.engine._publish(self.plan, plan_text_delta=delta)
+
+    async def flush(self) -> None:
+        """Publish held text now (no write when none is held): the run ends, or halts,
+        before a turn's decisions are written."""
+        if self._held:
+            await self.engine._write(self._publish_held)
+            self._held.clear()
+
     async def charge(self, cost: float, tokens: int, what: str) -> None:
         """Add a turn's usage; the plan is saved with the turn's decisions (``decide``), or by
         the halt when it crosses the budget."""
@@ -118,10 +141,12 @@ class EngineRun:
         stored = self._stored
 
         def record() -> None:
+            self._publish_held()
             self.engine._record_turn(self.plan, self._nodes, self._steps, stored)
             self.engine.records.add_conversation(self._id, [entry])
 
         await self.engine._write(record)
+        self._held.clear()
         self._stored = (len(self._nodes), len(self._steps))
 
     async def remember(self, entry: dict[str, Any]) -> None:

@@ -233,6 +233,14 @@ async def test_the_cost_budget_stops_the_model(
     assert done.cost.spent == pytest.approx(5.0)
     assert done.cost.tokens == 5000
     assert "over the budget of 4" in done.last_error.message
+    # The halting turn's text is all published (the model client may hold its last piece
+    # back for the turn's next write), and before the halt.
+    events = await plan_events(model_client, plan.meta.id)
+    deltas = [e for e in events if e.type == "plan.text_delta" and e.plan_text_delta.turn == 2]
+    assert "".join(e.plan_text_delta.text for e in deltas) == "Reading."
+    assert [e.plan_text_delta.index for e in deltas] == list(range(len(deltas)))
+    failed = next(e for e in events if e.type == "plan.error")
+    assert max(e.sequence for e in deltas) < failed.sequence
 
 
 async def test_a_turn_whose_prompt_alone_would_cross_the_budget_is_not_sent(

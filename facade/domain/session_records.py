@@ -66,5 +66,18 @@ def load(store: Store, ctx: CallContext, session_id: str) -> tuple[Record, sessi
     return record, session_pb2.Session.FromString(record.body)
 
 
+def load_with_messages(
+    store: Store, ctx: CallContext, session_id: str
+) -> tuple[session_pb2.Session, list[session_pb2.Message]]:
+    """``load`` and ``messages`` in one go (one round trip to a PostgreSQL server)."""
+    record, items = store.get_with_items(SESSION_KIND, session_id, MESSAGES)
+    if record is None:
+        raise not_found(session_id)
+    ctx.authorize(record.namespace)
+    return session_pb2.Session.FromString(record.body), [
+        session_pb2.Message.FromString(body) for _, body in items
+    ]
+
+
 def messages(store: Store, session_id: str) -> list[session_pb2.Message]:
     return [session_pb2.Message.FromString(body) for _, body in store.list_items(MESSAGES, session_id)]

@@ -31,6 +31,7 @@ from cleveragents.acp.facade.domain.session_records import (
     SESSION_KIND,
     STATE_NAMES,
     load,
+    load_with_messages,
     messages,
     not_found,
     now,
@@ -187,8 +188,7 @@ class Sessions:
 
         def read(store: Store) -> session_pb2.GetSessionResponse:
             # One snapshot: the record and its messages agree.
-            _, session = load(store, ctx, session_id)
-            history = messages(store, session_id)
+            session, history = load_with_messages(store, ctx, session_id)
             if not req.page_size and not req.page_token:
                 return session_pb2.GetSessionResponse(session=session, messages=history)
 

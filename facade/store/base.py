@@ -279,6 +279,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]: ...
 
+    def get_with_items(
+        self, kind: str, id: str, collection: str
+    ) -> tuple[Record | None, list[tuple[int, bytes]]]:
+        """``get(kind, id)`` and ``list_items(collection, id)`` together: a store that waits
+        for its server once per statement (PostgreSQL) sends both at once in a read."""
+        return self.get(kind, id), self.list_items(collection, id)
+
     @abc.abstractmethod
     def delete_items(self, collection: str, owner_id: str) -> None: ...
 

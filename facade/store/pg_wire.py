@@ -151,6 +151,20 @@ def _encode(params: Sequence[Any]) -> tuple[list[bytes | None], list[int]] | Non
     return values, formats
 
 
+# A statement ready to send: its name, parameter values and formats, column decoders.
+_Prepared = tuple[bytes, list[bytes | None], list[int], list[Callable[[bytes], Any]]]
+
+
+def _rows(result: pq.abc.PGresult, decoders: list[Callable[[bytes], Any]]) -> list[tuple[Any, ...]]:
+    return [
+        tuple(
+            None if (raw := result.get_value(row, column)) is None else decode(raw)
+            for column, decode in enumerate(decoders)
+        )
+        for row in range(result.ntuples)
+    ]
+
+
 class Wire:
     """Prepared statements by their text, per connection (a new connection prepares anew)."""
 
@@ -174,11 +188,49 @@ class Wire:
         """The statement's rows ("all"), first row ("one") or row count ("count"); run after
         ``begin`` (a transaction's BEGIN) in the same round trip when given. ``PSYCOPG``,
         with nothing run, when a parameter or a result column is not one this path takes."""
-        if self._decoders.get(statement, ()) is None:
+        prepared = self._prepare(conn, statement, params)
+        if prepared is None:
             return PSYCOPG
+        name, values, formats, decoders = prepared
+        if begin is None:
+            # libpq takes None for a NULL parameter (psycopg's stub says otherwise).
+            result = _check(
+                conn, conn.pgconn.exec_prepared(name, cast(Any, values), formats, result_format=1)
+            )
+        else:
+            (result,) = _pipelined(conn, begin, [(name, values, formats)])
+        if fetch == "count":
+            return result.command_tuples or 0
+        rows = _rows(result, decoders)
+        if fetch == "one":
+            return rows[0] if rows else None
+        return rows
+
+    def run_all(
+        self, conn: psycopg.Connection[Any], statements: Sequence[tuple[str, Sequence[Any]]], begin: bytes
+    ) -> list[list[tuple[Any, ...]]] | Fallback:
+        """Each statement's rows, all sent after ``begin`` in one round trip (a read that
+        needs several statements pays one wait, not one each); ``PSYCOPG``, with nothing
+        run, when one of them is not one this path takes."""
+        prepared = [self._prepare(conn, statement, params) for statement, params in statements]
+        sends = []
+        for one in prepared:
+            if one is None:
+                return PSYCOPG
+            sends.append(one[:3])
+        results = _pipelined(conn, begin, sends)
+        return [_rows(result, cast(_Prepared, one)[3]) for result, one in zip(results, prepared, strict=True)]
+
+    def _prepare(
+        self, conn: psycopg.Connection[Any], statement: str, params: Sequence[Any]
+    ) -> _Prepared | None:
+        """The statement prepared on ``conn`` and its parameters encoded; None when this path
+        does not take it."""
+        if self._decoders.get(statement, ()) is None:
+            return None
         encoded = _encode(params)
         if encoded is None:
-            return PSYCOPG
+            return None
         values, formats = encoded
         name = self._names.get(statement)
         if name is None:
@@ -200,24 +252,8 @@ class Wire:
                 self._decoders[statement] = [_DECODERS[oid] for oid in types] if known else None
         decoders = self._decoders[statement]
         if decoders is None:
-            return PSYCOPG
-        if begin is None:
-            # libpq takes None for a NULL parameter (psycopg's stub says otherwise).
-            result = _check(conn, pgconn.exec_prepared(name, cast(Any, values), formats, result_format=1))
-        else:
-            result = _pipelined(conn, begin, name, values, formats)
-        if fetch == "count":
-            return result.command_tuples or 0
-        rows = [
-            tuple(
-                None if (raw := result.get_value(row, column)) is None else decode(raw)
-                for column, decode in enumerate(decoders)
-            )
-            for row in range(result.ntuples)
-        ]
-        if fetch == "one":
-            return rows[0] if rows else None
-        return rows
+            return None
+        return name, values, formats, decoders
 
     @staticmethod
     def commit_later(conn: psycopg.Connection[Any]) -> None:
@@ -246,24 +282,25 @@ class Wire:
 
 
 def _pipelined(
-    conn: psycopg.Connection[Any], begin: bytes, name: bytes, values: list[bytes | None], formats: list[int]
-) -> pq.abc.PGresult:
-    """``begin`` then the prepared statement, in one round trip that also reads the answer
-    to a COMMIT the connection owes; the statement's result."""
+    conn: psycopg.Connection[Any], begin: bytes, sends: Sequence[tuple[bytes, list[bytes | None], list[int]]]
+) -> list[pq.abc.PGresult]:
+    """``begin`` then the prepared statements, in one round trip that also reads the answer
+    to a COMMIT the connection owes; the statements' results."""
     pgconn = conn.pgconn
     owed = pgconn.pipeline_status != pq.PipelineStatus.OFF
     if not owed:
         pgconn.enter_pipeline_mode()
     pgconn.send_query_params(begin, None)
-    pgconn.send_query_prepared(name, cast(Any, values), formats, result_format=1)
+    for name, values, formats in sends:
+        pgconn.send_query_prepared(name, cast(Any, values), formats, result_format=1)
     pgconn.pipeline_sync()
     results = _drain(conn, 2 if owed else 1)
     pgconn.exit_pipeline_mode()
     if owed:
         _committed(conn, results.pop(0))
-    began, result = results
+    began, *answers = results
     _check(conn, began)
-    return _check(conn, result)
+    return [_check(conn, result) for result in answers]
 
 
 def _drain(conn: psycopg.Connection[Any], syncs: int) -> list[pq.abc.PGresult]:

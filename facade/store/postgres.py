@@ -88,6 +88,7 @@ CONNECT_TIMEOUT = 10
 # How long a replica waits for another one's migration before it gives up.
 MIGRATION_WAIT = 300.0
 # A read's transaction: one snapshot for all its statements, which wait for no writer.
+_ITEMS = "SELECT idx, body FROM items WHERE collection=%s AND owner_id=%s ORDER BY idx"
 _BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _IN_TRANSACTION = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 # Failures that mean "another transaction was in the way": nothing was written, retry.
@@ -179,6 +180,21 @@ class NulCharacterError(ACPError):
             "PostgreSQL store cannot keep",
             {"reason": "NUL_CHARACTER"},
         )
+
+
+def _store_error(exc: Exception, started: float) -> Exception | None:
+    """What a statement's failure is to the store's callers; None: itself."""
+    if isinstance(exc, errors.UniqueViolation):
+        return StoreConflictError(str(exc).splitlines()[0])
+    if isinstance(exc, _BUSY):
+        return StoreBusyError(time.monotonic() - started)
+    if isinstance(exc, NulInTextError):
+        return NulCharacterError()
+    # PostgreSQL's text (and jsonb) cannot hold U+0000, which SQLite's can: a value with one
+    # is refused as the caller's, never an internal error.
+    if isinstance(exc, psycopg.DataError) and ("NUL" in str(exc) or "\\u0000" in str(exc)):
+        return NulCharacterError()
+    return None
 
 
 def _command(conn: psycopg.Connection[Any], command: bytes) -> None:
@@ -581,18 +597,11 @@ class PostgresStore(Store):
             if fetch == "all":
                 return cursor.fetchall()
             return cursor.rowcount
-        except errors.UniqueViolation as exc:
-            raise StoreConflictError(str(exc).splitlines()[0]) from None
-        except _BUSY:
-            raise StoreBusyError(time.monotonic() - started) from None
-        except NulInTextError:
-            raise NulCharacterError() from None
-        except psycopg.DataError as exc:
-            # PostgreSQL's text (and jsonb) cannot hold U+0000, which SQLite's can: a value
-            # with one is refused as the caller's, never an internal error.
-            if "NUL" in str(exc) or "\\u0000" in str(exc):
-                raise NulCharacterError() from None
-            raise
+        except Exception as exc:
+            mapped = _store_error(exc, started)
+            if mapped is None:
+                raise
+            raise mapped from None
 
     def _one(self, statement: Any, params: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
         return self._run(statement, params, "one")
@@ -788,11 +797,39 @@ class PostgresStore(Store):
             )
             self.note_claim()
 
+    def get_with_items(
+        self, kind: str, id: str, collection: str
+    ) -> tuple[Record | None, list[tuple[int, bytes]]]:
+        here = self._thread
+        conn = here.read
+        if conn is None or here.began or here.depth:
+            return super().get_with_items(kind, id, collection)
+        # A read's first statements: both go with its BEGIN, in one round trip.
+        started = time.monotonic()
+        try:
+            answers = self._wire.run_all(
+                conn,
+                [
+                    (f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND id = %s", (kind, id)),
+                    (_ITEMS, (collection, id)),
+                ],
+                _BEGIN_READ,
+            )
+        except Exception as exc:
+            mapped = _store_error(exc, started)
+            if mapped is None:
+                raise
+            raise mapped from None
+        finally:
+            # Begun unless it failed before anything was sent.
+            here.began = conn.info.transaction_status in _IN_TRANSACTION
+        if answers is PSYCOPG:
+            return super().get_with_items(kind, id, collection)
+        records, items = answers
+        return (_record(records[0]) if records else None), [(int(idx), bytes(body)) for idx, body in items]
+
     def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
-        rows = self._all(
-            "SELECT idx, body FROM items WHERE collection=%s AND owner_id=%s ORDER BY idx",
-            (collection, owner_id),
-        )
+        rows = self._all(_ITEMS, (collection, owner_id))
         return [(int(idx), bytes(body)) for idx, body in rows]
 
     def delete_items(self, collection: str, owner_id: str) -> None:

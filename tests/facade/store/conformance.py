@@ -445,10 +445,10 @@ class StoreConformance:
             before = s.get("session", "01A")
             first_read.set()
             assert written.wait(10)
-            after = s.get("session", "01A")
+            after, items = s.get_with_items("session", "01A", "messages")
             assert before is not None
             assert after is not None
-            return before.state, after.state, s.list_items("messages", "01A")
+            return before.state, after.state, items
 
         def write(s: Store) -> None:
             s.update(record(id="01A", state="closed", revision=2))
@@ -460,6 +460,26 @@ class StoreConformance:
         written.set()
         assert await reading == ("active", "active", [])
         assert (await store.read(lambda s: s.list_items("messages", "01A"))) == [(0, b"m")]
+
+    async def test_get_with_items_answers_what_get_and_list_items_do(self, store: Store) -> None:
+        """In a read (first statement or later), in a write and outside both; a missing owner
+        has no record and no items."""
+        store.insert(record(id="01A", state="active"))
+        store.append_items("messages", "01A", [b"a", b"b"])
+        store.append_items("steps", "01A", [b"x"])
+        expected = (store.get("session", "01A"), [(0, b"a"), (1, b"b")])
+        assert expected[0] is not None
+        assert store.get_with_items("session", "01A", "messages") == expected
+        assert await store.read(lambda s: s.get_with_items("session", "01A", "messages")) == expected
+        assert await store.read(
+            lambda s: (s.get("session", "01B"), s.get_with_items("session", "01A", "messages"))
+        ) == (
+            None,
+            expected,
+        )
+        assert await store.write(lambda s: s.get_with_items("session", "01A", "messages")) == expected
+        assert await store.read(lambda s: s.get_with_items("session", "01B", "messages")) == (None, [])
+        assert await store.read(lambda s: s.get_with_items("plan", "01A", "steps")) == (None, [(0, b"x")])
 
     async def test_reads_do_not_wait_for_a_write(self, store: Store) -> None:
         store.insert(record(id="01A"))

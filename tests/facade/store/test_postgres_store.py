@@ -501,10 +501,14 @@ async def test_each_read_sees_what_committed_before_it_and_a_failed_one_leaves_n
         await store.read(lambda _s: store.execute("SELECT * FROM no_such_table"))
     with pytest.raises(postgres.NulCharacterError):
         await store.read(lambda s: s.get("session", "01\x00"))
+    with pytest.raises(postgres.NulCharacterError):
+        await store.read(lambda s: s.get_with_items("session", "01\x00", "messages"))
 
     def after_a_refused_statement(s: Store) -> tuple[Record | None, int]:
         with contextlib.suppress(postgres.NulCharacterError):
             s.get("session", "01\x00")
+        with contextlib.suppress(postgres.NulCharacterError):
+            s.get_with_items("session", "01\x00", "messages")
         return s.get("session", "01A"), s.last_sequence()
 
     found, last = await store.read(after_a_refused_statement)

@@ -147,7 +147,8 @@ async def _read_stamps(url: str, headers: dict[str, str], wanted: int, seconds: 
 async def delta_latency(run: Run) -> None:
     wanted = STAMPS[run.mode.name]
     fake = FakeOpenAI().start_in_thread()
-    product = Product(run.scratch("actors-sse"))
+    # Server mode: model actors reach only the endpoints the operator lists.
+    product = Product(run.scratch("actors-sse"), extra=["--model-endpoint", fake.base_url])
     try:
         client = product.client()
         try:

@@ -155,10 +155,17 @@ class _EventLogResource:
 
 
 def server_policy(
-    roots: Sequence[str], *, allow_commands: bool, command_user: str | None, euid: int | None = None
+    roots: Sequence[str],
+    *,
+    allow_commands: bool,
+    command_user: str | None,
+    model_endpoints: Sequence[str] = (),
+    model_key_envs: Sequence[str] = (),
+    euid: int | None = None,
 ) -> Policy:
-    """What ``agents serve`` allows; ValueError for a root or user that cannot be used,
-    and for commands as root without an unprivileged ``command_user``."""
+    """What ``agents serve`` allows; ValueError for a root, user, model endpoint or key
+    variable that cannot be used, and for commands as root without an unprivileged
+    ``command_user``."""
     for root in roots:
         check_root_template(root)
     user = None
@@ -176,7 +183,13 @@ def server_policy(
             "the server runs as root: --allow-commands needs --command-user USER, the "
             "unprivileged account commands run as"
         )
-    return Policy.server(roots, allow_commands=allow_commands, command_user=user if running_as_root else None)
+    return Policy.server(
+        roots,
+        allow_commands=allow_commands,
+        command_user=user if running_as_root else None,
+        model_endpoints=model_endpoints,
+        model_key_envs=model_key_envs,
+    )
 
 
 def entity_types() -> dict[str, type[message.Message]]:
@@ -222,7 +235,7 @@ def open_facade(
     registries = Registries(store, policy if policy is not None else Policy.local())
     context = Context(store, registries)
     # Model servers: retries, backoff and timeouts from $ACP_MODEL_* (docs/actors.md).
-    models = ChatModels(ModelSettings.from_env(os.environ))
+    models = ChatModels(ModelSettings.from_env(os.environ), egress=registries.policy.models)
     plans = PlanEngine(events, registries, models, takeover=takeover)
     # Settles plans a stopped server left running or half-applied, before any call.
     plans.recover()

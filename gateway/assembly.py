@@ -209,6 +209,8 @@ def prepare(flags: Mapping[str, Any], config: pathlib.Path | None) -> Prepared |
             settings.resource_roots,
             allow_commands=settings.allow_commands,
             command_user=settings.command_user,
+            model_endpoints=settings.model_endpoints,
+            model_key_envs=settings.model_key_envs,
         )
     except ValueError as exc:
         return _fail("serve", str(exc))

@@ -10,6 +10,8 @@ The file holds the same names as the flags, with underscores::
     cors_origins = ["https://app.example"]
     max_body_bytes = 4194304
     resource_roots = ["/srv/acp/{namespace}"]
+    model_endpoints = ["https://api.openai.com/v1"]
+    model_key_envs = ["OPENAI_API_KEY"]
 """
 
 from __future__ import annotations
@@ -85,6 +87,10 @@ class ServeSettings(HTTPSettings):
     resource_roots: tuple[str, ...] = ()
     # Whether command tools and command validations run processes at all.
     allow_commands: bool = False
+    # The base URLs (scheme, host, port, path prefix) model actors may send requests to, and
+    # the environment variables they may name as api_key_env; none: no model actor.
+    model_endpoints: tuple[str, ...] = ()
+    model_key_envs: tuple[str, ...] = ()
     # The account processes run as when the server runs as root.
     command_user: str | None = Field(default=None, min_length=1)
     # Seconds a mutating call's answer is kept for a retry with its request id (docs/idempotency.md).
@@ -103,6 +109,14 @@ class ServeSettings(HTTPSettings):
                 raise ValueError(f"{root!r} is not an absolute path")
         return value
 
+    @field_validator("model_endpoints", "model_key_envs", mode="before")
+    @classmethod
+    def _listed(cls, value: Any) -> Any:
+        """Comma-separated in the environment, a list elsewhere."""
+        if isinstance(value, str):
+            return tuple(item.strip() for item in value.split(",") if item.strip())
+        return value
+
 
 class GatewayCommandSettings(HTTPSettings):
     upstream: str = Field(min_length=1)
@@ -112,7 +126,12 @@ class GatewayCommandSettings(HTTPSettings):
 
 # The environment variable of each setting (ACP_ and the name upper-cased), except these.
 _ENV_NAMES = {"cors_origins": "ACP_CORS_ORIGIN"}
-_FLAG_NAMES = {"cors_origins": "--cors-origin", "resource_roots": "--resource-root"}
+_FLAG_NAMES = {
+    "cors_origins": "--cors-origin",
+    "resource_roots": "--resource-root",
+    "model_endpoints": "--model-endpoint",
+    "model_key_envs": "--model-key-env",
+}
 
 
 def env_name(field: str) -> str:

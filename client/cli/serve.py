@@ -156,6 +156,24 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "per-namespace folder; ACP_RESOURCE_ROOTS, separated by ':'); with none, no directory resource",
     )
     serve.add_argument(
+        "--model-endpoint",
+        action="append",
+        dest="model_endpoints",
+        default=None,
+        metavar="URL",
+        help="model actors may send requests to base URLs under URL (scheme, host, port and path "
+        "prefix; repeatable; ACP_MODEL_ENDPOINTS, separated by ','); with none, no model actor",
+    )
+    serve.add_argument(
+        "--model-key-env",
+        action="append",
+        dest="model_key_envs",
+        default=None,
+        metavar="NAME",
+        help="model actors may name the server's environment variable NAME as api_key_env "
+        "(repeatable; ACP_MODEL_KEY_ENVS, separated by ','); with none, no actor reads a key",
+    )
+    serve.add_argument(
         "--allow-commands",
         action="store_const",
         const=True,

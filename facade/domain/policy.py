@@ -1,11 +1,12 @@
 """What the operator allows, fixed when the server starts and never set by API callers:
-the folders directory resources may live in (resource roots) and whether the server
-runs processes (command tools and command validations), and how.
+the folders directory resources may live in (resource roots), whether the server
+runs processes (command tools and command validations), and how, and where model actors
+may send requests with which key variables (``models.egress``).
 
 Local mode (no authenticator) trusts its user: no root applies unless one is configured,
 and commands run. ``agents serve`` builds a server policy from its settings: with no root
 configured it refuses every directory resource, and it runs no process unless the
-operator passed ``--allow-commands``.
+operator passed ``--allow-commands``, and no model endpoint or key variable it did not list.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain.models.egress import ModelEgress
 
 NAMESPACE_PLACEHOLDER = "{namespace}"
 # Namespaces whose roots are kept resolved; past it the cache starts again.
@@ -72,6 +74,7 @@ class Policy:
     allow_commands: bool = True
     command_user: CommandUser | None = None
     limits: ProcessLimits = field(default_factory=ProcessLimits)
+    models: ModelEgress = field(default_factory=ModelEgress)
     _resolved: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -80,11 +83,18 @@ class Policy:
     @classmethod
     def local(cls, environ: Mapping[str, str] | None = None) -> Policy:
         """Local mode: roots from ``$ACP_RESOURCE_ROOTS`` (``os.pathsep`` separated) when
-        set, else none apply; commands run unless ``$ACP_ALLOW_COMMANDS`` is false."""
+        set, else none apply; commands run unless ``$ACP_ALLOW_COMMANDS`` is false; model
+        endpoints and key variables from ``$ACP_MODEL_ENDPOINTS`` and ``$ACP_MODEL_KEY_ENVS``
+        (comma separated) when set, else any."""
         environ = os.environ if environ is None else environ
         roots = tuple(r for r in environ.get("ACP_RESOURCE_ROOTS", "").split(os.pathsep) if r)
         allow = environ.get("ACP_ALLOW_COMMANDS", "").strip().lower() not in ("0", "false", "no", "off")
-        return cls(resource_roots=roots, allow_commands=allow)
+        models = ModelEgress.configured(
+            _listed(environ.get("ACP_MODEL_ENDPOINTS", "")),
+            _listed(environ.get("ACP_MODEL_KEY_ENVS", "")),
+            required=False,
+        )
+        return cls(resource_roots=roots, allow_commands=allow, models=models)
 
     @classmethod
     def server(
@@ -93,12 +103,17 @@ class Policy:
         *,
         allow_commands: bool = False,
         command_user: CommandUser | None = None,
+        model_endpoints: Sequence[str] = (),
+        model_key_envs: Sequence[str] = (),
     ) -> Policy:
+        """Nothing the operator did not list: no directory resource outside ``roots``, no
+        process without ``allow_commands``, no model endpoint or key variable not listed."""
         return cls(
             resource_roots=tuple(roots),
             roots_required=True,
             allow_commands=allow_commands,
             command_user=command_user,
+            models=ModelEgress.configured(model_endpoints, model_key_envs, required=True),
         )
 
     @property
@@ -157,6 +172,13 @@ class Policy:
         if not os.path.isdir(real):
             raise _invalid(field_, f"{path} is not an existing directory")
 
+    def check_model_actor(self, base_url: str, api_key_env: str) -> None:
+        """INVALID_PARAMS naming ``spec.base_url`` or ``spec.api_key_env`` when the operator's
+        allow-lists do not cover them (``models.egress``)."""
+        verdict = self.models.verdict(base_url, api_key_env)
+        if verdict.field is not None:
+            raise _invalid(verdict.field, verdict.problem)
+
     def check_commands(self) -> None:
         """INVALID_STATE when the operator has not enabled processes."""
         if not self.allow_commands:
@@ -165,6 +187,10 @@ class Policy:
                 f"this server runs no commands; {HOW_TO_ALLOW_COMMANDS}",
                 {"refinement": "COMMANDS_DISABLED"},
             )
+
+
+def _listed(value: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value.split(",") if item.strip())
 
 
 def _invalid(field_: str, message: str) -> ACPError:

@@ -7,6 +7,7 @@ import pathlib
 
 import pytest
 
+from cleveragents.acp.facade import auth
 from cleveragents.acp.gateway.settings import (
     GatewayCommandSettings,
     ServeSettings,
@@ -85,3 +86,27 @@ def test_the_commands_read_their_settings_so(tmp_path: pathlib.Path) -> None:
     gateway = agents("gateway", cwd=tmp_path, env={"ACP_UPSTREAM": ""})
     assert gateway.returncode == 2
     assert "--upstream is required" in gateway.stderr
+
+
+def test_model_allow_lists_from_the_file_the_environment_and_the_flags(tmp_path: pathlib.Path) -> None:
+    config = tmp_path / "acp.toml"
+    config.write_text('model_endpoints = ["https://api.example/v1"]\nmodel_key_envs = ["OPENAI_API_KEY"]\n')
+    from_file = load(ServeSettings, {}, environ={}, config=config)
+    assert from_file.model_endpoints == ("https://api.example/v1",)
+    assert from_file.model_key_envs == ("OPENAI_API_KEY",)
+    environ = {"ACP_MODEL_ENDPOINTS": "http://a:1/v1, http://b:2", "ACP_MODEL_KEY_ENVS": "K1,K2"}
+    from_env = load(ServeSettings, {}, environ=environ, config=config)
+    assert from_env.model_endpoints == ("http://a:1/v1", "http://b:2")
+    assert from_env.model_key_envs == ("K1", "K2")
+    flags = {"model_endpoints": ["http://c/v1"], "model_key_envs": None}
+    from_flags = load(ServeSettings, flags, environ=environ)
+    assert (from_flags.model_endpoints, from_flags.model_key_envs) == (("http://c/v1",), ("K1", "K2"))
+
+
+def test_serve_refuses_an_unusable_model_endpoint_at_start(tmp_path: pathlib.Path) -> None:
+    auth.create_token(tmp_path / "t.toml", "alice", ["default"])
+    refused = agents(
+        "serve", "--tokens", "t.toml", "--model-endpoint", "http://me@api.example/v1", cwd=tmp_path
+    )
+    assert refused.returncode == 2
+    assert "--model-endpoint 'http://me@api.example/v1' must not carry user info" in refused.stderr

@@ -4,6 +4,10 @@ Ollama, llama.cpp, LM Studio), through the ``openai`` package's ``AsyncOpenAI``.
 - The API key is read from the actor's environment variable at each call and handed to that
   call's client only; it is never kept, logged, or put in an error. An actor without
   ``api_key_env`` sends a placeholder, never the server's ``OPENAI_API_KEY``.
+- Before every request the actor's URL and key variable are checked against the operator's
+  allow-lists (``egress``): an actor registered before the operator narrowed them is refused
+  here, before its key is read. The client is given the normalised URL that was checked, and
+  follows no redirect.
 - Retries are ours (the library's are off): a 429 or 5xx, a refused connection or a timeout
   before the first piece of text is tried again after ``Retry-After`` (when the server sends
   one, up to a bound) or an exponential backoff, a bounded number of times.
@@ -27,6 +31,7 @@ import httpx2
 
 from cleveragents.acp.contract.recent import Recent
 from cleveragents.acp.facade.domain.models.deltas import DeltaPump, Emit
+from cleveragents.acp.facade.domain.models.egress import ModelEgress
 from cleveragents.acp.facade.domain.models.failures import ModelCancelledError, ModelError
 from cleveragents.acp.facade.domain.models.settings import ModelSettings
 from cleveragents.acp.facade.domain.models.wire import SSEReader, StreamEndError, Turn, TurnBuilder
@@ -49,10 +54,14 @@ class ChatModels:
     """Opens streamed completions for actors; one connection pool for every model server."""
 
     def __init__(
-        self, settings: ModelSettings | None = None, environ: Mapping[str, str] | None = None
+        self,
+        settings: ModelSettings | None = None,
+        environ: Mapping[str, str] | None = None,
+        egress: ModelEgress | None = None,
     ) -> None:
         self.settings = settings or ModelSettings()
         self._environ = environ if environ is not None else os.environ
+        self.egress = egress if egress is not None else ModelEgress()
         self._http: Any = None
         self._clients: Recent[str, openai.AsyncOpenAI] = Recent(_CLIENTS)
         self.sleep: Callable[[float], Any] = asyncio.sleep
@@ -69,7 +78,8 @@ class ChatModels:
         client = self._clients.get(base_url)
         if client is None:
             if self._http is None:
-                # Made on first use, inside the loop that will use it.
+                # Made on first use, inside the loop that will use it. A redirect is answered
+                # as the failure it is, never followed: it could lead past the allow-list.
                 self._http = openai.DefaultAsyncHttpxClient(follow_redirects=False)
             client = openai.AsyncOpenAI(
                 api_key=NO_KEY,
@@ -115,7 +125,14 @@ class ChatModels:
         with ``finish_reason`` ``"length_budget"``). With ``hold``, the text not yet published
         when the answer ends goes to ``hold`` instead (index, text), for the caller to publish
         first thing in its next write: one write less per turn."""
-        call = _Call(self, actor_name, spec, messages, tools, emit, max_chars, hold)
+        verdict = self.egress.verdict(spec.base_url, spec.api_key_env)
+        if verdict.field is not None:
+            raise ModelError(
+                "model_endpoint_refused",
+                f"actor {actor_name!r} cannot be used on this server: {verdict.field}: {verdict.problem}",
+                {"actor": actor_name, "field": verdict.field},
+            )
+        call = _Call(self, actor_name, spec, verdict.url, messages, tools, emit, max_chars, hold)
         if cancel is None:
             return await call.run()
         work = asyncio.ensure_future(call.run())
@@ -143,6 +160,7 @@ class _Call:
         models: ChatModels,
         actor_name: str,
         spec: specs_pb2.ActorSpec,
+        url: str,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]],
         emit: Emit,
@@ -153,6 +171,8 @@ class _Call:
         self.settings = models.settings
         self.actor = actor_name
         self.spec = spec
+        # The URL requests go to: the checked, normalised one when endpoints are restricted.
+        self.url = url
         self.messages = messages
         self.tools = tools
         self.emit = emit
@@ -230,7 +250,7 @@ class _Call:
     async def _once(self, pump: DeltaPump) -> Turn:
         import openai
 
-        client = self.models._client(self.spec.base_url).with_options(api_key=self.key)
+        client = self.models._client(self.url).with_options(api_key=self.key)
         # The raw stream: chunks are decoded here (orjson, plain dicts), several times cheaper
         # than the library's typed chunk objects; the library still sends, retries nothing,
         # and turns statuses into its errors.

@@ -12,6 +12,7 @@ from cleveragents.acp.contract.errors import ACPError, ErrorCode
 # reason (a plan's last_error code) -> (ACP code, refinement) for a caller of session.tell.
 KINDS: Mapping[str, tuple[ErrorCode.ValueType, str]] = MappingProxyType(
     {
+        "model_endpoint_refused": (ErrorCode.INVALID_PARAMS, "MODEL_ENDPOINT_REFUSED"),
         "model_key_missing": (ErrorCode.INVALID_STATE, "MODEL_KEY_MISSING"),
         "model_key_refused": (ErrorCode.INVALID_STATE, "MODEL_KEY_REFUSED"),
         "model_request_refused": (ErrorCode.INVALID_STATE, "MODEL_REQUEST_REFUSED"),

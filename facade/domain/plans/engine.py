@@ -361,6 +361,7 @@ class PlanEngine:
             action_entry = self.registries.fetch(registry_pb2.Action, namespace, action)
             profile_name = automation_profile or action_entry.spec.automation_profile
             plan_setup = setup.resolve(self.registries, namespace, action_entry, project, profile_name)
+            setup.check_egress(self.registries, plan_setup.actor)
             if session_id:
                 session = self.store.get(SESSION_KIND, session_id)
                 if session is None or session.namespace != namespace:

@@ -68,6 +68,22 @@ def resources_of(
     return roots
 
 
+def check_egress(registries: Registries, actor: registry_pb2.Actor) -> None:
+    """INVALID_PARAMS at ``plan.use`` when the operator's model allow-lists do not cover a
+    model actor (one registered before they were narrowed); the model client checks again
+    before every request."""
+    if actor.spec.provider != "openai":
+        return
+    verdict = registries.policy.models.verdict(actor.spec.base_url, actor.spec.api_key_env)
+    if verdict.field is not None:
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"actor {actor.name!r} cannot be used on this server: {verdict.field}: {verdict.problem}",
+            {"field": "action", "actor": actor.name, "refused": verdict.field},
+            refinement="MODEL_ENDPOINT_REFUSED",
+        )
+
+
 def resolve(
     registries: Registries, namespace: str, action: registry_pb2.Action, project: str, profile_name: str
 ) -> PlanSetup:

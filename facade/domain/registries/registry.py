@@ -311,6 +311,8 @@ class Registries:
         check_spec(k.name, checked, lambda target, name: self.find(target, namespace, name))
         if isinstance(checked, specs_pb2.ResourceSpec) and self.is_directory(namespace, checked):
             self.policy.check_folder(namespace, checked.path, "spec.path")
+        if isinstance(checked, specs_pb2.ActorSpec):
+            self.policy.check_model_actor(checked.base_url, checked.api_key_env)
         seen: set[tuple[str, str]] = set()
         for hit in references(k.name, checked):
             listed = hit.field.endswith("]")

@@ -14,7 +14,7 @@ import hmac
 import json
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
@@ -134,8 +134,30 @@ class Pager:
         a position; ``position`` is where an item sits, which the next token carries.
         ``scope`` and ``filters`` are what a token is bound to: every filter of the list."""
         size = page_size(request.page_size)
-        after = self.tokens.decode(request.page_token, scope, filters)
-        found = fetch(after, size + 1)
+        found = fetch(self.tokens.decode(request.page_token, scope, filters), size + 1)
+        return self._cut(scope, filters, size, found, position)
+
+    async def page_async(
+        self,
+        scope: str,
+        filters: Mapping[str, Any],
+        request: PagedRequest,
+        fetch: Callable[[str | None, int], Awaitable[Sequence[T]]],
+        position: Callable[[T], str],
+    ) -> tuple[list[T], str]:
+        """``page`` with a ``fetch`` the event loop awaits (a store's ``read_query``)."""
+        size = page_size(request.page_size)
+        found = await fetch(self.tokens.decode(request.page_token, scope, filters), size + 1)
+        return self._cut(scope, filters, size, found, position)
+
+    def _cut(
+        self,
+        scope: str,
+        filters: Mapping[str, Any],
+        size: int,
+        found: Sequence[T],
+        position: Callable[[T], str],
+    ) -> tuple[list[T], str]:
         if len(found) <= size:
             return list(found), ""
         return list(found[:size]), self.tokens.encode(scope, filters, position(found[size - 1]))

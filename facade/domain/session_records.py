@@ -71,6 +71,21 @@ def load_with_messages(
 ) -> tuple[session_pb2.Session, list[session_pb2.Message]]:
     """``load`` and ``messages`` in one go (one round trip to a PostgreSQL server)."""
     record, items = store.get_with_items(SESSION_KIND, session_id, MESSAGES)
+    return with_messages(ctx, session_id, record, items)
+
+
+async def read_with_messages(
+    store: Store, ctx: CallContext, session_id: str
+) -> tuple[session_pb2.Session, list[session_pb2.Message]]:
+    """``load_with_messages`` in a read of its own, which the store may answer without a thread."""
+    record, items = await store.read_with_items(SESSION_KIND, session_id, MESSAGES)
+    return with_messages(ctx, session_id, record, items)
+
+
+def with_messages(
+    ctx: CallContext, session_id: str, record: Record | None, items: list[tuple[int, bytes]]
+) -> tuple[session_pb2.Session, list[session_pb2.Message]]:
+    """The session and its messages from its record and items, once the caller may see them."""
     if record is None:
         raise not_found(session_id)
     ctx.authorize(record.namespace)

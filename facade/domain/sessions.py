@@ -9,7 +9,7 @@ closes it and ``resume`` reopens it. Semantics in docs/sessions.md.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import orjson
@@ -31,10 +31,10 @@ from cleveragents.acp.facade.domain.session_records import (
     SESSION_KIND,
     STATE_NAMES,
     load,
-    load_with_messages,
     messages,
     not_found,
     now,
+    read_with_messages,
     seconds,
     to_record,
 )
@@ -185,30 +185,21 @@ class Sessions:
         self, ctx: CallContext, req: session_pb2.GetSessionRequest
     ) -> session_pb2.GetSessionResponse:
         session_id = req.session_id
+        # One snapshot: the record and its messages agree.
+        session, history = await read_with_messages(self.store, ctx, session_id)
+        if not req.page_size and not req.page_token:
+            return session_pb2.GetSessionResponse(session=session, messages=history)
 
-        def read(store: Store) -> session_pb2.GetSessionResponse:
-            # One snapshot: the record and its messages agree.
-            session, history = load_with_messages(store, ctx, session_id)
-            if not req.page_size and not req.page_token:
-                return session_pb2.GetSessionResponse(session=session, messages=history)
+        def after(position: str | None, limit: int) -> list[session_pb2.Message]:
+            start = 0 if position is None else int(position) + 1
+            return history[start : start + limit]
 
-            def after(position: str | None, limit: int) -> list[session_pb2.Message]:
-                start = 0 if position is None else int(position) + 1
-                return history[start : start + limit]
-
-            page, next_token = self.pages.page(
-                "session.messages", {"session_id": session_id}, req, after, lambda m: str(m.index)
-            )
-            return session_pb2.GetSessionResponse(session=session, messages=page, next_page_token=next_token)
-
-        return await self.store.read(read)
+        page, next_token = self.pages.page(
+            "session.messages", {"session_id": session_id}, req, after, lambda m: str(m.index)
+        )
+        return session_pb2.GetSessionResponse(session=session, messages=page, next_page_token=next_token)
 
     async def list_sessions(
-        self, ctx: CallContext, req: session_pb2.ListSessionsRequest
-    ) -> session_pb2.ListSessionsResponse:
-        return await self.store.read(lambda _store: self._list_sessions(ctx, req))
-
-    def _list_sessions(
         self, ctx: CallContext, req: session_pb2.ListSessionsRequest
     ) -> session_pb2.ListSessionsResponse:
         namespaces = ctx.visible_namespaces(req.namespace)
@@ -226,13 +217,13 @@ class Sessions:
             "attrs": attrs,
         }
 
-        def fetch(after: str | None, limit: int) -> list[Record]:
+        def fetch(after: str | None, limit: int) -> Awaitable[list[Record]]:
             query = ListQuery(
                 SESSION_KIND, namespaces, state=state, attrs=attrs, before_id=after, limit=limit
             )
-            return self.store.query(query)
+            return self.store.read_query(query)
 
-        records, token = self.pages.page(LIST_SCOPE, filters, req, fetch, lambda r: r.id)
+        records, token = await self.pages.page_async(LIST_SCOPE, filters, req, fetch, lambda r: r.id)
         return session_pb2.ListSessionsResponse(
             sessions=[session_pb2.Session.FromString(r.body) for r in records], next_page_token=token
         )

@@ -230,6 +230,26 @@ class Store(abc.ABC):
         raises, its writes are rolled back and the exception is raised here; a write lock
         held elsewhere longer than the store's bound raises StoreBusyError."""
 
+    # one-snapshot reads the loop awaits directly: what ``read`` gives for one call of the
+    # method of the same name, which a store may answer without a thread (PostgreSQL) -----
+
+    async def read_get(self, kind: str, id: str) -> Record | None:
+        return await self.read(lambda store: store.get(kind, id))
+
+    async def read_get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
+        return await self.read(lambda store: store.get_by_name(kind, namespace, name))
+
+    async def read_with_items(
+        self, kind: str, id: str, collection: str
+    ) -> tuple[Record | None, list[tuple[int, bytes]]]:
+        return await self.read(lambda store: store.get_with_items(kind, id, collection))
+
+    async def read_query(self, query: ListQuery) -> list[Record]:
+        return await self.read(lambda store: store.query(query))
+
+    async def read_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
+        return await self.read(lambda store: store.list_items(collection, owner_id))
+
     # synchronous: on a store thread inside read()/write(), or blocking the caller ------
 
     @abc.abstractmethod

@@ -2,8 +2,8 @@
 
 psycopg's ``Connection.execute`` costs about 100 µs of Python per statement (a cursor, the
 adaptation machinery, a generator-driven wait); the store runs a handful of fixed statements
-with plain parameters, and libpq's own ``PQexecPrepared`` (which releases the GIL while it
-waits) does the same work in about a fifth of that: a ``session.show`` read went from
+with plain parameters, and libpq's own ``PQexecPrepared`` (which psycopg calls without the GIL
+while it waits) does the same work in about a fifth of that: a ``session.show`` read went from
 150 µs to 30 µs of CPU, 600 µs to 250 µs of wall time, measured in a loop.
 
 ``run`` takes what the store passes (str, int, float, bool, bytes, None, a list of str, a
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import select
 import struct
 import weakref
 from collections.abc import Callable, Sequence
@@ -70,7 +71,7 @@ def _void(raw: bytes) -> None:
 
 
 # By type OID: int8, int4, int2, text, varchar, name, float8, jsonb, bytea, bool, void.
-_DECODERS: dict[int, Callable[[bytes], Any]] = {
+DECODERS: dict[int, Callable[[bytes], Any]] = {
     20: _int,
     23: _int,
     21: _int,
@@ -110,7 +111,7 @@ def _array(values: list[Any]) -> bytes | None:
     return ("{" + ",".join(parts) + "}").encode()
 
 
-def _encode(params: Sequence[Any]) -> tuple[list[bytes | None], list[int]] | None:
+def encode(params: Sequence[Any]) -> tuple[list[bytes | None], list[int]] | None:
     values: list[bytes | None] = []
     formats: list[int] = []
     for value in params:
@@ -155,7 +156,7 @@ def _encode(params: Sequence[Any]) -> tuple[list[bytes | None], list[int]] | Non
 _Prepared = tuple[bytes, list[bytes | None], list[int], list[Callable[[bytes], Any]]]
 
 
-def _rows(result: pq.abc.PGresult, decoders: list[Callable[[bytes], Any]]) -> list[tuple[Any, ...]]:
+def rows(result: pq.abc.PGresult, decoders: list[Callable[[bytes], Any]]) -> list[tuple[Any, ...]]:
     return [
         tuple(
             None if (raw := result.get_value(row, column)) is None else decode(raw)
@@ -201,10 +202,10 @@ class Wire:
             (result,) = _pipelined(conn, begin, [(name, values, formats)])
         if fetch == "count":
             return result.command_tuples or 0
-        rows = _rows(result, decoders)
+        found = rows(result, decoders)
         if fetch == "one":
-            return rows[0] if rows else None
-        return rows
+            return found[0] if found else None
+        return found
 
     def run_all(
         self, conn: psycopg.Connection[Any], statements: Sequence[tuple[str, Sequence[Any]]], begin: bytes
@@ -219,7 +220,7 @@ class Wire:
                 return PSYCOPG
             sends.append(one[:3])
         results = _pipelined(conn, begin, sends)
-        return [_rows(result, cast(_Prepared, one)[3]) for result, one in zip(results, prepared, strict=True)]
+        return [rows(result, cast(_Prepared, one)[3]) for result, one in zip(results, prepared, strict=True)]
 
     def _prepare(
         self, conn: psycopg.Connection[Any], statement: str, params: Sequence[Any]
@@ -228,7 +229,7 @@ class Wire:
         does not take it."""
         if self._decoders.get(statement, ()) is None:
             return None
-        encoded = _encode(params)
+        encoded = encode(params)
         if encoded is None:
             return None
         values, formats = encoded
@@ -248,8 +249,8 @@ class Wire:
             if statement not in self._decoders:
                 described = _check(conn, pgconn.describe_prepared(name))
                 types = [described.ftype(column) for column in range(described.nfields)]
-                known = all(oid in _DECODERS for oid in types)
-                self._decoders[statement] = [_DECODERS[oid] for oid in types] if known else None
+                known = all(oid in DECODERS for oid in types)
+                self._decoders[statement] = [DECODERS[oid] for oid in types] if known else None
         decoders = self._decoders[statement]
         if decoders is None:
             return None
@@ -304,12 +305,21 @@ def _pipelined(
 
 
 def _drain(conn: psycopg.Connection[Any], syncs: int) -> list[pq.abc.PGresult]:
-    """The results of the pipeline's statements up to its ``syncs``-th sync point, in order
-    (``get_result`` releases the GIL while it waits)."""
+    """The results of the pipeline's statements up to its ``syncs``-th sync point, in order.
+    psycopg's ``get_result`` holds the GIL while libpq waits for the server (the whole
+    process stalls, and a statement waiting for a lock another thread of it holds waits out
+    ``lock_timeout``): the socket is waited for here, without it, until a result is in."""
     pgconn = conn.pgconn
     results: list[pq.abc.PGresult] = []
     idle = False
+    poller: select.poll | None = None
     while syncs:
+        while pgconn.is_busy():
+            if poller is None:
+                poller = select.poll()
+                poller.register(pgconn.socket, select.POLLIN)
+            poller.poll()
+            pgconn.consume_input()
         result = pgconn.get_result()
         if result is None:
             # One None ends a statement's results; a second means nothing more will come.

@@ -6,7 +6,10 @@ waits and several writes are in flight at once (PostgreSQL commits them concurre
 group-commit writer thread is needed).
 
 - ``read(fn)``: one ``REPEATABLE READ, READ ONLY`` transaction, so every statement of
-  ``fn`` sees one snapshot and none waits for a writer.
+  ``fn`` sees one snapshot and none waits for a writer. The plain reads (``read_get``,
+  ``read_with_items``, ``read_query``...) need no thread: the event loop sends them on
+  connections of its own in libpq's nonblocking pipeline mode (pg_loop.py).
+- A write's ``BEGIN`` goes with its first statement, in one round trip.
 - ``write(fn)``: one ``READ COMMITTED`` transaction; the commit is durable
   (``synchronous_commit`` as the server is configured, on by default) before ``write``
   returns. Conditional writes lock what they check: ``update``/``delete`` are one
@@ -68,8 +71,9 @@ from cleveragents.acp.facade.store.base import (
     StoreUnavailableError,
 )
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
+from cleveragents.acp.facade.store.pg_loop import LoopReads, Rows
 from cleveragents.acp.facade.store.pg_migrations import PG_MIGRATIONS
-from cleveragents.acp.facade.store.pg_wire import PSYCOPG, NulInTextError, Wire
+from cleveragents.acp.facade.store.pg_wire import PSYCOPG, Fallback, NulInTextError, Wire
 from cleveragents.acp.facade.store.reads import ReadLane
 from cleveragents.acp.facade.store.requests import RequestEntry, decode_written, encode_written
 
@@ -89,6 +93,8 @@ CONNECT_TIMEOUT = 10
 MIGRATION_WAIT = 300.0
 # A read's transaction: one snapshot for all its statements, which wait for no writer.
 _ITEMS = "SELECT idx, body FROM items WHERE collection=%s AND owner_id=%s ORDER BY idx"
+_GET = f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND id = %s"
+_BY_NAME = f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND namespace = %s AND name = %s"
 _BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _IN_TRANSACTION = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 # Failures that mean "another transaction was in the way": nothing was written, retry.
@@ -170,6 +176,39 @@ def _event(row: Sequence[Any]) -> StoredEvent:
     return StoredEvent(int(row[0]), row[1], row[2], row[3], row[4], float(row[5]), bytes(row[6]))
 
 
+def _query_statement(query: ListQuery) -> tuple[str, list[Any]] | None:
+    """``query``'s statement and parameters; None when it can match nothing."""
+    where = ["kind = %s"]
+    params: list[Any] = [query.kind]
+    if query.namespaces is not None:
+        if not query.namespaces:
+            return None
+        where.append("namespace = ANY(%s::text[])")
+        params.append(sorted(query.namespaces))
+    if query.state:
+        where.append("state = %s")
+        params.append(query.state)
+    if query.attrs:
+        where.append("attrs @> %s")
+        params.append(Jsonb(dict(query.attrs)))
+    if query.labels:
+        where.append("labels @> %s")
+        params.append(Jsonb(dict(query.labels)))
+    if query.by_name:
+        where.append("name IS NOT NULL")
+        if query.after_name is not None:
+            where.append("(namespace, name) > (%s, %s)")
+            params.extend(query.after_name)
+        order = "namespace, name"
+    else:
+        if query.before_id:
+            where.append("id < %s")
+            params.append(query.before_id)
+        order = "id DESC"
+    params.append(query.limit)
+    return f"SELECT {_COLUMNS} FROM records WHERE {' AND '.join(where)} ORDER BY {order} LIMIT %s", params
+
+
 class NulCharacterError(ACPError):
     """A value for a text column holds U+0000, which PostgreSQL cannot store (nor look up)."""
 
@@ -231,6 +270,8 @@ class _Thread(threading.local):
         self.appended = False
         # The open read's transaction has begun (with its first statement).
         self.began = False
+        # The open write's transaction has begun (its BEGIN goes with its first statement).
+        self.write_began = False
 
 
 class PostgresStore(Store):
@@ -241,6 +282,7 @@ class PostgresStore(Store):
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
         readers: int = 4,
         writers: int = 4,
+        loop_connections: int = 2,
     ) -> None:
         if not is_postgres_url(url):
             raise ValueError(f"not a PostgreSQL URL: {redacted(url)}")
@@ -274,6 +316,10 @@ class PostgresStore(Store):
         self._pinned: set[psycopg.Connection[Any]] = set()
         self._pinned_lock = threading.Lock()
         self._reads = ReadLane(readers, "acp-store-read")
+        # The plain reads (``read_get`` and the like) each event loop drives itself (pg_loop.py).
+        self._loop_connections = loop_connections
+        self._loops: dict[asyncio.AbstractEventLoop, LoopReads] = {}
+        self._loops_lock = threading.Lock()
         self._writers = ThreadPoolExecutor(writers, "acp-store-write", initializer=self._own_thread)
 
     def __repr__(self) -> str:
@@ -392,6 +438,113 @@ class PostgresStore(Store):
                     _command(conn, b"COMMIT")
             return result
 
+    # reads on the loop's own connections ----------------------------------------------
+
+    async def read_get(self, kind: str, id: str) -> Record | None:
+        answers = await self._loop_read([(_GET, (kind, id))])
+        if answers is PSYCOPG:
+            return await super().read_get(kind, id)
+        (rows,) = answers
+        return _record(rows[0]) if rows else None
+
+    async def read_get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
+        answers = await self._loop_read([(_BY_NAME, (kind, namespace, name))])
+        if answers is PSYCOPG:
+            return await super().read_get_by_name(kind, namespace, name)
+        (rows,) = answers
+        return _record(rows[0]) if rows else None
+
+    async def read_with_items(
+        self, kind: str, id: str, collection: str
+    ) -> tuple[Record | None, list[tuple[int, bytes]]]:
+        answers = await self._loop_read([(_GET, (kind, id)), (_ITEMS, (collection, id))])
+        if answers is PSYCOPG:
+            return await super().read_with_items(kind, id, collection)
+        records, items = answers
+        return (_record(records[0]) if records else None), [(int(idx), bytes(body)) for idx, body in items]
+
+    async def read_query(self, query: ListQuery) -> list[Record]:
+        statement = _query_statement(query)
+        if statement is None:
+            return []
+        answers = await self._loop_read([statement])
+        if answers is PSYCOPG:
+            return await super().read_query(query)
+        (rows,) = answers
+        return [_record(row) for row in rows]
+
+    async def read_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
+        answers = await self._loop_read([(_ITEMS, (collection, owner_id))])
+        if answers is PSYCOPG:
+            return await super().read_items(collection, owner_id)
+        (rows,) = answers
+        return [(int(idx), bytes(body)) for idx, body in rows]
+
+    async def _loop_read(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[Rows] | Fallback:
+        """The statements' rows in one snapshot, on this loop's own connections; errors
+        as the same statements give in ``read``."""
+        if self._closing:
+            raise RuntimeError("the store is closed")
+        loop = asyncio.get_running_loop()
+        reads = self._loops.get(loop)
+        if reads is None:
+            reads = self._loop_reads(loop)
+        started = time.monotonic()
+        try:
+            return await reads.run(statements)
+        except Exception as exc:
+            mapped = _store_error(exc, started)
+            if mapped is None:
+                raise
+            raise mapped from None
+
+    def _loop_reads(self, loop: asyncio.AbstractEventLoop) -> LoopReads:
+        """This loop's reads, made on its first; those of loops closed meanwhile let go."""
+        with self._loops_lock:
+            for other, reads in list(self._loops.items()):
+                if other.is_closed():
+                    del self._loops[other]
+                    reads.close(RuntimeError("the event loop is closed"))
+            reads = self._loops[loop] = LoopReads(loop, self.url, CONNECT_TIMEOUT, self._loop_connections)
+            return reads
+
+    def _close_loop_reads(self) -> None:
+        """Fail the loop reads still waiting and close their connections, each on its own
+        loop's thread (or here, where that loop is closed, stopped, or this one)."""
+        with self._loops_lock:
+            loops, self._loops = self._loops, {}
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        why = RuntimeError("the store is closed")
+        for loop, reads in loops.items():
+            if loop.is_running() and not loop.is_closed() and loop is not here:
+                closed = threading.Event()
+
+                def close_there(reads: LoopReads = reads, closed: threading.Event = closed) -> None:
+                    try:
+                        reads.close(why)
+                    finally:
+                        closed.set()
+
+                try:
+                    loop.call_soon_threadsafe(close_there)
+                except RuntimeError:  # closed meanwhile
+                    reads.close(why)
+                else:
+                    closed.wait(CONNECT_TIMEOUT)
+            else:
+                reads.close(why)
+
+    async def aclose(self) -> None:
+        """Let the reads under way on this loop finish, then close."""
+        self._closing = True
+        reads = self._loops.get(asyncio.get_running_loop())
+        if reads is not None:
+            await reads.drain()
+        await asyncio.to_thread(self.close)
+
     async def write(self, fn: Callable[[Store], T]) -> T:
         job = Job(
             fn,
@@ -410,17 +563,18 @@ class PostgresStore(Store):
         committed = False
         try:
             with self._borrow(max(0.0, job.deadline - time.monotonic())) as conn:
-                _command(conn, b"BEGIN")
                 began = time.monotonic()
                 observer = self.observer
                 if observer is not None:
                     observer.waited("write", began - job.queued)
                 here.write, here.depth, here.owner, here.callbacks = conn, 1, None, []
+                here.write_began = False
                 try:
                     job.result = job.run(self)
                 except BaseException as exc:  # handed to the caller
                     job.error = exc
-                    _rollback(conn)
+                    if here.write_began:
+                        _rollback(conn)
                 else:
                     job.callbacks = here.callbacks
                     self._commit(conn, [job])
@@ -429,6 +583,7 @@ class PostgresStore(Store):
                         observer.committed(time.monotonic() - began)
                 finally:
                     here.write, here.depth, here.callbacks, here.appended = None, 0, [], False
+                    here.write_began = False
         except BaseException as exc:  # the commit (or the connection) failed: nothing is durable
             if job.error is None:
                 job.error = exc
@@ -439,12 +594,13 @@ class PostgresStore(Store):
 
     def _commit(self, conn: psycopg.Connection[Any], jobs: list[Job]) -> None:
         """Commit, then queue the jobs' callbacks and answers (in sequence order when the
-        transaction appended events)."""
+        transaction appended events). A transaction that ran no statement never began."""
         lock = self._commit_lock if self._thread.appended else contextlib.nullcontext()
         started = time.monotonic()
         with lock:
             try:
-                _command(conn, b"COMMIT")
+                if self._thread.write_began:
+                    _command(conn, b"COMMIT")
             except _BUSY:
                 raise StoreBusyError(time.monotonic() - started) from None
             self._order.due(jobs)
@@ -526,18 +682,20 @@ class PostgresStore(Store):
                 here.depth -= 1
             return
         with self._borrow() as conn:
-            _command(conn, b"BEGIN")
             here.write, here.depth, here.owner, here.callbacks = conn, 1, current_task(), []
+            here.write_began = False
             try:
                 yield
             except BaseException:
                 here.callbacks = []
-                _rollback(conn)
+                if here.write_began:
+                    _rollback(conn)
                 raise
             else:
                 self._commit(conn, [done(here.callbacks)])
             finally:
                 here.write, here.depth, here.owner, here.callbacks, here.appended = None, 0, None, [], False
+                here.write_began = False
         self._order.drain()
 
     def after_commit(self, callback: Callable[[], None]) -> None:
@@ -561,7 +719,15 @@ class PostgresStore(Store):
         here = self._thread
         if here.depth:
             self._check_owner()
-            return self._on(cast(psycopg.Connection[Any], here.write), statement, params, fetch)
+            conn = cast(psycopg.Connection[Any], here.write)
+            if here.write_began:
+                return self._on(conn, statement, params, fetch)
+            # A write's BEGIN goes with its first statement, in one round trip.
+            try:
+                return self._on(conn, statement, params, fetch, b"BEGIN")
+            finally:
+                # Begun unless it failed before anything was sent.
+                here.write_began = conn.info.transaction_status in _IN_TRANSACTION
         if here.read is not None:
             if here.began:
                 return self._on(here.read, statement, params, fetch)
@@ -581,7 +747,7 @@ class PostgresStore(Store):
         fetch: str,
         begin: bytes | None = None,
     ) -> Any:
-        """One statement on ``conn``; after ``begin`` (a read's BEGIN) when given."""
+        """One statement on ``conn``; after ``begin`` (a transaction's BEGIN) when given."""
         started = time.monotonic()
         try:
             if isinstance(statement, str) and not isinstance(params, Mapping):
@@ -626,17 +792,11 @@ class PostgresStore(Store):
         return " FOR UPDATE" if self._thread.depth else ""
 
     def get(self, kind: str, id: str) -> Record | None:
-        row = self._one(
-            f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND id = %s" + self._locking(), (kind, id)
-        )
+        row = self._one(_GET + self._locking(), (kind, id))
         return _record(row) if row else None
 
     def get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
-        row = self._one(
-            f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND namespace = %s AND name = %s"
-            + self._locking(),
-            (kind, namespace, name),
-        )
+        row = self._one(_BY_NAME + self._locking(), (kind, namespace, name))
         return _record(row) if row else None
 
     def insert(self, record: Record) -> None:
@@ -718,37 +878,10 @@ class PostgresStore(Store):
         """One page: newest first (or by name), filters as indexed conditions; PostgreSQL's
         planner walks the (kind, id) or (kind, namespace, id) index and stops at the page,
         or reads a filter's GIN matches when they are few."""
-        where = ["kind = %s"]
-        params: list[Any] = [query.kind]
-        if query.namespaces is not None:
-            if not query.namespaces:
-                return []
-            where.append("namespace = ANY(%s::text[])")
-            params.append(sorted(query.namespaces))
-        if query.state:
-            where.append("state = %s")
-            params.append(query.state)
-        if query.attrs:
-            where.append("attrs @> %s")
-            params.append(Jsonb(dict(query.attrs)))
-        if query.labels:
-            where.append("labels @> %s")
-            params.append(Jsonb(dict(query.labels)))
-        if query.by_name:
-            where.append("name IS NOT NULL")
-            if query.after_name is not None:
-                where.append("(namespace, name) > (%s, %s)")
-                params.extend(query.after_name)
-            order = "namespace, name"
-        else:
-            if query.before_id:
-                where.append("id < %s")
-                params.append(query.before_id)
-            order = "id DESC"
-        params.append(query.limit)
-        rows = self._all(
-            f"SELECT {_COLUMNS} FROM records WHERE {' AND '.join(where)} ORDER BY {order} LIMIT %s", params
-        )
+        statement = _query_statement(query)
+        if statement is None:
+            return []
+        rows = self._all(*statement)
         return [_record(row) for row in rows]
 
     def iter_kind(self, kind: str, namespace: str | None = None) -> Iterator[Record]:
@@ -810,7 +943,7 @@ class PostgresStore(Store):
             answers = self._wire.run_all(
                 conn,
                 [
-                    (f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND id = %s", (kind, id)),
+                    (_GET, (kind, id)),
                     (_ITEMS, (collection, id)),
                 ],
                 _BEGIN_READ,
@@ -1059,6 +1192,7 @@ class PostgresStore(Store):
         if self._closed:
             return
         self._closing = True
+        self._close_loop_reads()
         self._writers.shutdown(wait=True)
         self._reads.close()
         self._order.drain()

@@ -1314,7 +1314,7 @@ class PlanEngine:
         plan_id = leases.plan_of(lease.name)
         if plan_id in self._tasks or plan_id in self._file_work or self.leases.holds(plan_id):
             return False
-        record = await self.store.read(lambda store: store.get(records.KIND, plan_id))
+        record = await self.store.read_get(records.KIND, plan_id)
         if record is not None and await asyncio.to_thread(self._unseen_folder, record) is not None:
             return False
         steal = leases.steal_token(lease)

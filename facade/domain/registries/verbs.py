@@ -42,7 +42,10 @@ class RegistryVerbs:
         return await self.store.read(lambda _store: self._list(ctx, request))
 
     async def show(self, ctx: CallContext, request: Any) -> message.Message:
-        return await self.store.read(lambda _store: self._show(ctx, request))
+        kind = _kind(request)
+        namespace = ctx.namespace(request.namespace)
+        check_name(request.name)
+        return _respond(kind, "show", await self.registries.read_get(kind.name, namespace, request.name))
 
     async def add(self, ctx: CallContext, request: Any) -> message.Message:
         return await self.store.write(lambda _store: self._add(ctx, request))
@@ -58,12 +61,6 @@ class RegistryVerbs:
         namespaces = ctx.visible_namespaces(request.namespace)
         entries, token = self.registries.list_page(kind.name, namespaces, request.labels, request)
         return kind.operations["list"].response_type(**{kind.list_field: entries, "next_page_token": token})
-
-    def _show(self, ctx: CallContext, request: Any) -> message.Message:
-        kind = _kind(request)
-        namespace = ctx.namespace(request.namespace)
-        check_name(request.name)
-        return _respond(kind, "show", self.registries.get(kind.name, namespace, request.name))
 
     def _add(self, ctx: CallContext, request: Any) -> message.Message:
         kind = _kind(request)

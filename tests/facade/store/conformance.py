@@ -5,6 +5,7 @@ PostgreSQL schema (tests/facade/store/conftest.py)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -481,6 +482,41 @@ class StoreConformance:
         assert await store.read(lambda s: s.get_with_items("session", "01B", "messages")) == (None, [])
         assert await store.read(lambda s: s.get_with_items("plan", "01A", "steps")) == (None, [(0, b"x")])
 
+    async def test_the_loop_reads_answer_what_a_read_of_the_same_call_does(self, store: Store) -> None:
+        """``read_get``, ``read_with_items``, ``read_query`` and ``read_items`` (which a store
+        may answer without a thread): the answers of ``read`` calling the method they name,
+        NUL-free or not found alike."""
+        store.insert(record(id="01A", name="n01A", state="active", attrs={"orchestrator": "o"}))
+        store.insert(record(id="01B", namespace="other", name="n01B"))
+        store.append_items("messages", "01A", [b"a", b"b"])
+        queries = [
+            ListQuery("session", None, limit=10),
+            ListQuery(
+                "session", frozenset({"default"}), state="active", attrs={"orchestrator": "o"}, limit=10
+            ),
+            ListQuery("session", frozenset(), limit=10),
+            ListQuery("session", None, before_id="01B", limit=1),
+        ]
+
+        def read(fn: Callable[[Store], Any]) -> Any:
+            return store.read(fn)
+
+        for _ in range(2):  # the first and a prepared run
+            for id in ("01A", "01B", "01C"):
+                assert await store.read_get("session", id) == await read(functools.partial(_get, id=id))
+                assert await store.read_get_by_name("session", "default", f"n{id}") == await read(
+                    functools.partial(_by_name, name=f"n{id}")
+                )
+                assert await store.read_with_items("session", id, "messages") == await read(
+                    functools.partial(_with_items, id=id)
+                )
+                assert await store.read_items("messages", id) == await read(functools.partial(_items, id=id))
+            for query in queries:
+                assert await store.read_query(query) == await read(functools.partial(_query, query=query))
+        found, items = await store.read_with_items("session", "01A", "messages")
+        assert found is not None
+        assert (found.state, items) == ("active", [(0, b"a"), (1, b"b")])
+
     async def test_reads_do_not_wait_for_a_write(self, store: Store) -> None:
         store.insert(record(id="01A"))
         inside = threading.Event()
@@ -725,6 +761,26 @@ class StoreConformance:
             assert store.get("session", "01B") is None
         finally:
             release.set()
+
+
+def _get(s: Store, id: str) -> Record | None:
+    return s.get("session", id)
+
+
+def _by_name(s: Store, name: str) -> Record | None:
+    return s.get_by_name("session", "default", name)
+
+
+def _with_items(s: Store, id: str) -> tuple[Record | None, list[tuple[int, bytes]]]:
+    return s.get_with_items("session", id, "messages")
+
+
+def _items(s: Store, id: str) -> list[tuple[int, bytes]]:
+    return s.list_items("messages", id)
+
+
+def _query(s: Store, query: ListQuery) -> list[Record]:
+    return s.query(query)
 
 
 def _wait_for_expiry(store: Store, name: str) -> Lease:

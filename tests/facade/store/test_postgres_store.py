@@ -545,6 +545,191 @@ async def test_a_reader_connection_lost_with_its_commit_unread_is_replaced(
     assert other != pid
 
 
+# reads the event loop drives (pg_loop.py) ---------------------------------------------------
+
+SLEEP = "SELECT pg_sleep(%s)"
+
+
+async def sleeping_backend(url: str) -> int:
+    """The pid of the backend running a pg_sleep, once it does."""
+    for _ in range(500):
+        with raw(url) as conn:
+            row = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND state = 'active' "
+                "AND query LIKE %s",
+                ("%pg_sleep%",),
+            ).fetchone()
+        if row is not None:
+            return int(row[0])
+        await asyncio.sleep(0.01)
+    raise AssertionError("no backend ran the sleep")
+
+
+async def test_a_loop_read_sees_one_snapshot_while_writes_commit(
+    opened: Callable[..., PostgresStore],
+) -> None:
+    """Each write moves a session's revision and adds one message in one transaction: every
+    ``read_with_items`` meanwhile (many at once, pipelined on two connections) sees a
+    revision and a message count that agree, never half a write."""
+    store = opened()
+    store.insert(record(id="01A", revision=1))
+
+    def bump(s: Store) -> None:
+        current = s.get("session", "01A")
+        assert current is not None
+        s.update(record(id="01A", revision=current.revision + 1), expected_revision=current.revision)
+        s.append_items("messages", "01A", [b"m"])
+
+    async def writes() -> None:
+        for _ in range(30):
+            await store.write(bump)
+
+    async def reads() -> list[tuple[int, int]]:
+        seen = []
+        for _ in range(20):
+            answers = await asyncio.gather(
+                *(store.read_with_items("session", "01A", "messages") for _ in range(20))
+            )
+            for found, items in answers:
+                assert found is not None
+                seen.append((found.revision, len(items)))
+        return seen
+
+    _, seen = await asyncio.gather(writes(), reads())
+    assert all(revision == count + 1 for revision, count in seen), seen
+    assert len(store._loops) == 1
+    assert len(next(iter(store._loops.values()))._pipelines) <= 2
+
+
+async def test_many_concurrent_loop_reads_each_get_their_own_answer(
+    opened: Callable[..., PostgresStore],
+) -> None:
+    store = opened(loop_connections=3)
+    for index in range(50):
+        store.insert(record(id=f"01{index:02}", state=f"s{index}"))
+        store.append_items("messages", f"01{index:02}", [f"m{index}".encode()] * (index % 4))
+    ids = [f"01{index % 60:02}" for index in range(1000)]
+    answers = await asyncio.gather(*(store.read_with_items("session", id, "messages") for id in ids))
+    for id, (found, items) in zip(ids, answers, strict=True):
+        index = int(id[2:])
+        if index >= 50:
+            assert (found, items) == (None, [])
+            continue
+        assert found is not None
+        assert (found.id, found.state) == (id, f"s{index}")
+        assert items == [(n, f"m{index}".encode()) for n in range(index % 4)]
+
+
+async def test_a_cancelled_loop_read_leaves_the_pipeline_in_step(
+    opened: Callable[..., PostgresStore],
+) -> None:
+    """A caller that stops waiting: the reads queued behind its read on the same connection
+    get their own answers, and so do the ones after."""
+    store = opened(loop_connections=1)
+    store.insert(record(id="01A"))
+    store.insert(record(id="01B"))
+    assert await store.read_get("session", "01A") is not None  # the connection is open
+    slow = asyncio.ensure_future(store._loop_read([(SLEEP, (0.3,))]))
+    behind = [asyncio.ensure_future(store.read_get("session", id)) for id in ("01A", "01B", "01C")]
+    await asyncio.sleep(0.05)
+    slow.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await slow
+    found = await asyncio.gather(*behind)
+    assert [r.id if r else None for r in found] == ["01A", "01B", None]
+    for _ in range(3):
+        again = await store.read_with_items("session", "01B", "messages")
+        assert again[0] is not None
+        assert again[0].id == "01B"
+
+
+async def test_a_loop_connection_ended_mid_read_fails_its_reads_and_is_replaced(
+    opened: Callable[..., PostgresStore], schema: tuple[str, str]
+) -> None:
+    """The server ends a loop connection while reads wait on it: they fail with the
+    connection's error (none hangs), and the next read runs on a new connection."""
+    store = opened(loop_connections=1)
+    store.insert(record(id="01A"))
+    assert await store.read_get("session", "01A") is not None
+    slow = asyncio.ensure_future(store._loop_read([(SLEEP, (5,))]))
+    behind = asyncio.ensure_future(store.read_get("session", "01A"))
+    pid = await sleeping_backend(schema[0])
+    await asyncio.to_thread(terminate, schema[0], pid)
+    for waiting in (slow, behind):
+        with pytest.raises(psycopg.OperationalError):
+            await asyncio.wait_for(waiting, TIMEOUT)
+    found = await store.read_get("session", "01A")
+    assert found is not None
+    assert found.id == "01A"
+    (reads,) = store._loops.values()
+    (pipeline,) = reads._pipelines
+    assert pipeline._pgconn.backend_pid != pid
+
+
+async def test_an_idle_loop_connection_the_server_ends_is_replaced_before_the_next_read(
+    opened: Callable[..., PostgresStore], schema: tuple[str, str]
+) -> None:
+    store = opened(loop_connections=1)
+    store.insert(record(id="01A"))
+    assert await store.read_get("session", "01A") is not None
+    (reads,) = store._loops.values()
+    (pipeline,) = reads._pipelines
+    pid = pipeline._pgconn.backend_pid
+    await asyncio.to_thread(terminate, schema[0], pid)
+    for _ in range(100):  # the loop hears the connection go
+        if not reads._pipelines:
+            break
+        await asyncio.sleep(0.01)
+    found = await store.read_get("session", "01A")
+    assert found is not None
+    assert found.id == "01A"
+
+
+async def test_loop_reads_map_errors_and_fall_back_as_reads_do(opened: Callable[..., PostgresStore]) -> None:
+    """A NUL is the caller's error, a server error is itself, a column type the loop path
+    does not decode sends the read through the threads, and the next read is fine."""
+    store = opened(loop_connections=1)
+    store.insert(record(id="01A"))
+    with pytest.raises(postgres.NulCharacterError):
+        await store.read_get("session", "01\x00")
+    with pytest.raises(postgres.NulCharacterError):
+        await store.read_with_items("session", "01A", "m\x00")
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        await store._loop_read([("SELECT * FROM no_such_table WHERE id = %s", ("x",))])
+    with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+        await store._loop_read([("DELETE FROM records WHERE id = %s", ("01A",))])
+    assert await store._loop_read([("SELECT 1.5::numeric, %s::text", ("x",))]) is pg_wire.PSYCOPG
+    found = await store.read_get("session", "01A")
+    assert found is not None
+
+
+async def test_aclose_finishes_the_loop_reads_under_way(opened: Callable[..., PostgresStore]) -> None:
+    store = opened(loop_connections=1)
+    store.insert(record(id="01A"))
+    assert await store.read_get("session", "01A") is not None
+    slow = asyncio.ensure_future(store._loop_read([(SLEEP, (0.2,))]))
+    behind = asyncio.ensure_future(store.read_get("session", "01A"))
+    await asyncio.sleep(0.05)
+    await store.aclose()
+    assert await slow == [[(None,)]]
+    found = await behind
+    assert found is not None
+    with pytest.raises(RuntimeError, match="closed"):
+        await store.read_get("session", "01A")
+
+
+async def test_close_from_another_thread_fails_the_loop_reads_still_waiting(
+    opened: Callable[..., PostgresStore],
+) -> None:
+    store = opened(loop_connections=1)
+    assert await store.read_get("session", "01A") is None
+    slow = asyncio.ensure_future(store._loop_read([(SLEEP, (5,))]))
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(asyncio.to_thread(store.close), TIMEOUT)
+    with pytest.raises(RuntimeError, match="closed"):
+        await asyncio.wait_for(slow, TIMEOUT)
+
+
 # bad input -------------------------------------------------------------------------------
 
 
@@ -596,7 +781,7 @@ def test_an_error_on_the_wire_path_is_never_taken_for_its_fall_back(
     def unfinished(raw: bytes) -> str:
         raise NotImplementedError("a decoder not written yet")
 
-    monkeypatch.setitem(pg_wire._DECODERS, 25, unfinished)
+    monkeypatch.setitem(pg_wire.DECODERS, 25, unfinished)
     store = opened()
     with pytest.raises(NotImplementedError, match="not written yet"):
         store.execute("SELECT %s::text", ("x",))

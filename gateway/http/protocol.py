@@ -63,18 +63,50 @@ class ConnectionLimits:
 
 class _Lingering:
     """The connection's transport as uvicorn sees it: a ``close`` while the client is still
-    sending its request body lingers instead (``GuardedH11Protocol._linger``)."""
+    sending its request body lingers instead (``GuardedH11Protocol._linger``).
+
+    uvicorn writes a response's head and its body with a ``write`` each: two sends, two
+    segments, two wake-ups of the client. Here a response's first write (its head) is held
+    until the next write, which takes it along, or until the loop's next turn at the latest:
+    an answer sent at once (every envelope) leaves in one send, a stream's head still leaves
+    before the stream waits for its first item."""
 
     def __init__(self, transport: asyncio.Transport, protocol: GuardedH11Protocol) -> None:
         self._transport = transport
         self._protocol = protocol
-        # Called on every response: found here, not through ``__getattr__``.
-        self.write = transport.write
+        self._held: bytes | None = None
+        # The request cycle whose head was held (only a response's first write is held).
+        self._headed: object = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held + data)
+            return
+        if not data:
+            return
+        cycle = self._protocol.cycle
+        if cycle is not None and cycle is not self._headed:
+            self._headed = cycle
+            self._held = data
+            self._protocol.loop.call_soon(self.flush)
+            return
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        """Send a held head (its body did not follow in the same turn of the loop)."""
+        held = self._held
+        if held is not None:
+            self._held = None
+            if not self._protocol._lost:
+                self._transport.write(held)
+
     def close(self) -> None:
+        self.flush()
         protocol = self._protocol
         sending = protocol.conn.their_state is h11.SEND_BODY
         if sending and not (protocol._draining or protocol._lost or self._transport.is_closing()):

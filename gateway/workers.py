@@ -20,6 +20,11 @@ SIGTERM or SIGINT to the parent drains every worker (each does what one server d
 SIGTERM) and ends when all have; a worker that outlives the grace period is killed. A worker
 is told to stop when the parent dies (``PR_SET_PDEATHSIG``). Workers that keep dying at
 start-up make the parent give up with exit status 1.
+
+Once the workers are up the parent sleeps until something happens: its signals (SIGCHLD
+when a worker exits, SIGTERM, SIGINT) write to a wake-up pipe its selector watches beside
+the workers' ready pipes, so an idle server's parent wakes no one (it used to look five
+times a second).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cleveragents.acp.facade.factory import WorkerSlot
@@ -152,9 +157,15 @@ class Supervisor:
         with contextlib.suppress(OSError):
             os.close(worker.ready_fd)
 
-    def _read_ready(self, timeout: float) -> None:
-        """Mark the workers whose ready line arrived (a worker that died before it sends EOF)."""
+    def _read_ready(self, timeout: float | None) -> None:
+        """Mark the workers whose ready line arrived (a worker that died before it sends EOF);
+        empty the signals' wake-up pipe. ``timeout`` None: until one of them has news."""
         for key, _ in self._selector.select(timeout):
+            if key.data is None:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(key.fd, 512):
+                        pass
+                continue
             worker: _Worker = key.data
             try:
                 chunk = os.read(worker.ready_fd, 64)
@@ -179,9 +190,33 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stopping = True
 
+    @staticmethod
+    def _on_child(signum: int, frame: object) -> None:
+        """SIGCHLD: its byte on the wake-up pipe is the news; ``_supervise`` looks."""
+
+    def _wake_on_signals(self) -> Callable[[], None]:
+        """Signals also write to a pipe the selector watches; returns what undoes it."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        previous_child = signal.signal(signal.SIGCHLD, self._on_child)
+        self._selector.register(read_fd, selectors.EVENT_READ, None)
+
+        def undo() -> None:
+            signal.signal(signal.SIGCHLD, previous_child)
+            signal.set_wakeup_fd(previous_fd)
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(read_fd)
+            os.close(read_fd)
+            os.close(write_fd)
+
+        return undo
+
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        undo = self._wake_on_signals()
         try:
             self.workers = [self._spawn(index) for index in range(self.count)]
             status = self._start()
@@ -189,6 +224,7 @@ class Supervisor:
                 self._supervise()
             return status
         finally:
+            undo()
             self._stop_all()
             self._selector.close()
 
@@ -222,7 +258,8 @@ class Supervisor:
 
     def _supervise(self) -> None:
         while not self.stopping:
-            self._read_ready(_TICK)
+            # Until a ready line, a signal, or a worker's exit (SIGCHLD) wakes it.
+            self._read_ready(None)
             for position, worker in enumerate(self.workers):
                 if self.stopping or worker.process.poll() is None:
                     continue

@@ -77,7 +77,7 @@ class ReadLane:
                 self._started = True
                 for thread in self._threads:
                     thread.start()
-            if self._busy_since:
+            if self._busy_since or not getattr(loop, "_ready", None):
                 self._queue.put((call, future, loop))
             else:
                 held = self._held.get(loop)
@@ -113,8 +113,8 @@ class ReadLane:
     def _release(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
         """Queue the reads held for ``loop`` once it has nothing else ready (or at ``deadline``).
 
-        asyncio's loops keep their ready callbacks in ``_ready``; a loop without one gets its
-        reads queued at its next iteration."""
+        asyncio's loops keep their ready callbacks in ``_ready`` (a loop without one gets
+        its reads queued at once)."""
         if getattr(loop, "_ready", None) and time.monotonic() < deadline:
             loop.call_soon(self._release, loop, deadline)
             return

@@ -23,6 +23,7 @@ release of that major.
 from __future__ import annotations
 
 import datetime
+import keyword
 from collections.abc import Callable
 from typing import Any
 
@@ -66,6 +67,7 @@ _SPECIAL = frozenset(
 _JSON_STRING_TYPES = frozenset({"google.protobuf.Duration"})
 _INT64 = frozenset({FD.CPPTYPE_INT64, FD.CPPTYPE_UINT64})
 _INT32 = frozenset({FD.CPPTYPE_INT32, FD.CPPTYPE_UINT32})
+_FLOATS = frozenset({FD.CPPTYPE_FLOAT, FD.CPPTYPE_DOUBLE})
 # Deeper JSON under a delegated well-known value goes the reference way, whose recursion
 # limit counts message levels (two per JSON level in a Struct).
 _DELEGATE_DEPTH = 24
@@ -104,11 +106,13 @@ def _identity(value: Any) -> Any:
     return value
 
 
+def _enum_names(field: Field) -> dict[int, Any]:
+    """json_format's own answer for each known number (custom JSON names included)."""
+    return {number: _PRINTER._FieldToJsonObject(field, number) for number in field.enum_type.values_by_number}
+
+
 def _enum_printer(field: Field) -> Printer:
-    # json_format's own answer for each known number (custom JSON names included).
-    names = {
-        number: _PRINTER._FieldToJsonObject(field, number) for number in field.enum_type.values_by_number
-    }
+    names = _enum_names(field)
     if field.enum_type.full_name == "google.protobuf.NullValue":
         return lambda value: None
 
@@ -217,6 +221,91 @@ def _out(desc: Desc) -> _Out:
     return plan
 
 
+# compiled to_dict ----------------------------------------------------------------------
+#
+# The table walk costs a ListFields (a tuple per set field) and a loop step per field. A
+# plain message type is printed instead by a function generated from its table once: one
+# attribute read and truth test per field in number order (what ListFields lists: proto3
+# fields without presence when not zero or empty, others by HasField or WhichOneof), the
+# conversions inline, then the defaults. A type the function could not print in exactly the
+# walk's order or with exactly its test keeps the walk: one with extensions, a float or
+# double without presence (-0.0 is listed though it tests false), or a oneof whose numbers
+# enclose another field's.
+
+_CONVERT: dict[Desc, Printer] = {}
+
+
+def _converter(desc: Desc) -> Printer:
+    convert = _CONVERT.get(desc)
+    if convert is None:
+        plan = _out(desc)
+        convert = _compile(desc, plan) or (lambda msg: _walk(plan, msg))
+        _CONVERT[desc] = convert
+    return convert
+
+
+def _read(name: str) -> str:
+    """The expression reading field ``name`` of ``msg``."""
+    return f"msg.{name}" if name.isidentifier() and not keyword.iskeyword(name) else f"getattr(msg, {name!r})"
+
+
+def _value(field: Field, printer: Printer | None, env: dict[str, Any]) -> str:
+    """The expression converting ``v``, the value of ``field``."""
+    if printer is None:
+        return "v"
+    if printer is str:
+        return "str(v)"
+    key = f"p{len(env)}"
+    plain_enum = field.cpp_type == FD.CPPTYPE_ENUM and not field.is_repeated
+    if plain_enum and field.enum_type.full_name != "google.protobuf.NullValue":
+        env[key] = _enum_names(field)  # an unknown number: KeyError, so json_format's answer
+        return f"{key}[v]"
+    env[key] = printer
+    return f"{key}(v)"
+
+
+def _compile(desc: Desc, plan: _Out) -> Printer | None:
+    if plan.special is not None or desc.is_extendable:
+        return None
+    ordered = sorted(desc.fields, key=lambda field: field.number)
+    env: dict[str, Any] = {"getattr": getattr, "str": str}
+    lines = ["def convert(msg):", " js = {}"]
+    done: set[str] = set()
+    for field in ordered:
+        name, printer = plan.fields[field]
+        oneof = field.containing_oneof
+        if oneof is not None and len(oneof.fields) > 1:
+            if oneof.name in done:
+                continue
+            done.add(oneof.name)
+            numbers = [member.number for member in oneof.fields]
+            low, high = min(numbers), max(numbers)
+            if any(low < other.number < high and other.containing_oneof is not oneof for other in ordered):
+                return None
+            key = f"p{len(env)}"
+            env[key] = {member.name: plan.fields[member][1] or _identity for member in oneof.fields}
+            lines += [
+                f" w = msg.WhichOneof({oneof.name!r})",
+                " if w is not None:",
+                f"  js[w] = {key}[w](getattr(msg, w))",
+            ]
+        elif field.has_presence:
+            value = _value(field, printer, env)
+            lines += [f" if msg.HasField({name!r}):", f"  v = {_read(name)}", f"  js[{name!r}] = {value}"]
+        elif field.cpp_type in _FLOATS and not field.is_repeated:
+            return None
+        else:
+            lines += [f" v = {_read(name)}", " if v:", f"  js[{name!r}] = {_value(field, printer, env)}"]
+    for name, default, factory in plan.defaults:
+        key = f"p{len(env)}"
+        env[key] = default if factory is None else factory
+        lines += [f" if {name!r} not in js:", f"  js[{name!r}] = {key}{'' if factory is None else '()'}"]
+    lines.append(" return js")
+    exec("\n".join(lines), env)  # built above from descriptor names, each quoted or checked
+    convert: Printer = env["convert"]
+    return convert
+
+
 def _plain_map(value: Any) -> dict[str, Any]:
     return {str(key): value[key] for key in value}
 
@@ -234,7 +323,12 @@ def _list(item: Printer) -> Printer:
 
 
 def _to_dict(msg: message.Message) -> Any:
-    plan = _OUT.get(msg.DESCRIPTOR) or _out(msg.DESCRIPTOR)
+    convert = _CONVERT.get(msg.DESCRIPTOR) or _converter(msg.DESCRIPTOR)
+    return convert(msg)
+
+
+def _walk(plan: _Out, msg: message.Message) -> Any:
+    """The table's way: every set field (ListFields, in number order), then the defaults."""
     if plan.special is not None:
         return plan.special(msg)
     fields = plan.fields

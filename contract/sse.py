@@ -77,20 +77,26 @@ def item_id(op: Operation, item: message.Message) -> int | None:
     return None
 
 
-def encode(op: Operation, item: message.Message) -> tuple[bytes, int | None]:
+def encode(op: Operation, item: message.Message, shared: bool = True) -> tuple[bytes, int | None]:
     """The frame of a stream item, and its ``id`` (the sequence, when items have one); made
-    once per item object, however many streams send it."""
+    once per item object, however many streams send it. ``shared=False``: no other stream
+    can be sending this item (only one is open), so it is neither looked up nor kept."""
     shape = _SHAPES.get(op.name) or _shape(op)
-    found = shape.frames.get(id(item))
-    if found is not None and found[0] is item:
-        return found[1]
+    if shared:
+        found = shape.frames.get(id(item))
+        if found is not None and found[0] is item:
+            return found[1]
     payload: Any = getattr(item, shape.inner) if shape.inner is not None else item
-    sequence = int(payload.sequence) if shape.sequence else None
-    head = f"id: {sequence}\n" if sequence is not None else ""
-    kind = payload.type if shape.type else ""
+    kind = (payload.type if shape.type else "") or op.name
     data = orjson.dumps(codec.to_dict(payload))
-    encoded = (f"{head}event: {kind or op.name}\ndata: ".encode() + data + b"\n\n", sequence)
-    shape.frames.put(id(item), (item, encoded))
+    encoded: tuple[bytes, int | None]
+    if shape.sequence:
+        sequence = int(payload.sequence)
+        encoded = (b"id: %d\nevent: %b\ndata: %b\n\n" % (sequence, kind.encode(), data), sequence)
+    else:
+        encoded = (b"event: %b\ndata: %b\n\n" % (kind.encode(), data), None)
+    if shared:
+        shape.frames.put(id(item), (item, encoded))
     return encoded
 
 

@@ -11,6 +11,7 @@ down.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import AsyncIterator, Iterator
 
@@ -31,6 +32,9 @@ CHUNK_BYTES = 64 * 1024
 # larger): about one chunk, and little beyond the event log's own queue for a stalled client.
 READ_AHEAD_BYTES = 24 * 1024
 KEEPALIVE = sse.comment("keep-alive")
+
+# SSE streams open per operation: with one, no other stream shares its items' frames.
+_OPEN: collections.Counter[str] = collections.Counter()
 
 
 def _proto_size(item: message.Message) -> int:
@@ -66,8 +70,9 @@ class SSEResponse:
         """The frames of ``items``, joined into chunks of about CHUNK_BYTES: one write each."""
         frames: list[bytes] = []
         size = 0
+        shared = _OPEN[self.op.name] > 1
         for item in items:
-            frame, sequence = sse.encode(self.op, item)
+            frame, sequence = sse.encode(self.op, item, shared)
             self.last_sequence = sequence or self.last_sequence
             frames.append(frame)
             size += len(frame)
@@ -91,6 +96,7 @@ class SSEResponse:
             left.set()
 
         watcher = asyncio.ensure_future(watch_disconnect())
+        _OPEN[self.op.name] += 1
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self._headers()})
             await send({"type": "http.response.body", "body": sse.comment("stream open"), "more_body": True})
@@ -118,4 +124,5 @@ class SSEResponse:
         except OSError:
             log.debug("SSE client of %s left", self.op.name)
         finally:
+            _OPEN[self.op.name] -= 1
             watcher.cancel()

@@ -53,6 +53,16 @@ def test_an_item_is_encoded_once_and_other_items_have_frames_of_their_own() -> N
     assert sse.encode(OP, _item(2))[1] == 2
 
 
+def test_an_item_no_other_stream_sends_is_encoded_alone() -> None:
+    item = _item(4)
+    frame = sse.encode(OP, item, shared=False)
+    assert frame == sse.encode(OP, _item(4))
+    found = sse._shape(OP).frames.get(id(item))
+    assert found is None or found[0] is not item
+    unnamed = sse.encode(OP, _item(0, kind=""), shared=False)[0]
+    assert unnamed.startswith(b"id: 0\nevent: events.subscribe\ndata: {")
+
+
 def test_the_frame_cache_is_bounded() -> None:
     for sequence in range(3 * sse.FRAME_CACHE_SIZE):
         sse.encode(OP, _item(sequence))

@@ -7,6 +7,8 @@ body; its messages are items of the ``session.messages`` collection, in order.
 
 from __future__ import annotations
 
+import time
+
 from google.protobuf import timestamp_pb2
 
 from cleveragents.acp.contract.call import CallContext
@@ -24,9 +26,16 @@ STATE_NAMES: dict[int, str] = {
 
 
 def now() -> timestamp_pb2.Timestamp:
-    stamp = timestamp_pb2.Timestamp()
-    stamp.GetCurrentTime()
-    return stamp
+    current = timestamp_pb2.Timestamp()
+    set_now(current)
+    return current
+
+
+def set_now(into: timestamp_pb2.Timestamp) -> None:
+    """Set to the current time, in microseconds as ``GetCurrentTime`` has it, in a quarter
+    of its time (which goes through a datetime and calendar.timegm)."""
+    micros = time.time_ns() // 1000
+    into.seconds, into.nanos = micros // 1_000_000, micros % 1_000_000 * 1000
 
 
 def seconds(stamp: timestamp_pb2.Timestamp) -> float:

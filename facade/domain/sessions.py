@@ -36,6 +36,7 @@ from cleveragents.acp.facade.domain.session_records import (
     now,
     read_with_messages,
     seconds,
+    set_now,
     to_record,
 )
 from cleveragents.acp.facade.store.base import (
@@ -45,7 +46,7 @@ from cleveragents.acp.facade.store.base import (
     Store,
     StoreConflictError,
 )
-from cleveragents.acp.v1 import common_pb2, events_pb2, registry_pb2, session_pb2
+from cleveragents.acp.v1 import events_pb2, registry_pb2, session_pb2
 
 DEFAULT_ORCHESTRATOR = "orchestrator"
 MAX_MESSAGE_CHARS = 100_000
@@ -143,7 +144,9 @@ class Sessions:
 
     # create, show, list, delete, resume ----------------------------------------------
 
-    async def create(self, ctx: CallContext, req: session_pb2.CreateSessionRequest) -> session_pb2.Session:
+    async def create(
+        self, ctx: CallContext, req: session_pb2.CreateSessionRequest
+    ) -> session_pb2.CreateSessionResponse:
         namespace = ctx.namespace(req.namespace)
         orchestrator = req.orchestrator or DEFAULT_ORCHESTRATOR
         if len(req.title) > MAX_TITLE_CHARS:
@@ -151,33 +154,38 @@ class Sessions:
         problem = label_problem(req.labels)
         if problem is not None:
             raise _invalid(*problem)
-        stamp = now()
-        session = session_pb2.Session(
-            meta=common_pb2.EntityMeta(
-                id=str(ULID()), namespace=namespace, create_time=stamp, update_time=stamp
-            ),
-            title=req.title,
-            orchestrator=orchestrator,
-            project=req.project,
-            state=ACTIVE,
-            labels=dict(req.labels),
-        )
+        # Built in the answer itself (no copy into it afterwards), and the record from it
+        # here: the writer thread, which every write waits for, only checks and inserts.
+        response = session_pb2.CreateSessionResponse()
+        session = response.session
+        meta = session.meta
+        meta.id = str(ULID())
+        meta.namespace = namespace
+        set_now(meta.create_time)
+        meta.update_time.CopyFrom(meta.create_time)
+        session.title = req.title
+        session.orchestrator = orchestrator
+        session.project = req.project
+        session.state = ACTIVE
+        session.labels.update(req.labels)
+        record = to_record(session)
 
         def insert(store: Store) -> None:
-            # Checked in the transaction: the actor or project cannot go meanwhile.
+            # Checked in the transaction: a stored actor or project cannot go meanwhile
+            # (its removal waits for this commit, then finds this session referring to it).
             problem = self._reference_problem(namespace, orchestrator, req.project)
             if problem is not None:
                 raise _invalid(*problem)
-            store.insert(to_record(session))
+            store.insert(record)
 
         await self.store.write(insert)
-        return session
+        return response
 
     def _reference_problem(self, namespace: str, orchestrator: str, project: str) -> tuple[str, str] | None:
         """(field, problem) when the orchestrator actor or the project does not exist."""
-        if self.registries.find("actor", namespace, orchestrator) is None:
+        if not self.registries.exists("actor", namespace, orchestrator):
             return "orchestrator", f"no actor {orchestrator!r} in namespace {namespace!r} to orchestrate"
-        if project and self.registries.find("project", namespace, project) is None:
+        if project and not self.registries.exists("project", namespace, project):
             return "project", f"no project {project!r} in namespace {namespace!r}"
         return None
 

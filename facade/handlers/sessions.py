@@ -16,7 +16,7 @@ class SessionHandlers:
     async def CreateSession(
         self, request: session_pb2.CreateSessionRequest, ctx: CallContext
     ) -> session_pb2.CreateSessionResponse:
-        return session_pb2.CreateSessionResponse(session=await self._sessions.create(ctx, request))
+        return await self._sessions.create(ctx, request)
 
     @handles("session.resume")
     async def ResumeSession(

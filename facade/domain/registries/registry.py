@@ -111,6 +111,12 @@ class Registries:
             raise _not_found(k, namespace, name)
         return entry
 
+    def exists(self, kind: str, namespace: str, name: str) -> bool:
+        """Whether ``find`` would find it, without building the entry: a built-in always
+        exists (none can be added or removed) and asks nothing of the store."""
+        k = kind_of(kind)
+        return is_builtin(k.name, name) or self.store.get_by_name(k.record_kind, namespace, name) is not None
+
     def get(self, kind: str, namespace: str, name: str) -> message.Message:
         """The entry, or NOT_FOUND refined as ``<KIND>_NOT_FOUND``."""
         entry = self.find(kind, namespace, name)

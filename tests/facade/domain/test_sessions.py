@@ -7,6 +7,7 @@ import pathlib
 from typing import Any
 
 from cleveragents.acp.client.acp_client import ACPClient
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.v1 import events_pb2, session_pb2
 from tests.facade.domain.session_helpers import add_project, create, error_of, tell
 
@@ -270,6 +271,38 @@ async def test_list_refuses_forged_and_foreign_tokens(client: ACPClient) -> None
     rest = await client.call("session.list", page_size=10, page_token=token)
     assert isinstance(rest, session_pb2.ListSessionsResponse)
     assert [s.title for s in rest.sessions] == ["s1", "s0"]
+
+
+async def test_create_racing_its_actors_removal_never_leaves_a_dangling_session(
+    client: ACPClient,
+) -> None:
+    """The stored actor is looked up in the create's own write transaction: whatever the
+    interleaving, either the removal was refused (by the sessions that got in first) or
+    every create after it was refused; never a session naming a removed actor."""
+    for round_ in range(5):
+        name = f"boss{round_}"
+        await client.call("actor.add", name=name, spec={"provider": "scripted"})
+
+        async def outcome(operation: str, **fields: Any) -> str:
+            try:
+                await client.call(operation, **fields)
+            except ACPError as err:
+                return err.code
+            return "OK"
+
+        calls = [outcome("session.create", orchestrator=name) for _ in range(4)]
+        calls.insert(round_ % 5, outcome("actor.remove", name=name))
+        results = await asyncio.gather(*calls)
+        removed = results.pop(round_ % 5)
+        listed = await client.call("session.list", actor=name)
+        assert isinstance(listed, session_pb2.ListSessionsResponse)
+        assert len(listed.sessions) == results.count("OK")
+        if removed == "OK":
+            assert set(results) == {"INVALID_PARAMS"}, results
+        else:
+            assert removed == "INVALID_STATE"
+            assert "OK" in results
+        assert set(results) <= {"OK", "INVALID_PARAMS"}
 
 
 async def test_sessions_block_removing_their_actor_and_project(

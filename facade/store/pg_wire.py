@@ -22,6 +22,7 @@ soon as the ``COMMIT`` arrives, so no snapshot is held while the connection idle
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import select
 import struct
@@ -171,6 +172,10 @@ class Wire:
 
     def __init__(self) -> None:
         self._names: dict[str, bytes] = {}
+        # Names are drawn from a counter (atomic under the GIL): two store threads naming two
+        # new statements at once must not both take ``acp_<len(_names)>``, or a connection
+        # that prepared one would run it for the other.
+        self._numbers = itertools.count()
         # Per statement: how to decode its columns, or None when a column's type is not one
         # this path decodes (the statement then always goes through psycopg).
         self._decoders: dict[str, list[Callable[[bytes], Any]] | None] = {}
@@ -235,7 +240,7 @@ class Wire:
         values, formats = encoded
         name = self._names.get(statement)
         if name is None:
-            name = self._names[statement] = f"acp_{len(self._names)}".encode()
+            name = self._names[statement] = f"acp_{next(self._numbers)}".encode()
         pgconn = conn.pgconn
         prepared = self._prepared.setdefault(conn, set())
         if name not in prepared:

@@ -24,7 +24,8 @@ from google.protobuf import descriptor, message, unknown_fields
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+from grpc_reflection.v1alpha._async import ReflectionServicer
 
 from cleveragents.acp.contract import catalog, limits, rich_status, versions
 from cleveragents.acp.contract.call import CallContext, ambiguous_credentials
@@ -320,10 +321,31 @@ def build_server(
     )
     server.add_generic_rpc_handlers(handlers.generic_handlers())
     health_servicer = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = service_names()
-    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    generic = _GenericOnly(server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, generic)
+    names = [*service_names(), health.SERVICE_NAME, reflection.SERVICE_NAME]
+    reflecting = ReflectionServicer(names)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflecting, generic)
     return server, health_servicer
+
+
+class _GenericOnly:
+    """What a generated ``add_*Servicer_to_server`` is given for health and reflection: it
+    keeps their generic handlers and drops the registered-method copies. grpc.aio's accept
+    loop keeps one pending request per registered method and waits on all of them
+    (``asyncio.wait``) for every incoming call, ours included: 4 more futures to arm and
+    disarm per ACP call."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler[Any, Any], ...]) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(
+        self, service_name: str, handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
+    ) -> None:
+        """Served by the generic handler the same call added."""
 
 
 async def mark_serving(health_servicer: HealthServicer, serving: bool) -> None:

@@ -27,6 +27,7 @@ refused before it is hashed, and nothing is remembered per presented token.
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import hmac
 import logging
@@ -127,8 +128,10 @@ class TokenEntry:
     previous_sha256: str | None = None
     previous_expires: float | None = None
 
-    @property
+    @functools.cached_property
     def principal(self) -> Principal:
+        """Made once per entry (a frozen dataclass costs a call's microsecond to build); an
+        entry read again from the file is a new entry."""
         return Principal(self.name, self.namespaces, self.role)
 
     def expired(self, now: float) -> bool:

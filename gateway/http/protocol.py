@@ -161,6 +161,10 @@ class GuardedH11Protocol(H11Protocol):
         # The deadline (loop time) and the one timer that checks it: re-arming per request
         # only moves ``_due``; the timer, when it fires early, waits again for the rest.
         self._due: float | None = None
+        # After an answer the deadline is first the idle one (``timeout_keep_alive``, the
+        # close uvicorn would time with a timer of its own per response); a request begun
+        # by then has until this one to send its headers.
+        self._headers_due: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._in_body = False
         # Bytes dropped since a refusal (0: not refused).
@@ -244,13 +248,24 @@ class GuardedH11Protocol(H11Protocol):
             self._disarm()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        """uvicorn's, except for its keep-alive timer (a TimerHandle made and cancelled per
+        response): the connection's deadline closes it once idle."""
+        self.server_state.total_requests += 1
         self._in_body = False
-        if not self.transport.is_closing():
-            self._arm(self.bounds.header_timeout + self.timeout_keep_alive)
-            self._follow()
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self._arm(self.timeout_keep_alive)
+        self._headers_due = cast(float, self._due) + self.bounds.header_timeout
+        self.flow.resume_reading()
+        # Unblock any pipelined events.
+        if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
+            self.conn.start_next_cycle()
+            self.handle_events()
+        self._follow()
 
     def _arm(self, seconds: float) -> None:
+        self._headers_due = None
         due = self._due = self.loop.time() + seconds
         timer = self._timer
         if timer is not None:
@@ -261,6 +276,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def _disarm(self) -> None:
         self._due = None
+        self._headers_due = None
 
     def _check(self) -> None:
         self._timer = None
@@ -274,13 +290,17 @@ class GuardedH11Protocol(H11Protocol):
         self._expired()
 
     def _expired(self) -> None:
-        """The deadline passed: a request still incomplete is refused; a connection that
-        sent nothing since its last response (or at all) is closed."""
+        """The deadline passed: a request still incomplete is refused (one begun while the
+        connection was idle has until ``_headers_due``); a connection that sent nothing since
+        its last response (or at all) is closed."""
         if self.transport.is_closing() or self._draining:
             return
         state = self.conn.their_state
         if state is h11.IDLE and not self.conn.trailing_data[0]:
             self.transport.close()
+        elif state is h11.IDLE and self._headers_due is not None:
+            self._due, self._headers_due = self._headers_due, None
+            self._timer = self.loop.call_at(self._due, self._check)
         elif state is h11.IDLE or state is h11.SEND_BODY:
             headers = state is h11.IDLE
             seconds = self.bounds.header_timeout if headers else self.bounds.body_timeout

@@ -33,7 +33,6 @@ from cleveragents.acp.contract.catalog import Catalog, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, grpc_code, internal_error
 from cleveragents.acp.contract.transport import TICKET_METADATA, Service
 from cleveragents.acp.gateway import common
-from cleveragents.acp.gateway.grpc import shared
 from cleveragents.acp.gateway.streams import Tick, until_stopped
 
 Metadata = tuple[tuple[str, str | bytes], ...]
@@ -221,7 +220,6 @@ class GrpcHandlers:
         except Exception as exc:
             await self._abort(context, internal_error(exc, op.name), ctx, op)
         await context.send_initial_metadata(self._trailers(ctx, op))
-        shared.OPEN[op.name] += 1
         try:
             async for item in until_stopped(items, [self._closing]):
                 if not isinstance(item, Tick):
@@ -230,8 +228,6 @@ class GrpcHandlers:
             await self._abort(context, err, ctx, op)
         except Exception as exc:
             await self._abort(context, internal_error(exc, op.name), ctx, op)
-        finally:
-            shared.OPEN[op.name] -= 1
 
     async def unknown(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> NoReturn:
         await self._abort(
@@ -249,8 +245,7 @@ class GrpcHandlers:
 
     def _stream_handler(self, op: Operation) -> grpc.RpcMethodHandler[bytes, message.Message]:
         return grpc.unary_stream_rpc_method_handler(
-            functools.partial(GrpcHandlers.stream, self, op),
-            response_serializer=shared.StreamSerializer(op.name),
+            functools.partial(GrpcHandlers.stream, self, op), response_serializer=_serialize
         )
 
     def generic_handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:

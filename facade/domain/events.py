@@ -336,8 +336,10 @@ class EventLog:
     async def _read_backlog(
         self, after: int, where: EventFilter, shared: bool
     ) -> tuple[list[events_pb2.Event], int]:
+        # Urgent: a catch-up races the live queue, which a busy loop fills while a held read waits.
         batch, first = await self._store.read(
-            lambda store: (store.read_events(after, BACKLOG_BATCH, where), store.first_sequence())
+            lambda store: (store.read_events(after, BACKLOG_BATCH, where), store.first_sequence()),
+            urgent=True,
         )
         return [self._event_of(stored, shared) for stored in batch], first
 

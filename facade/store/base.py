@@ -218,9 +218,10 @@ class Store(abc.ABC):
     # the event loop's interface --------------------------------------------------------
 
     @abc.abstractmethod
-    async def read(self, fn: Callable[[Store], T]) -> T:
+    async def read(self, fn: Callable[[Store], T], *, urgent: bool = False) -> T:
         """``fn(store)`` on a reader thread, in one read transaction: every read it makes
-        sees the same snapshot, and none waits for a writer."""
+        sees the same snapshot, and none waits for a writer. ``urgent``: handed to the
+        reader at once, never held for a busy loop (``ReadLane.run``)."""
 
     @abc.abstractmethod
     async def write(self, fn: Callable[[Store], T]) -> T:

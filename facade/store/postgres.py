@@ -404,13 +404,15 @@ class PostgresStore(Store):
 
     # the event loop's interface --------------------------------------------------------
 
-    async def read(self, fn: Callable[[Store], T]) -> T:
+    async def read(self, fn: Callable[[Store], T], *, urgent: bool = False) -> T:
         if self._closing:
             raise RuntimeError("the store is closed")
         # The caller's context travels with fn (its trace, read by what fn records).
         context = contextvars.copy_context()
         queued = time.monotonic()
-        return await self._reads.run(functools.partial(context.run, self._read_now, fn, queued))
+        return await self._reads.run(
+            functools.partial(context.run, self._read_now, fn, queued), urgent=urgent
+        )
 
     def _read_now(self, fn: Callable[[Store], T], queued: float) -> T:
         here = self._thread

@@ -66,8 +66,9 @@ class ReadLane:
         self._started = False
         self._closed = False
 
-    async def run(self, call: Callable[[], T]) -> T:
-        """``call()`` on a reader thread; its result or exception, here."""
+    async def run(self, call: Callable[[], T], *, urgent: bool = False) -> T:
+        """``call()`` on a reader thread; its result or exception, here. ``urgent``: queued at
+        once, never held (a read whose delay lets something else fall behind)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         with self._lock:
@@ -77,7 +78,7 @@ class ReadLane:
                 self._started = True
                 for thread in self._threads:
                     thread.start()
-            if self._busy_since or not getattr(loop, "_ready", None):
+            if urgent or self._busy_since or not getattr(loop, "_ready", None):
                 self._queue.put((call, future, loop))
             else:
                 held = self._held.get(loop)

@@ -338,10 +338,10 @@ async def test_subscribers_catching_up_together_share_each_backlog_read(
     reads = 0
     read = store.read
 
-    async def counted(fn: Any) -> Any:
+    async def counted(fn: Any, **options: Any) -> Any:
         nonlocal reads
         reads += 1
-        return await read(fn)
+        return await read(fn, **options)
 
     monkeypatch.setattr(store, "read", counted)
     subscribers = [log.subscribe(namespaces=None) for _ in range(5)]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import contextvars
 import logging
 import threading
@@ -80,6 +79,10 @@ class CommitOrder:
         self._due: collections.deque[Job] = collections.deque()
         self._due_lock = threading.Lock()
         self._drain_lock = threading.RLock()
+        # Loops asked to drain that have not started yet (under ``_due_lock``): a job due
+        # meanwhile is drained by that call, so it costs no second wake-up of the loop
+        # (each is a write to its self-pipe and a drain pass there).
+        self._asked: set[asyncio.AbstractEventLoop] = set()
 
     def due(self, jobs: Iterable[Job]) -> None:
         """Queue jobs; the caller holds whatever orders its commits."""
@@ -92,10 +95,24 @@ class CommitOrder:
         self.announce(jobs)
 
     def announce(self, jobs: Iterable[Job]) -> None:
+        """Ask each job's loop to drain, unless it was asked and has not started yet (the
+        jobs came due before this, so that drain finds them)."""
         for loop in {id(job.loop): job.loop for job in jobs if job.loop is not None}.values():
-            # A closed loop: nobody waits for the answer.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self.drain)
+            with self._due_lock:
+                if loop in self._asked:
+                    continue
+                self._asked.add(loop)
+            try:
+                loop.call_soon_threadsafe(self._drain_asked, loop)
+            except RuntimeError:  # a closed loop: nobody waits for the answer
+                with self._due_lock:
+                    self._asked.discard(loop)
+
+    def _drain_asked(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Forgotten before draining: a job due from here on asks again.
+        with self._due_lock:
+            self._asked.discard(loop)
+        self.drain()
 
     def drain(self) -> None:
         """Run due callbacks and answer due calls, in commit order (on a caller's thread)."""

@@ -25,6 +25,7 @@ from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.models.deltas import Emit
 from cleveragents.acp.facade.domain.orchestrator import BuiltinOrchestrator, Orchestrator, PlanStarter
 from cleveragents.acp.facade.domain.registries import Registries
+from cleveragents.acp.facade.domain.registries.builtins import is_builtin
 from cleveragents.acp.facade.domain.registries.registry import LABEL_KEY, MAX_LABEL_VALUE
 from cleveragents.acp.facade.domain.session_records import (
     MESSAGES,
@@ -178,7 +179,12 @@ class Sessions:
                 raise _invalid(*problem)
             store.insert(record)
 
-        await self.store.write(insert)
+        if req.project or not is_builtin("actor", orchestrator):
+            await self.store.write(insert)
+        else:
+            # Nothing stored to check first (a built-in orchestrator, no project): one insert,
+            # which a store may commit without its writer thread.
+            await self.store.insert_alone(record)
         return response
 
     def _reference_problem(self, namespace: str, orchestrator: str, project: str) -> tuple[str, str] | None:

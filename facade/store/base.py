@@ -251,6 +251,13 @@ class Store(abc.ABC):
     async def read_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
         return await self.read(lambda store: store.list_items(collection, owner_id))
 
+    # a write the loop awaits directly: what ``write`` gives for one call of the method of
+    # the same name with nothing read before it, which a store may do without a thread ----
+
+    async def insert_alone(self, record: Record) -> None:
+        """``insert`` in a transaction of its own."""
+        await self.write(lambda store: store.insert(record))
+
     # synchronous: on a store thread inside read()/write(), or blocking the caller ------
 
     @abc.abstractmethod

@@ -20,6 +20,15 @@ nothing open (the server rolls the segment back at its Sync and the next one is 
 - Closing finishes the reads under way (``aclose``) or fails them (``close``).
 
 Connections belong to one event loop (their sockets are watched by it).
+
+``LoopWrites`` does the same for a write that is one statement and reads nothing first (a
+record insert): no writer thread, and no BEGIN or COMMIT of its own. Writes that queue while
+every connection has one in flight go together as the next segment, one implicit transaction
+and one commit (group commit: on a disk where a flush costs milliseconds, a commit apiece
+would bound the rate at a few hundred per connection). A segment whose statement failed
+committed nothing (the server rolled it back at its Sync), so each of its writes is tried
+again alone and only the failing one fails; a segment lost with its connection may or may
+not have committed, and its writes fail as a write on a broken connection does.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -39,11 +49,13 @@ from cleveragents.acp.facade.store.pg_wire import DECODERS, PSYCOPG, Fallback, e
 log = logging.getLogger(__name__)
 
 _OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
-# What each connection runs its implicit transactions as: one snapshot per read.
-_SETUP = (
+# What each read connection runs its implicit transactions as: one snapshot per read.
+READ_SETUP = (
     "SET default_transaction_isolation = 'repeatable read'",
     "SET default_transaction_read_only = on",
 )
+# Writes queued behind one segment go in the next at most this many together.
+MAX_BATCH = 64
 
 Rows = list[tuple[Any, ...]]
 
@@ -231,11 +243,19 @@ class _Pipeline:
 class LoopReads:
     """One event loop's reads: a few pipelined connections, opened when first needed."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, url: str, connect_timeout: int, size: int) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        url: str,
+        connect_timeout: int,
+        size: int,
+        setup: Sequence[str] = READ_SETUP,
+    ) -> None:
         self.loop = loop
         self._url = url
         self._connect_timeout = connect_timeout
         self._size = size
+        self._setup = setup
         self._pipelines: list[_Pipeline] = []
         self._opening: asyncio.Task[_Pipeline] | None = None
         self._statements = Statements()
@@ -245,16 +265,10 @@ class LoopReads:
         """Each statement's rows, in one snapshot; ``PSYCOPG``, with nothing run, when a
         parameter or a result column is not one this path takes (or no connection opens:
         the store's threads then wait for one as they would)."""
-        sends: list[_Send] = []
+        sends = self._sends(statements)
+        if sends is PSYCOPG:
+            return PSYCOPG
         decoders = self._statements.decoders
-        for statement, params in statements:
-            if decoders.get(statement, ()) is None:
-                return PSYCOPG
-            encoded = encode(params)
-            if encoded is None:
-                return PSYCOPG
-            name, numbered = self._statements.name(statement)
-            sends.append((statement, name, numbered, *encoded))
         pipeline = await self._pipeline()
         if pipeline is None:
             return PSYCOPG
@@ -270,6 +284,19 @@ class LoopReads:
                 columns = decoders[send[0]] = [DECODERS[oid] for oid in types]
             answers.append(rows(result, columns))
         return answers
+
+    def _sends(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[_Send] | Fallback:
+        sends: list[_Send] = []
+        decoders = self._statements.decoders
+        for statement, params in statements:
+            if decoders.get(statement, ()) is None:
+                return PSYCOPG
+            encoded = encode(params)
+            if encoded is None:
+                return PSYCOPG
+            name, numbered = self._statements.name(statement)
+            sends.append((statement, name, numbered, *encoded))
+        return sends
 
     async def _pipeline(self) -> _Pipeline | None:
         """The least busy connection, or a new one while there are fewer than ``size``
@@ -298,7 +325,7 @@ class LoopReads:
             conn = await psycopg.AsyncConnection.connect(
                 self._url, autocommit=True, connect_timeout=self._connect_timeout
             )
-            for setting in _SETUP:
+            for setting in self._setup:
                 await conn.execute(setting)
             if self.closed:
                 await conn.close()
@@ -328,6 +355,145 @@ class LoopReads:
         for pipeline in list(self._pipelines):
             pipeline.fail(why)
         self._pipelines.clear()
+
+
+class _Write:
+    """One write waiting for its segment; ``alone``: it goes in a segment of its own (a
+    segment it shared failed)."""
+
+    __slots__ = ("alone", "future", "send")
+
+    def __init__(self, send: _Send, future: asyncio.Future[int | Fallback]) -> None:
+        self.send = send
+        self.future = future
+        self.alone = False
+
+
+class LoopWrites(LoopReads):
+    """One event loop's one-statement writes (the module's docstring): each connection has at
+    most one segment in flight; what queues meanwhile goes together in the next."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        url: str,
+        connect_timeout: int,
+        size: int,
+        setup: Sequence[str],
+    ) -> None:
+        super().__init__(loop, url, connect_timeout, size, setup)
+        self._queue: collections.deque[_Write] = collections.deque()
+        self._retry_open_at = 0.0
+
+    async def write(self, statement: str, params: Sequence[Any]) -> int | Fallback:
+        """The number of rows the statement wrote, once its commit is durable; ``PSYCOPG``,
+        with nothing run, when a parameter is not one this path takes or no connection opens
+        (the store's writer threads then take the write)."""
+        if self.closed:
+            raise RuntimeError("the store is closed")
+        sends = self._sends([(statement, params)])
+        if sends is PSYCOPG:
+            return PSYCOPG
+        write = _Write(sends[0], self.loop.create_future())
+        self._queue.append(write)
+        self._dispatch()
+        # A caller that stops waiting cancels its future: unsent, it is never sent.
+        return await write.future
+
+    def _dispatch(self) -> None:
+        """Send what is queued on the connections with nothing in flight; open one more
+        while there are fewer than ``size`` (not again within a second of one failing)."""
+        if self.closed:
+            self._fail_queued(RuntimeError("the store is closed"))
+            return
+        for pipeline in self._pipelines:
+            if pipeline.depth or pipeline.closed:
+                continue
+            batch = self._take()
+            if not batch:
+                return
+            sent = pipeline.send([write.send for write in batch])
+            sent.add_done_callback(functools.partial(self._answered, batch))
+        if (
+            self._queue
+            and len(self._pipelines) < self._size
+            and self._opening is None
+            and self.loop.time() >= self._retry_open_at
+        ):
+            self._opening = self.loop.create_task(self._open())
+            self._opening.add_done_callback(self._opened)
+
+    def _take(self) -> list[_Write]:
+        """The next segment's writes: those queued, up to ``MAX_BATCH``, or one alone."""
+        queue = self._queue
+        batch: list[_Write] = []
+        while queue and len(batch) < MAX_BATCH:
+            write = queue[0]
+            if write.future.done():  # its caller stopped waiting before it was sent
+                queue.popleft()
+                continue
+            if write.alone and batch:
+                break
+            batch.append(queue.popleft())
+            if write.alone:
+                break
+        return batch
+
+    def _opened(self, task: asyncio.Task[_Pipeline]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            self._retry_open_at = self.loop.time() + 1.0
+            if not self._pipelines:
+                why = "cancelled" if task.cancelled() else task.exception()
+                log.warning("a loop connection for writes did not open (%s); writes go through threads", why)
+                for write in self._queue:
+                    if not write.future.done():
+                        write.future.set_result(PSYCOPG)
+                self._queue.clear()
+                return
+        self._dispatch()
+
+    def _answered(self, batch: list[_Write], sent: asyncio.Future[list[pq.abc.PGresult]]) -> None:
+        error = RuntimeError("the store is closed") if sent.cancelled() else sent.exception()
+        if error is None:
+            for write, result in zip(batch, sent.result(), strict=True):
+                if not write.future.done():
+                    write.future.set_result(result.command_tuples or 0)
+        elif len(batch) > 1 and _rolled_back(error):
+            for write in reversed(batch):
+                write.alone = True
+                self._queue.appendleft(write)
+        else:
+            for write in batch:
+                if not write.future.done():
+                    write.future.set_exception(error)
+        self._dispatch()
+
+    def _fail_queued(self, why: Exception) -> None:
+        for write in self._queue:
+            if not write.future.done():
+                write.future.set_exception(type(why)(str(why)))
+        self._queue.clear()
+
+    async def drain(self) -> None:
+        """Wait for every write queued or under way here to be answered."""
+        while self._queue or any(pipeline.depth for pipeline in self._pipelines):
+            for write in list(self._queue):
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(write.future)
+            await super().drain()
+
+    def close(self, why: Exception) -> None:
+        super().close(why)
+        self._fail_queued(why)
+
+
+def _rolled_back(error: BaseException) -> bool:
+    """Whether a failed segment certainly committed nothing, so its writes may go again: a
+    statement's error from the server (it rolls the segment back), but not a lock waited for
+    to the bound (each would wait again) nor a connection lost (the commit may have been done)."""
+    return getattr(error, "sqlstate", None) is not None and not isinstance(
+        error, (errors.LockNotAvailable, errors.QueryCanceled, errors.DeadlockDetected)
+    )
 
 
 def _seen(task: asyncio.Task[Any]) -> None:

@@ -71,11 +71,11 @@ from cleveragents.acp.facade.store.base import (
     StoreUnavailableError,
 )
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
-from cleveragents.acp.facade.store.pg_loop import LoopReads, Rows
+from cleveragents.acp.facade.store.pg_loop import LoopReads, LoopWrites, Rows
 from cleveragents.acp.facade.store.pg_migrations import PG_MIGRATIONS
 from cleveragents.acp.facade.store.pg_wire import PSYCOPG, Fallback, NulInTextError, Wire
 from cleveragents.acp.facade.store.reads import ReadLane
-from cleveragents.acp.facade.store.requests import RequestEntry, decode_written, encode_written
+from cleveragents.acp.facade.store.requests import CLAIM, RequestEntry, decode_written, encode_written
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -94,6 +94,9 @@ MIGRATION_WAIT = 300.0
 # A read's transaction: one snapshot for all its statements, which wait for no writer.
 _ITEMS = "SELECT idx, body FROM items WHERE collection=%s AND owner_id=%s ORDER BY idx"
 _GET = f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND id = %s"
+# ON CONFLICT DO NOTHING (every unique index): a clash leaves the transaction usable, as
+# SQLite's does, for callers that catch StoreConflictError and go on.
+_INSERT = f"INSERT INTO records ({_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING"
 _BY_NAME = f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND namespace = %s AND name = %s"
 _BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _IN_TRANSACTION = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
@@ -167,6 +170,28 @@ def _record(row: Sequence[Any]) -> Record:
     )
 
 
+def _insert_params(record: Record) -> tuple[Any, ...]:
+    return (
+        record.kind,
+        record.id,
+        record.namespace,
+        record.name,
+        record.revision,
+        record.state,
+        Jsonb(record.attrs),
+        Jsonb(record.labels),
+        record.create_time,
+        record.update_time,
+        record.body,
+    )
+
+
+def _clash(record: Record) -> StoreConflictError:
+    return StoreConflictError(
+        f"a {record.kind} with id {record.id} or name {record.name!r} exists in {record.namespace!r}"
+    )
+
+
 def _lease(row: Sequence[Any]) -> Lease:
     name, owner, token, expires, live, request = row
     return Lease(name, owner, int(token), float(expires), bool(live) and bool(owner), request)
@@ -234,6 +259,10 @@ def _store_error(exc: Exception, started: float) -> Exception | None:
     if isinstance(exc, psycopg.DataError) and ("NUL" in str(exc) or "\\u0000" in str(exc)):
         return NulCharacterError()
     return None
+
+
+def _lock_timeout_ms(write_timeout: float) -> int:
+    return max(1, round(write_timeout * 1000))
 
 
 def _command(conn: psycopg.Connection[Any], command: bytes) -> None:
@@ -319,6 +348,9 @@ class PostgresStore(Store):
         # The plain reads (``read_get`` and the like) each event loop drives itself (pg_loop.py).
         self._loop_connections = loop_connections
         self._loops: dict[asyncio.AbstractEventLoop, LoopReads] = {}
+        # A record insert with nothing read before it, the same way (``insert_alone``).
+        self._loop_writes: dict[asyncio.AbstractEventLoop, LoopWrites] = {}
+        self._write_setup = (f"SET lock_timeout = {_lock_timeout_ms(write_timeout)}",)
         self._loops_lock = threading.Lock()
         self._writers = ThreadPoolExecutor(writers, "acp-store-write", initializer=self._own_thread)
 
@@ -337,7 +369,7 @@ class PostgresStore(Store):
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         # The bound on waiting for a lock another transaction holds (StoreBusyError after).
-        conn.execute(f"SET lock_timeout = {max(1, round(self.write_timeout * 1000))}")
+        conn.execute(f"SET lock_timeout = {_lock_timeout_ms(self.write_timeout)}")
         set_json_loads(orjson.loads, conn)
         set_json_dumps(orjson.dumps, conn)
 
@@ -500,27 +532,68 @@ class PostgresStore(Store):
                 raise
             raise mapped from None
 
+    # a write on the loop's own connections ---------------------------------------------
+
+    async def insert_alone(self, record: Record) -> None:
+        """One INSERT committed on this loop's write connections (pg_loop.py), with the
+        others queued meanwhile; under a request id (its row is written in the same
+        transaction) through the writer threads."""
+        claim = CLAIM.get()
+        if self._closing:
+            raise RuntimeError("the store is closed")
+        if claim is not None and claim.open:
+            await super().insert_alone(record)
+            return
+        loop = asyncio.get_running_loop()
+        writes = self._loop_writes.get(loop)
+        if writes is None:
+            writes = self._loop_writes_of(loop)
+        started = time.monotonic()
+        try:
+            written = await writes.write(_INSERT, _insert_params(record))
+        except Exception as exc:
+            mapped = _store_error(exc, started)
+            if mapped is None:
+                raise
+            raise mapped from None
+        if written is PSYCOPG:
+            await super().insert_alone(record)
+            return
+        observer = self.observer
+        if observer is not None:
+            observer.waited("write", 0.0)
+            observer.committed(time.monotonic() - started)
+        if not written:
+            raise _clash(record)
+
     def _loop_reads(self, loop: asyncio.AbstractEventLoop) -> LoopReads:
         """This loop's reads, made on its first; those of loops closed meanwhile let go."""
         with self._loops_lock:
-            for other, reads in list(self._loops.items()):
-                if other.is_closed():
-                    del self._loops[other]
-                    reads.close(RuntimeError("the event loop is closed"))
+            _let_go_of_closed(self._loops)
             reads = self._loops[loop] = LoopReads(loop, self.url, CONNECT_TIMEOUT, self._loop_connections)
             return reads
 
-    def _close_loop_reads(self) -> None:
-        """Fail the loop reads still waiting and close their connections, each on its own
-        loop's thread (or here, where that loop is closed, stopped, or this one)."""
+    def _loop_writes_of(self, loop: asyncio.AbstractEventLoop) -> LoopWrites:
+        """This loop's writes, made on its first; those of loops closed meanwhile let go."""
         with self._loops_lock:
-            loops, self._loops = self._loops, {}
+            _let_go_of_closed(self._loop_writes)
+            writes = self._loop_writes[loop] = LoopWrites(
+                loop, self.url, CONNECT_TIMEOUT, self._loop_connections, self._write_setup
+            )
+            return writes
+
+    def _close_loop_reads(self) -> None:
+        """Fail the loop reads and writes still waiting and close their connections, each on
+        its own loop's thread (or here, where that loop is closed, stopped, or this one)."""
+        with self._loops_lock:
+            lanes = [*self._loops.items(), *self._loop_writes.items()]
+            self._loops, self._loop_writes = {}, {}
         try:
             here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             here = None
         why = RuntimeError("the store is closed")
-        for loop, reads in loops.items():
+        for loop, reads in lanes:
             if loop.is_running() and not loop.is_closed() and loop is not here:
                 closed = threading.Event()
 
@@ -540,11 +613,12 @@ class PostgresStore(Store):
                 reads.close(why)
 
     async def aclose(self) -> None:
-        """Let the reads under way on this loop finish, then close."""
+        """Let the reads and writes under way on this loop finish, then close."""
         self._closing = True
-        reads = self._loops.get(asyncio.get_running_loop())
-        if reads is not None:
-            await reads.drain()
+        loop = asyncio.get_running_loop()
+        for lane in (self._loops.get(loop), self._loop_writes.get(loop)):
+            if lane is not None:
+                await lane.drain()
         await asyncio.to_thread(self.close)
 
     async def write(self, fn: Callable[[Store], T]) -> T:
@@ -802,31 +876,9 @@ class PostgresStore(Store):
         return _record(row) if row else None
 
     def insert(self, record: Record) -> None:
-        # ON CONFLICT DO NOTHING (every unique index): a clash leaves the transaction usable,
-        # as SQLite's does, for callers that catch StoreConflictError and go on.
         with self.transaction():
-            inserted = self._count(
-                f"INSERT INTO records ({_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
-                "ON CONFLICT DO NOTHING",
-                (
-                    record.kind,
-                    record.id,
-                    record.namespace,
-                    record.name,
-                    record.revision,
-                    record.state,
-                    Jsonb(record.attrs),
-                    Jsonb(record.labels),
-                    record.create_time,
-                    record.update_time,
-                    record.body,
-                ),
-            )
-            if not inserted:
-                raise StoreConflictError(
-                    f"a {record.kind} with id {record.id} or name {record.name!r} "
-                    f"exists in {record.namespace!r}"
-                )
+            if not self._count(_INSERT, _insert_params(record)):
+                raise _clash(record)
             self.note_claim(record.kind, record.id, record.body)
 
     def update(self, record: Record, expected_revision: int | None = None) -> None:
@@ -1208,6 +1260,14 @@ class PostgresStore(Store):
                 log.warning("a read's COMMIT was lost at close: %s", exc)
             self._pool.putconn(conn)
         self._pool.close()
+
+
+def _let_go_of_closed(lanes: dict[asyncio.AbstractEventLoop, Any]) -> None:
+    """Close and forget the loop connections of event loops closed since."""
+    for loop, lane in list(lanes.items()):
+        if loop.is_closed():
+            del lanes[loop]
+            lane.close(RuntimeError("the event loop is closed"))
 
 
 class PostgresWakeups(EventWakeups):

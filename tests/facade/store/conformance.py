@@ -517,6 +517,24 @@ class StoreConformance:
         assert found is not None
         assert (found.state, items) == ("active", [(0, b"a"), (1, b"b")])
 
+    async def test_insert_alone_is_an_insert_in_a_write_of_its_own(self, store: Store) -> None:
+        """``insert_alone`` (which a store may commit without its writer thread): the record
+        as ``insert`` stores it, readable at once; an id or name taken is StoreConflictError
+        and writes nothing; many at once each land."""
+        await store.insert_alone(record(id="01A", name="n", labels={"k": "v"}, attrs={"a": "b"}))
+        await store.write(lambda s: s.insert(record(id="01B", name="m")))
+        found = await store.read_get("session", "01A")
+        assert found is not None
+        assert (found.name, found.labels, found.attrs) == ("n", {"k": "v"}, {"a": "b"})
+        assert found.body == b"body-01A"
+        for clash in (record(id="01A"), record(id="01C", name="n")):
+            with pytest.raises(StoreConflictError):
+                await store.insert_alone(clash)
+        assert await store.read_get("session", "01C") is None
+        await asyncio.gather(*(store.insert_alone(record(id=f"01M{index:02}")) for index in range(40)))
+        page = await store.read_query(ListQuery("session", None, limit=100))
+        assert len(page) == 42
+
     async def test_reads_do_not_wait_for_a_write(self, store: Store) -> None:
         store.insert(record(id="01A"))
         inside = threading.Event()

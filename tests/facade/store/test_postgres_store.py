@@ -25,16 +25,18 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.factory import open_facade
-from cleveragents.acp.facade.store import pg_migrations, pg_wire, postgres
+from cleveragents.acp.facade.store import pg_loop, pg_migrations, pg_wire, postgres
 from cleveragents.acp.facade.store.base import (
     Record,
     SchemaTooNewError,
     StaleRevisionError,
     Store,
     StoreBusyError,
+    StoreConflictError,
     StoreUnavailableError,
 )
 from cleveragents.acp.facade.store.postgres import PostgresStore, first_schema, is_postgres_url, redacted
+from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestEntry
 from cleveragents.acp.v1 import session_pb2
 from tests import postgres as pg
 from tests.facade.store import pg_appender
@@ -728,6 +730,165 @@ async def test_close_from_another_thread_fails_the_loop_reads_still_waiting(
     await asyncio.wait_for(asyncio.to_thread(store.close), TIMEOUT)
     with pytest.raises(RuntimeError, match="closed"):
         await asyncio.wait_for(slow, TIMEOUT)
+
+
+# a write the event loop drives (pg_loop.py: LoopWrites) --------------------------------------
+
+
+def write_lane(store: PostgresStore) -> Any:
+    (writes,) = store._loop_writes.values()
+    return writes
+
+
+async def test_concurrent_loop_inserts_commit_together_and_each_is_answered(
+    opened: Callable[..., PostgresStore], schema: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200 inserts at once on one connection: each is answered once it is committed (a
+    reader on another connection sees it then), they go in far fewer segments (commits) than
+    inserts, and a clash among them is its own caller's StoreConflictError alone."""
+    segments: list[int] = []
+    send = pg_loop._Pipeline.send
+
+    def counted(self: Any, sends: Any) -> Any:
+        segments.append(len(sends))
+        return send(self, sends)
+
+    monkeypatch.setattr(pg_loop._Pipeline, "send", counted)
+    store = opened(loop_connections=1)
+    await store.insert_alone(record(id="01DUP"))
+
+    def visible(id: str) -> bool:
+        with raw(schema[0]) as conn:
+            return conn.execute("SELECT 1 FROM records WHERE id = %s", (id,)).fetchone() is not None
+
+    async def insert(id: str) -> str:
+        try:
+            await store.insert_alone(record(id=id))
+        except StoreConflictError:
+            return "clash"
+        return "seen" if await asyncio.to_thread(visible, id) else "unseen"
+
+    ids = [f"01N{index:03}" for index in range(200)]
+    ids.insert(100, "01DUP")
+    answers = await asyncio.gather(*(insert(id) for id in ids))
+    assert answers[100] == "clash"
+    assert answers.count("seen") == 200
+    assert store.execute("SELECT count(*) FROM records") == [(201,)]
+    assert sum(segments) == 1 + 201
+    assert len(segments) < 20, segments
+    (pipeline,) = write_lane(store)._pipelines
+    assert pipeline.depth == 0
+
+
+async def test_a_failing_insert_fails_alone_and_the_others_of_its_segment_commit(
+    opened: Callable[..., PostgresStore],
+) -> None:
+    """A revision past bigint is the server's error: the segment it shared rolls back, its
+    writes go again one by one, and only that one fails."""
+    store = opened(loop_connections=1)
+    await store.insert_alone(record(id="01A"))
+    slow = asyncio.ensure_future(store._loop_read([(SLEEP, (0.0,))]))
+    await slow
+    first = asyncio.ensure_future(store.insert_alone(record(id="01F")))
+    queued = [
+        asyncio.ensure_future(
+            store.insert_alone(record(id=f"01Q{index}", revision=2**70 if index == 3 else 1))
+        )
+        for index in range(6)
+    ]
+    await first
+    results = await asyncio.gather(*queued, return_exceptions=True)
+    assert isinstance(results[3], psycopg.errors.NumericValueOutOfRange)
+    assert [r for index, r in enumerate(results) if index != 3] == [None] * 5
+    ids = {row[0] for row in store.execute("SELECT id FROM records")}
+    assert ids == {"01A", "01F", *(f"01Q{index}" for index in range(6) if index != 3)}
+
+
+async def test_a_loop_insert_waiting_for_a_lock_held_elsewhere_is_store_busy(
+    opened: Callable[..., PostgresStore], schema: tuple[str, str]
+) -> None:
+    """Another transaction inserted the same id and holds it: the insert waits for the
+    store's bound, then fails retryably; the next insert is fine."""
+    store = opened(loop_connections=1, write_timeout=0.3)
+    with raw(schema[0]) as holder:
+        holder.execute("BEGIN")
+        holder.execute(
+            "INSERT INTO records (kind, id, namespace, name, revision, state, attrs, labels, "
+            "create_time, update_time, body) VALUES ('session', '01L', 'default', '', 1, '', "
+            "'{}', '{}', 0, 0, '')"
+        )
+        started = time.monotonic()
+        with pytest.raises(StoreBusyError):
+            await asyncio.wait_for(store.insert_alone(record(id="01L")), TIMEOUT)
+        assert time.monotonic() - started >= 0.25
+        holder.execute("ROLLBACK")
+    await store.insert_alone(record(id="01L"))
+    found = await store.read_get("session", "01L")
+    assert found is not None
+
+
+async def test_a_nul_in_a_loop_insert_is_the_callers_error(opened: Callable[..., PostgresStore]) -> None:
+    store = opened(loop_connections=1)
+    with pytest.raises(postgres.NulCharacterError):
+        await store.insert_alone(record(id="01\x00"))
+    with pytest.raises(postgres.NulCharacterError):
+        await store.insert_alone(record(id="01B", labels={"k": "v\x00"}))
+    await store.insert_alone(record(id="01B"))
+
+
+async def test_a_write_connection_ended_mid_write_fails_its_writes_and_is_replaced(
+    opened: Callable[..., PostgresStore], schema: tuple[str, str]
+) -> None:
+    """The server ends the write connection while an insert waits on a lock there: the
+    insert fails with the connection's error (its commit may or may not have been made, so it
+    is not tried again), none hangs, and the next insert runs on a new connection."""
+    store = opened(loop_connections=1)
+    await store.insert_alone(record(id="01A"))
+    pid = write_lane(store)._pipelines[0]._pgconn.backend_pid
+    with raw(schema[0]) as holder:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM records WHERE id = '01A' FOR UPDATE")
+        holder.execute("LOCK TABLE records IN EXCLUSIVE MODE")
+        waiting = asyncio.ensure_future(store.insert_alone(record(id="01W")))
+        await asyncio.sleep(0.2)
+        await asyncio.to_thread(terminate, schema[0], pid)
+        with pytest.raises(psycopg.OperationalError):
+            await asyncio.wait_for(waiting, TIMEOUT)
+        holder.execute("ROLLBACK")
+    await store.insert_alone(record(id="01B"))
+    (pipeline,) = write_lane(store)._pipelines
+    assert pipeline._pgconn.backend_pid != pid
+    ids = {row[0] for row in store.execute("SELECT id FROM records")}
+    assert ids == {"01A", "01B"}
+
+
+async def test_a_loop_insert_under_a_request_claim_goes_through_the_writer_threads(
+    opened: Callable[..., PostgresStore],
+) -> None:
+    """Its request row must be written in the same transaction: no loop connection opens."""
+    store = opened(loop_connections=1)
+    entry = RequestEntry(
+        principal="p", request_id="r1", operation="session.create", digest=b"d", owner="o", time=time.time()
+    )
+    claim = Claim(entry, cutoff=0.0)
+    token = CLAIM.set(claim)
+    try:
+        await store.insert_alone(record(id="01C"))
+    finally:
+        CLAIM.reset(token)
+    assert claim.stamped
+    assert store._loop_writes == {}
+    assert store.get_request("p", "r1") is not None
+
+
+async def test_aclose_finishes_the_loop_writes_under_way(opened: Callable[..., PostgresStore]) -> None:
+    store = opened(loop_connections=1)
+    writes = [asyncio.ensure_future(store.insert_alone(record(id=f"01{index:02}"))) for index in range(30)]
+    await asyncio.sleep(0)
+    await store.aclose()
+    assert await asyncio.gather(*writes) == [None] * 30
+    with pytest.raises(RuntimeError, match="closed"):
+        await store.insert_alone(record(id="01Z"))
 
 
 # bad input -------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """How ``GuardedH11Protocol`` puts answers on the wire (``gateway/http/protocol.py``): an
 answer sent at once (head and body in one turn of the loop, as every envelope is) leaves in
 one write; a stream's head leaves by the next turn, before the stream's first item; a close
-sends what is held first."""
+sends what is held first. An answer the protocol writes itself leaves the same bytes and the
+same h11 state as uvicorn's own ``send`` (plain ``H11Protocol``) would."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import asyncio
 import collections
 from typing import Any
 
+import pytest
 from uvicorn.config import Config
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
 from cleveragents.acp.gateway.http.protocol import ConnectionLimits, GuardedH11Protocol
@@ -42,12 +45,22 @@ class _Transport(asyncio.Transport):
         pass
 
 
-def _connect(app: Any) -> tuple[GuardedH11Protocol, _Transport]:
-    config = Config(app, lifespan="off", log_level="warning", server_header=False, date_header=False)
+def _connect(
+    app: Any, *, plain: bool = False, defaults: list[tuple[bytes, bytes]] | None = None
+) -> tuple[H11Protocol, _Transport]:
+    """``plain``: uvicorn's own protocol, the reference the guarded one is compared with;
+    ``defaults``: the headers uvicorn's server adds to every answer (date, server)."""
+    config = Config(app, lifespan="off", log_level="critical", server_header=False, date_header=False)
     config.load()
-    protocol = GuardedH11Protocol(
-        config, ServerState(), {}, bounds=ConnectionLimits(), per_client=collections.Counter()
-    )
+    state = ServerState()
+    state.default_headers = defaults or []
+    protocol: H11Protocol
+    if plain:
+        protocol = H11Protocol(config, state, {})
+    else:
+        protocol = GuardedH11Protocol(
+            config, state, {}, bounds=ConnectionLimits(), per_client=collections.Counter()
+        )
     transport = _Transport()
     protocol.connection_made(transport)
     return protocol, transport
@@ -107,4 +120,127 @@ async def test_a_close_sends_the_held_head_first() -> None:
     protocol.transport.close()
     assert transport.writes == [b"HTTP/1.1 204 No Content\r\n\r\n"]
     assert transport.closed
+    protocol.connection_lost(None)
+
+
+def _answer(status: int, headers: list[tuple[Any, Any]], body: bytes, *, more: bool = False) -> Any:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        if more:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+_JSON = [(b"x-request-id", b"r1"), (b"content-length", b"2"), (b"content-type", b"application/json")]
+_POST = b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\n"
+
+# (request bytes, app); each case is served by both protocols and compared (h11 refuses the
+# last few: both then close without an answer).
+_CASES = {
+    "whole answer": (REQUEST, _answer(200, _JSON, b"{}")),
+    "error status": (REQUEST, _answer(404, _JSON, b"{}")),
+    "two pipelined": (REQUEST + REQUEST, _answer(200, _JSON, b"{}")),
+    "posted body": (_POST + b"abcd", _answer(200, _JSON, b"{}")),
+    "answered while the body is still coming": (_POST + b"ab", _answer(200, _JSON, b"{}")),
+    "expect 100-continue": (
+        b"POST /x HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n",
+        _answer(200, _JSON, b"{}"),
+    ),
+    "client asks to close": (
+        b"GET /x HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        _answer(200, _JSON, b"{}"),
+    ),
+    "HTTP/1.0": (b"GET /x HTTP/1.0\r\n\r\n", _answer(200, _JSON, b"{}")),
+    "HEAD": (b"HEAD /x HTTP/1.1\r\nHost: t\r\n\r\n", _answer(200, _JSON, b"{}")),
+    "unsupported upgrade": (
+        b"GET /x HTTP/1.1\r\nHost: t\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n",
+        _answer(200, _JSON, b"{}"),
+    ),
+    "app closes": (REQUEST, _answer(200, [*_JSON, (b"connection", b"close")], b"{}")),
+    "mixed-case names": (REQUEST, _answer(200, [(b"X-Request-ID", b"r1"), (b"Content-Length", b"2")], b"{}")),
+    "text headers": (REQUEST, _answer(200, [("content-length", "2")], b"{}")),
+    "no content": (REQUEST, _answer(204, [(b"content-length", b"0")], b"")),
+    "no length": (REQUEST, _answer(200, [(b"content-type", b"text/plain")], b"ok")),
+    "body in two messages": (REQUEST, _answer(200, _JSON, b"{}", more=True)),
+    "length too small": (REQUEST, _answer(200, [(b"content-length", b"1")], b"{}")),
+    "length twice": (REQUEST, _answer(200, [(b"content-length", b"2"), (b"content-length", b"2")], b"{}")),
+    "length with spaces": (REQUEST, _answer(200, [(b"content-length", b" 2")], b"{}")),
+    "value with a line break": (
+        REQUEST,
+        _answer(200, [(b"x-a", b"1\r\nx-b: 2"), (b"content-length", b"2")], b"{}"),
+    ),
+    "value with trailing space": (REQUEST, _answer(200, [(b"x-a", b"1 "), (b"content-length", b"2")], b"{}")),
+    "empty value": (REQUEST, _answer(200, [(b"x-a", b""), (b"content-length", b"2")], b"{}")),
+    "bad name": (REQUEST, _answer(200, [(b"x a", b"1"), (b"content-length", b"2")], b"{}")),
+    "name with a colon": (REQUEST, _answer(200, [(b"x: y", b"1"), (b"content-length", b"2")], b"{}")),
+    "value with a newline": (
+        REQUEST,
+        _answer(200, [(b"x-a", b"1\nx-b: 2"), (b"content-length", b"2")], b"{}"),
+    ),
+    "value with a NUL": (REQUEST, _answer(200, [(b"x-a", b"1\x002"), (b"content-length", b"2")], b"{}")),
+    "unknown status": (REQUEST, _answer(999, [(b"content-length", b"2")], b"{}")),
+}
+
+
+def _state(protocol: H11Protocol, transport: _Transport) -> tuple[Any, ...]:
+    conn = protocol.conn
+    return (
+        b"".join(transport.writes),
+        transport.closed,
+        conn.our_state,
+        conn.their_state,
+        conn.they_are_waiting_for_100_continue,
+        conn.trailing_data,
+        conn._cstate.keep_alive,
+        conn._cstate.pending_switch_proposals,
+        type(conn._writer),
+        type(conn._reader),
+    )
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+async def test_an_answer_it_writes_is_what_uvicorn_and_h11_write(case: str) -> None:
+    request, app = _CASES[case]
+    states = []
+    for plain in (True, False):
+        protocol, transport = _connect(app, plain=plain)
+        protocol.data_received(request)
+        await _turns()
+        states.append(_state(protocol, transport))
+        protocol.connection_lost(None)
+    assert states[0] == states[1]
+
+
+async def test_default_headers_come_first() -> None:
+    states = []
+    for plain in (True, False):
+        defaults = [(b"date", b"Tue, 01 Dec 2026 16:00:00 GMT"), (b"server", b"uvicorn")]
+        protocol, transport = _connect(_answer(200, _JSON, b"{}"), plain=plain, defaults=defaults)
+        protocol.data_received(REQUEST)
+        await _turns()
+        states.append(_state(protocol, transport))
+        protocol.connection_lost(None)
+    assert states[0] == states[1]
+    assert states[0][0].startswith(
+        b"HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 16:00:00 GMT\r\nserver: uvicorn\r\n"
+    )
+
+
+async def test_a_whole_answer_is_written_without_h11s_send(monkeypatch: pytest.MonkeyPatch) -> None:
+    protocol, transport = _connect(_answer(200, _JSON, b"{}"))
+
+    def refuse(event: Any) -> bytes:
+        raise AssertionError(f"h11 was asked to send {event!r}")
+
+    monkeypatch.setattr(protocol.conn, "send", refuse)
+    for _ in range(2):
+        protocol.data_received(REQUEST)
+        await _turns()
+    head = b"HTTP/1.1 200 OK\r\nx-request-id: r1\r\ncontent-length: 2\r\ncontent-type: application/json"
+    assert transport.writes == [head + b"\r\n\r\n{}"] * 2
+    monkeypatch.undo()
     protocol.connection_lost(None)

@@ -6,8 +6,10 @@ write survives a ``kill -9`` and a power cut alike.
 One writer thread owns the write connection: ``write`` queues a function, and the writer
 runs every function queued while its previous commit ran (each in a savepoint, so one
 failing undoes only its own writes) and commits them as one (group commit: one fsync for
-many calls). Readers use their own connections on a small thread pool; in WAL mode a read
-never waits for the write lock, whoever holds it. A write lock held by another process
+many calls). A write asked for while the writer sleeps wakes it once its event loop has
+run what is ready (at most ``HOLD`` later): the writes of that turn of the loop go in one
+commit. Readers use their own connections on a small thread pool; in WAL mode a read never
+waits for the write lock, whoever holds it. A write lock held by another process
 (the ``agents`` CLI on the same file, a backup, an ``sqlite3`` shell) is waited for on the
 writer thread, in short slices, up to ``write_timeout``: then the waiting calls fail with
 StoreBusyError and nothing of them was written.
@@ -127,6 +129,9 @@ def _json(value: dict[str, str]) -> str:
 
 # The most writes one commit takes: bounds how long the first of them waits for the last.
 MAX_BATCH = 256
+# How long a write asked for while the writer sleeps waits at most for its busy loop to
+# run out of ready callbacks before the writer is woken.
+HOLD = 0.0005
 # How long one attempt at the write lock blocks the writer thread before it looks again.
 _LOCK_SLICE_MS = 50
 
@@ -220,6 +225,10 @@ class SQLiteStore(Store):
         self._queue: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self._writer: threading.Thread | None = None
+        # The writer waits for work and nobody woke it yet (under ``_wake``); the loops
+        # whose wake-up of it is held until they run out of ready callbacks.
+        self._sleeping = False
+        self._holding: set[asyncio.AbstractEventLoop] = set()
         self._closing = False
         self._closed = False
         # Committed writes whose callbacks and answers are due, in commit order.
@@ -301,11 +310,8 @@ class SQLiteStore(Store):
             db.execute("COMMIT")
 
     async def write(self, fn: Callable[[Store], T]) -> T:
-        job = Job(
-            fn,
-            asyncio.get_running_loop(),
-            time.monotonic() + self.write_timeout,
-        )
+        loop = asyncio.get_running_loop()
+        job = Job(fn, loop, time.monotonic() + self.write_timeout)
         with self._wake:
             if self._closing:
                 raise RuntimeError("the store is closed")
@@ -313,15 +319,40 @@ class SQLiteStore(Store):
                 self._writer = threading.Thread(target=self._write_loop, name="acp-store-write", daemon=True)
                 self._writer.start()
             self._queue.append(job)
-            self._wake.notify()
+            if self._sleeping:
+                self._wake_writer(loop)
         assert job.future is not None
         return cast(T, await job.future)
+
+    def _wake_writer(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wake the sleeping writer now if ``loop`` has nothing else ready, else once it has
+        run what is (under ``_wake``). Woken at once, the writer took the first write alone
+        to its fsync while the loop's next ones waited for another, and found the GIL held
+        by the loop at each statement (asyncio's loops keep their ready callbacks in
+        ``_ready``; a loop without one wakes the writer at once)."""
+        if not getattr(loop, "_ready", None):
+            self._sleeping = False
+            self._wake.notify()
+        elif loop not in self._holding:
+            self._holding.add(loop)
+            loop.call_soon(self._release, loop, time.monotonic() + HOLD)
+
+    def _release(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        if getattr(loop, "_ready", None) and time.monotonic() < deadline:
+            loop.call_soon(self._release, loop, deadline)
+            return
+        with self._wake:
+            self._holding.discard(loop)
+            self._sleeping = False
+            self._wake.notify()
 
     def _write_loop(self) -> None:
         while True:
             with self._wake:
                 while not self._queue and not self._closing:
+                    self._sleeping = True
                     self._wake.wait()
+                    self._sleeping = False
                 if not self._queue:
                     return
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]

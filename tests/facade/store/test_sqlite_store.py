@@ -3,10 +3,12 @@ list plans); the conformance suite runs in test_conformance.py."""
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -211,3 +213,68 @@ def test_resuming_one_session_or_plan_from_0_reads_its_events_not_the_log(tmp_pa
         big.close()
     for name, steps in at_big.items():
         assert steps <= at_small[name] * 1.5 + 5, (name, at_small[name], steps)
+
+
+async def _asleep(store: SQLiteStore) -> None:
+    """Until the writer thread waits for work."""
+    await store.write(lambda s: None)
+    for _ in range(5000):
+        if store._sleeping:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the writer never went to sleep")
+
+
+def _blocking_io() -> None:
+    """What a socket read does to the other threads: lets go of the GIL for a while."""
+    time.sleep(0.002)
+
+
+async def test_writes_one_turn_of_the_loop_asks_for_share_the_sleeping_writers_commit(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Each call lets go of the GIL before its write: woken by the first, the writer would
+    take that one alone to its commit, and the next alone to the next."""
+    store = SQLiteStore(tmp_path / "acp.db")
+    commits: list[float] = []
+
+    class Recorder:
+        def committed(self, seconds: float) -> None:
+            commits.append(seconds)
+
+        def waited(self, access: str, seconds: float) -> None:
+            pass
+
+    async def call(index: int) -> None:
+        _blocking_io()
+        await store.write(lambda s: s.insert(record(id=f"01{index}")))
+
+    try:
+        await _asleep(store)
+        store.observe(Recorder())
+        await asyncio.gather(*(call(index) for index in range(8)))
+        assert len(commits) == 1
+        assert len(store.query(ListQuery("session", None))) == 8
+    finally:
+        store.close()
+
+
+async def test_a_loop_that_never_runs_out_of_work_holds_the_writer_back_only_briefly(
+    tmp_path: pathlib.Path,
+) -> None:
+    store = SQLiteStore(tmp_path / "acp.db")
+    loop = asyncio.get_running_loop()
+    spinning = True
+
+    def spin() -> None:
+        if spinning:
+            loop.call_soon(spin)
+
+    try:
+        await _asleep(store)
+        spin()
+        await asyncio.wait_for(store.write(lambda s: s.insert(record())), 5)
+        assert store.get("session", "01A") is not None
+    finally:
+        spinning = False
+        store.close()

@@ -141,6 +141,10 @@ class _Lingering:
 _HEADER = b"%s: %s" % (field_name.encode("ascii"), field_value.encode("ascii"))
 _HEADER_LINES = re.compile(_HEADER + rb"(?:\r\n" + _HEADER + rb")*")
 _NAME = re.compile(field_name.encode("ascii"))
+# Header names found valid, with their lower-case form: the few an application sends, checked
+# once (bounded all the same: past the bound, names are checked every time).
+_NAMES: dict[bytes, bytes] = {}
+_MAX_NAMES = 256
 # Headers that make h11 frame, order or close a response itself.
 _FRAMING = frozenset({b"connection", b"transfer-encoding", b"host"})
 _CONTENT_LENGTH = b"content-length"
@@ -154,9 +158,13 @@ def _declared_length(headers: Any) -> bytes | None:
     declared = None
     try:
         for name, value in headers:
-            if _NAME.fullmatch(name) is None:
-                return None
-            lower = name.lower()
+            lower = _NAMES.get(name)
+            if lower is None:
+                if _NAME.fullmatch(name) is None:
+                    return None
+                lower = name.lower()
+                if len(_NAMES) < _MAX_NAMES:
+                    _NAMES[name] = lower
             if lower == _CONTENT_LENGTH:
                 if declared is not None:
                     return None
@@ -401,10 +409,11 @@ class GuardedH11Protocol(H11Protocol):
         self._arm(self.timeout_keep_alive)
         self._headers_due = cast(float, self._due) + self.bounds.header_timeout
         self.flow.resume_reading()
-        # Unblock any pipelined events.
+        # Unblock a pipelined request (nothing received yet: the next data_received reads it).
         if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
             self.conn.start_next_cycle()
-            self.handle_events()
+            if self.conn.trailing_data[0]:
+                self.handle_events()
         self._follow()
 
     def _arm(self, seconds: float) -> None:

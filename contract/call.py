@@ -62,7 +62,7 @@ class Reply:
     replayed: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class CallContext:
     token: str | None = None
     acp_version: str | None = None

@@ -136,37 +136,34 @@ class ServiceFacade:
         ctx.principal = await self.tickets.redeem(ctx.ticket or "", op.name, request)
 
     async def invoke(self, op: Operation, request: message.Message, ctx: CallContext) -> message.Message:
-        if self.observer is None:
-            return await self._invoke(op, request, ctx)
-        observed = self.observer.start(op, request, ctx)
+        """One coroutine from the observer's start to its finish: a call's path is a frame
+        shorter than with the observed call wrapping an inner one."""
+        observed = self.observer.start(op, request, ctx) if self.observer is not None else None
         code = observing.CANCELLED
         try:
-            response = await self._invoke(op, request, ctx)
+            if op.server_streaming:
+                raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is a stream; subscribe to it")
+            if ctx.ticket is not None:
+                await self._redeem(op, request, ctx)
+            handler = cast(Unary, self._admit(op, request, ctx))
+            if op.read_only or not ctx.request_id_given or self.idempotency is None:
+                try:
+                    response = await handler(request, ctx)
+                except ACPError:
+                    raise
+                except Exception as exc:
+                    raise internal_error(exc, op.name) from exc
+            else:
+                response = await self.idempotency.run(op, request, ctx, handler)
+            if ctx.served_version != op.version_table.current:
+                response = surface.strip(response, ctx.served_version)
             code = observing.OK
-            return response
         except ACPError as err:
             code = err.code
             raise
         finally:
-            observed.finish(code)
-
-    async def _invoke(self, op: Operation, request: message.Message, ctx: CallContext) -> message.Message:
-        if op.server_streaming:
-            raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is a stream; subscribe to it")
-        if ctx.ticket is not None:
-            await self._redeem(op, request, ctx)
-        handler = cast(Unary, self._admit(op, request, ctx))
-        if op.read_only or not ctx.request_id_given or self.idempotency is None:
-            try:
-                response = await handler(request, ctx)
-            except ACPError:
-                raise
-            except Exception as exc:
-                raise internal_error(exc, op.name) from exc
-        else:
-            response = await self.idempotency.run(op, request, ctx, handler)
-        if ctx.served_version != op.version_table.current:
-            return surface.strip(response, ctx.served_version)
+            if observed is not None:
+                observed.finish(code)
         return response
 
     async def stream(

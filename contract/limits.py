@@ -174,8 +174,14 @@ def _check(msg: message.Message, checks: tuple[Check, ...], prefix: str) -> None
                 _check(item, inner, f"{prefix}{name}[{index}].")
 
 
+# Each message type's checks by its class (cheaper to look up than by descriptor).
+_BY_TYPE: dict[type[message.Message], tuple[Check, ...]] = {}
+
+
 def check_bounds(msg: message.Message) -> None:
     """INVALID_PARAMS naming the first field over its bound (``details.field``)."""
-    checks = _checks(msg.DESCRIPTOR)
+    checks = _BY_TYPE.get(type(msg))
+    if checks is None:
+        checks = _BY_TYPE[type(msg)] = _checks(msg.DESCRIPTOR)
     if checks:
         _check(msg, checks, "")

@@ -249,12 +249,17 @@ class _Answering:
         self.protocol.transport.write_answer(
             b"HTTP/1.1 %d %s\r\n%s\r\n\r\n%s" % (status, reason, lines, body), cycle
         )
-        # h11's state after it sent the Response, its Data and its EndOfMessage.
-        before = dict(state.states)
-        state.process_event(h11.SERVER, h11.Response)
-        state.process_event(h11.SERVER, h11.EndOfMessage)
+        # h11's state after it sent the Response, its Data and its EndOfMessage: with the
+        # request read or still being read, only ours moves, to DONE (no writer there).
         conn.client_is_waiting_for_100_continue = False
-        conn._respond_to_state_changes(before)
+        if conn.their_state is h11.DONE or conn.their_state is h11.SEND_BODY:
+            state.states[h11.SERVER] = h11.DONE
+            conn._writer = None
+        else:
+            before = dict(state.states)
+            state.process_event(h11.SERVER, h11.Response)
+            state.process_event(h11.SERVER, h11.EndOfMessage)
+            conn._respond_to_state_changes(before)
         # uvicorn's end of a response.
         cycle.response_complete = True
         cycle.message_event.set()

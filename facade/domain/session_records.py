@@ -7,6 +7,9 @@ body; its messages are items of the ``session.messages`` collection, in order.
 
 from __future__ import annotations
 
+import io
+import os
+import threading
 import time
 
 from google.protobuf import timestamp_pb2
@@ -23,6 +26,51 @@ STATE_NAMES: dict[int, str] = {
     session_pb2.SESSION_STATE_ACTIVE: "active",
     session_pb2.SESSION_STATE_CLOSED: "closed",
 }
+
+
+# Ids: ULIDs (48-bit milliseconds, 80 random bits) in Crockford's base32, 10 bits per pair.
+_PAIRS = [a + b for a in "0123456789ABCDEFGHJKMNPQRSTVWXYZ" for b in "0123456789ABCDEFGHJKMNPQRSTVWXYZ"]
+_SHIFTS = tuple(range(120, -1, -10))
+_LOW = (1 << 80) - 1
+# The OS's random bytes for 400 ids at a time; the millisecond and value of the last id.
+_RANDOM_BYTES = 4000
+_random = io.BytesIO()
+_last = (-1, 0)
+_id_lock = threading.Lock()
+
+
+def new_id(made: timestamp_pb2.Timestamp) -> str:
+    """A new ULID of the millisecond ``made`` is in (so a session's id and its create_time
+    agree), as python-ulid's ``str(ULID())`` makes one, in under half its time.
+
+    The same guarantees: the random part is the OS's (os.urandom), fresh in each new
+    millisecond, and within one millisecond an id is the previous one plus one (so ids sort
+    in the order they were made); only the bytes are fetched 4,000 at a time instead of one
+    getrandom call per id (python-ulid's ``_default_randomness`` was 3% of the server's
+    samples under session.create). A forked child starts from fresh bytes (``_forget``)."""
+    global _random, _last
+    ms = made.seconds * 1000 + made.nanos // 1_000_000
+    with _id_lock:
+        last_ms, last = _last
+        if ms == last_ms and last & _LOW != _LOW:
+            value = last + 1
+        else:
+            fresh = _random.read(10)
+            if len(fresh) < 10:
+                _random = io.BytesIO(os.urandom(_RANDOM_BYTES))
+                fresh = _random.read(10)
+            value = ms << 80 | int.from_bytes(fresh, "big")
+        _last = (ms, value)
+    return "".join([_PAIRS[(value >> shift) & 1023] for shift in _SHIFTS])
+
+
+def _forget() -> None:
+    """In a forked child: neither the parent's unused random bytes nor its last id."""
+    global _random, _last
+    _random, _last = io.BytesIO(), (-1, 0)
+
+
+os.register_at_fork(after_in_child=_forget)
 
 
 def now() -> timestamp_pb2.Timestamp:

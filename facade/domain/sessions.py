@@ -33,6 +33,7 @@ from cleveragents.acp.facade.domain.session_records import (
     STATE_NAMES,
     load,
     messages,
+    new_id,
     not_found,
     now,
     read_with_messages,
@@ -160,9 +161,9 @@ class Sessions:
         response = session_pb2.CreateSessionResponse()
         session = response.session
         meta = session.meta
-        meta.id = str(ULID())
-        meta.namespace = namespace
         set_now(meta.create_time)
+        meta.id = new_id(meta.create_time)
+        meta.namespace = namespace
         meta.update_time.CopyFrom(meta.create_time)
         session.title = req.title
         session.orchestrator = orchestrator

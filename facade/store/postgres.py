@@ -71,7 +71,7 @@ from cleveragents.acp.facade.store.base import (
     StoreUnavailableError,
 )
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
-from cleveragents.acp.facade.store.pg_loop import LoopReads, LoopWrites, Rows
+from cleveragents.acp.facade.store.pg_loop import CUSTOM_PLANS, LoopReads, LoopWrites, Rows
 from cleveragents.acp.facade.store.pg_migrations import PG_MIGRATIONS
 from cleveragents.acp.facade.store.pg_wire import PSYCOPG, Fallback, NulInTextError, Wire
 from cleveragents.acp.facade.store.reads import ReadLane
@@ -350,7 +350,7 @@ class PostgresStore(Store):
         self._loops: dict[asyncio.AbstractEventLoop, LoopReads] = {}
         # A record insert with nothing read before it, the same way (``insert_alone``).
         self._loop_writes: dict[asyncio.AbstractEventLoop, LoopWrites] = {}
-        self._write_setup = (f"SET lock_timeout = {_lock_timeout_ms(write_timeout)}",)
+        self._write_setup = (f"SET lock_timeout = {_lock_timeout_ms(write_timeout)}", CUSTOM_PLANS)
         self._loops_lock = threading.Lock()
         self._writers = ThreadPoolExecutor(writers, "acp-store-write", initializer=self._own_thread)
 
@@ -370,6 +370,7 @@ class PostgresStore(Store):
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         # The bound on waiting for a lock another transaction holds (StoreBusyError after).
         conn.execute(f"SET lock_timeout = {_lock_timeout_ms(self.write_timeout)}")
+        conn.execute(CUSTOM_PLANS)
         set_json_loads(orjson.loads, conn)
         set_json_dumps(orjson.dumps, conn)
 

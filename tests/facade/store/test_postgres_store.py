@@ -891,6 +891,34 @@ async def test_aclose_finishes_the_loop_writes_under_way(opened: Callable[..., P
         await store.insert_alone(record(id="01Z"))
 
 
+async def test_every_connection_plans_a_lookup_for_the_table_as_it_is_now(
+    opened: Callable[..., PostgresStore], schema: tuple[str, str]
+) -> None:
+    """A lookup prepared and run on a nearly empty table, then run again after thousands of
+    inserts, uses the primary key: no generic plan made for the empty table (a whole-table
+    scan) is kept: the loop's read connections and the pool's run with custom plans."""
+    store = opened(loop_connections=1)
+    await store.insert_alone(record(id="01A"))
+    assert await store.read_get("session", "01A") is not None
+    setting = "SELECT current_setting('plan_cache_mode')"
+    assert await store._loop_read([(setting, ())]) == [[("force_custom_plan",)]]
+    assert store.execute(setting) == [("force_custom_plan",)]
+    with raw(schema[0]) as conn:
+        store._configure(conn)
+        conn.execute(
+            f"PREPARE lookup (text, text) AS {postgres._GET}".replace("%s", "$1", 1).replace("%s", "$2", 1)
+        )
+        for _ in range(10):
+            conn.execute("EXECUTE lookup ('session', '01A')")
+        conn.execute(
+            "INSERT INTO records (kind, id, namespace, revision, create_time, update_time, body) "
+            "SELECT 'session', 'B' || n, 'default', 1, 0, 0, '' FROM generate_series(1, 20000) AS n"
+        )
+        plan = "\n".join(row[0] for row in conn.execute("EXPLAIN EXECUTE lookup ('session', '01A')"))
+    assert "Seq Scan" not in plan, plan
+    assert "records_pkey" in plan, plan
+
+
 # bad input -------------------------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ import asyncio
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -516,6 +516,52 @@ class StoreConformance:
         found, items = await store.read_with_items("session", "01A", "messages")
         assert found is not None
         assert (found.state, items) == ("active", [(0, b"a"), (1, b"b")])
+
+    async def test_point_reads_asked_for_at_once_answer_as_each_alone(self, store: Store) -> None:
+        """Many ``read_get`` and ``read_with_items`` calls in one turn of the loop (which a
+        store may answer in one statement): each caller gets what it asked for, whatever the
+        kind, the values, a record asked for twice or one that is not there."""
+        store.insert(record(id="01A", name="ñame ✓", labels={"k": "v w"}, attrs={"a": "b"}, body=b""))
+        store.insert(record(kind="plan", id="01A", namespace="other", body=bytes(range(256))))
+        store.insert(record(id="01B", create_time=1764612345.1234567, update_time=0.1 + 0.2, revision=7))
+        store.append_items("messages", "01A", [b"a", b"\x00b"])
+        store.put_items("steps", "01A", {5: b"five", 2: b"two", 11: b"eleven"})
+        asked = [
+            ("session", "01A", "messages"),
+            ("plan", "01A", "steps"),
+            ("session", "01B", "messages"),
+            ("session", "01Z", "messages"),
+            ("session", "01A", "steps"),
+            ("session", "01A", "messages"),
+            ("plan", "01A", None),
+            ("session", "01B", None),
+            ("session", "01Z", None),
+        ]
+
+        def ask(kind: str, id: str, collection: str | None) -> Awaitable[Any]:
+            if collection is None:
+                return store.read_get(kind, id)
+            return store.read_with_items(kind, id, collection)
+
+        together = await asyncio.gather(*(ask(*args) for args in asked * 3))
+        alone = [await ask(*args) for args in asked]
+        assert together == alone * 3
+        expected = {
+            ("session", "01A", "messages"): (store.get("session", "01A"), [(0, b"a"), (1, b"\x00b")]),
+            ("plan", "01A", "steps"): (
+                store.get("plan", "01A"),
+                [(2, b"two"), (5, b"five"), (11, b"eleven")],
+            ),
+            ("session", "01A", None): store.get("session", "01A"),
+        }
+        for args, answer in zip(asked, alone, strict=True):
+            if args[1] == "01Z":
+                assert answer in (None, (None, []))
+            elif args in expected:
+                assert answer == expected[args]
+        late = await store.read_get("session", "01B")
+        assert late is not None
+        assert (late.create_time, late.update_time, late.revision) == (1764612345.1234567, 0.1 + 0.2, 7)
 
     async def test_insert_alone_is_an_insert_in_a_write_of_its_own(self, store: Store) -> None:
         """``insert_alone`` (which a store may commit without its writer thread): the record

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+from typing import Any
 
 import pytest
 
-from cleveragents.acp.facade.store.reads import BATCH, ReadLane
+from cleveragents.acp.facade.store.reads import BATCH, Outcome, ReadLane
 
 
 def _numbered(n: int) -> tuple[int, int]:
@@ -41,6 +42,45 @@ async def test_an_error_reaches_only_its_caller() -> None:
     assert results[0] == 1
     assert isinstance(results[1], KeyError)
     assert results[2] == 3
+
+
+class _Doubled:
+    """A read answered together with the others of its batch (``together``)."""
+
+    def __init__(self, n: int, together: Any) -> None:
+        self.n = n
+        self.together = together
+
+    def __call__(self) -> int:
+        raise AssertionError("a call with ``together`` is answered by it, never alone")
+
+
+async def test_reads_with_the_same_together_are_answered_in_one_call_of_it() -> None:
+    groups: list[list[int]] = []
+
+    def doubled(calls: list[_Doubled]) -> list[Outcome]:
+        groups.append([call.n for call in calls])
+        return [(KeyError(call.n), None) if call.n == 3 else (None, 2 * call.n) for call in calls]
+
+    def broken(calls: list[_Doubled]) -> list[Outcome]:
+        raise OSError("disk")
+
+    lane = ReadLane(1, "test-read")
+    try:
+        results = await asyncio.gather(
+            *(lane.run(_Doubled(n, doubled)) for n in range(6)),
+            lane.run(lambda: "plain"),
+            *(lane.run(_Doubled(n, broken)) for n in range(2)),
+            return_exceptions=True,
+        )
+    finally:
+        lane.close()
+    assert results[:3] == [0, 2, 4]
+    assert isinstance(results[3], KeyError)
+    assert results[4:7] == [8, 10, "plain"]
+    assert all(isinstance(result, OSError) for result in results[7:])
+    # Held until the loop ran out of ready work, the six went to one call.
+    assert groups == [list(range(6))]
 
 
 async def test_a_cancelled_caller_does_not_disturb_the_others() -> None:

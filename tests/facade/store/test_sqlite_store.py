@@ -9,6 +9,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable
+from typing import Any
 
 import pytest
 
@@ -277,4 +279,53 @@ async def test_a_loop_that_never_runs_out_of_work_holds_the_writer_back_only_bri
         assert store.get("session", "01A") is not None
     finally:
         spinning = False
+        store.close()
+
+
+async def test_point_reads_one_turn_of_the_loop_asks_for_are_one_statement(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader answers the point reads it takes at once with one statement (each
+    statement costs it GIL hand-offs with the loop). When that statement fails (here their
+    answers together exceed SQLite's length limit, though each fits alone), each read is
+    made alone: none fails for sharing a statement."""
+    store = SQLiteStore(tmp_path / "acp.db")
+    try:
+        for n in range(5):
+            store.insert(record(id=f"01{n}", body=bytes([n]) * 300))
+        store.append_items("messages", "012", [b"m"])
+        statements: list[int] = []
+        points = store._points
+
+        def counted(reads: list[Any]) -> Any:
+            statements.append(len(reads))
+            return points(reads)
+
+        monkeypatch.setattr(store, "_points", counted)
+
+        def ask() -> Awaitable[list[Any]]:
+            return asyncio.gather(
+                *(store.read_get("session", f"01{n}") for n in range(5)),
+                store.read_with_items("session", "012", "messages"),
+            )
+
+        expected: list[Any] = [store.get("session", f"01{n}") for n in range(5)]
+        expected.append((store.get("session", "012"), [(0, b"m")]))
+        assert await ask() == expected
+        assert statements == [6]
+
+        reader = store._reader
+
+        def limited() -> sqlite3.Connection:
+            db = reader()
+            db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1500)
+            return db
+
+        monkeypatch.setattr(store, "_reader", limited)
+        together = [sqlite._PointRead(counted, "session", f"01{n}", None, 0.0) for n in range(5)]
+        with pytest.raises(sqlite3.DataError, match="too big"):
+            await asyncio.to_thread(points, together)
+        assert await ask() == expected
+        assert statements == [6, 6]
+    finally:
         store.close()

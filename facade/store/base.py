@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.store.requests import CLAIM, RequestClaimedError, RequestEntry
@@ -124,8 +124,11 @@ class Record:
     update_time: float = 0.0
 
 
-@dataclass(frozen=True)
-class StoredEvent:
+class StoredEvent(NamedTuple):
+    """A row of the event log. A tuple, not a frozen dataclass: a backlog read builds one
+    per row on a reader thread, and a frozen dataclass's ``__init__`` (a checked
+    ``object.__setattr__`` per field) cost that thread more than the row itself."""
+
     sequence: int
     namespace: str
     type: str

@@ -873,7 +873,8 @@ class SQLiteStore(Store):
             f"WHERE {' AND '.join(clauses)} ORDER BY sequence LIMIT ?",
             params,
         )
-        return [StoredEvent(int(r[0]), r[1], r[2], r[3], r[4], float(r[5]), bytes(r[6])) for r in rows]
+        # The columns' types are already the fields' (INTEGER PRIMARY KEY, TEXT, REAL, BLOB).
+        return list(map(StoredEvent._make, rows))
 
     def last_sequence(self) -> int:
         return int(self._one("SELECT COALESCE(MAX(sequence), 0) FROM events")[0])

@@ -70,6 +70,9 @@ BACKLOG_BATCH = 256
 HAND_OUT_BATCH = BACKLOG_BATCH
 # Decoded backlog events kept (per generation) for the other subscribers reading them.
 DECODED_CACHE_SIZE = 2048
+# Backlog events kept (per generation) with the response each was decoded in, until the
+# events.subscribe handler asks for it (``response_of``): moments later, batch by batch.
+CARRIED_CACHE_SIZE = 2048
 # Rows the follower reads per query, and how often it reads without a wake-up.
 FOLLOW_BATCH = 256
 DEFAULT_POLL_INTERVAL = 1.0
@@ -138,6 +141,11 @@ class EventLog:
         # Subscribers catching up read the same rows at about the same time: one decoding
         # each, keyed by the row itself (so never stale, whoever else writes the store).
         self._decoded: Recent[tuple[int, bytes], events_pb2.Event] = Recent(DECODED_CACHE_SIZE)
+        # Backlog events by identity, with the SubscribeEventsResponse each was parsed in:
+        # copying an event into its response cost about as much as parsing it.
+        self._carried: Recent[int, tuple[events_pb2.Event, events_pb2.SubscribeEventsResponse]] = Recent(
+            CARRIED_CACHE_SIZE
+        )
         # Backlog batches being read for several subscribers (``_backlog``), by position and filter.
         self._reading: dict[tuple[int, EventFilter], asyncio.Future[tuple[list[events_pb2.Event], int]]] = {}
         # Pruning is amortized: after a tenth of the count limit, or a tenth of the age.
@@ -338,22 +346,39 @@ class EventLog:
     ) -> tuple[list[events_pb2.Event], int]:
         # Urgent: a catch-up races the live queue, which a busy loop fills while a held read waits.
         batch, first = await self._store.read(
-            lambda store: (store.read_events(after, BACKLOG_BATCH, where), store.first_sequence()),
+            lambda store: (store.read_event_bodies(after, BACKLOG_BATCH, where), store.first_sequence()),
             urgent=True,
         )
-        return [self._event_of(stored, shared) for stored in batch], first
+        return [self._event_of(row, shared) for row in batch], first
 
-    def _event_of(self, stored: StoredEvent, shared: bool) -> events_pb2.Event:
-        """``shared``: other subscribers were attached when the batch was asked for."""
+    def _event_of(self, row: tuple[int, bytes], shared: bool) -> events_pb2.Event:
+        """``row``: a sequence and its body. ``shared``: other subscribers were attached
+        when the batch was asked for."""
         if not shared:
             # Keeping events for nobody else costs more than decoding them.
-            return _decode(stored)
-        key = (stored.sequence, stored.body)
-        event = self._decoded.get(key)
+            return self._carry(row)
+        event = self._decoded.get(row)
         if event is None:
-            event = _decode(stored)
-            self._decoded.put(key, event)
+            event = self._carry(row)
+            self._decoded.put(row, event)
         return event
+
+    def _carry(self, row: tuple[int, bytes]) -> events_pb2.Event:
+        """The event of a backlog row, parsed inside the response events.subscribe sends
+        it in (kept for ``response_of``; on the event loop)."""
+        response = events_pb2.SubscribeEventsResponse()
+        event = response.event
+        event.MergeFromString(row[1])
+        event.sequence = row[0]
+        self._carried.put(id(event), (event, response))
+        return event
+
+    def response_of(self, event: events_pb2.Event) -> events_pb2.SubscribeEventsResponse | None:
+        """The response a backlog event was decoded in, while it is kept (None: wrap it).
+        Shared like the event: read it, do not modify it."""
+        found = self._carried.get(id(event))
+        # By identity: the entry holds the event, so its id cannot name another object.
+        return found[1] if found is not None and found[0] is event else None
 
     # retention ------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 The log hands the same event object to every subscriber that reads it (live, or from the
 backlog at about the same time, while several are attached); each is then wrapped in its
-response once, for all of them.
+response once, for all of them. A backlog event comes already in one: the log parses it
+there (``EventLog.response_of``), which spares a copy per event.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class EventHandlers:
         return await self._tickets.issue(ctx, request)
 
     def _response(self, event: events_pb2.Event) -> events_pb2.SubscribeEventsResponse:
+        # A backlog event comes in the response it was parsed in.
+        carried = self._log.response_of(event)
+        if carried is not None:
+            return carried
         # By identity: the entry holds the event, so its id cannot name another object. An
         # event shared when it was read is looked up even if the others detached since.
         found = self._wrapped.get(id(event))

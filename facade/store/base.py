@@ -330,6 +330,13 @@ class Store(abc.ABC):
     ) -> list[StoredEvent]:
         """Up to ``limit`` events after a sequence, matching ``where``, in sequence order."""
 
+    def read_event_bodies(
+        self, after_sequence: int, limit: int, where: EventFilter | None = None
+    ) -> list[tuple[int, bytes]]:
+        """``read_events``' sequences and bodies alone: all a subscriber's backlog decodes
+        (a store reads two columns a row instead of seven)."""
+        return [(event.sequence, event.body) for event in self.read_events(after_sequence, limit, where)]
+
     @abc.abstractmethod
     def last_sequence(self) -> int:
         """The newest sequence ever assigned (0 for an empty log)."""

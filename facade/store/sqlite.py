@@ -57,6 +57,8 @@ from cleveragents.acp.facade.store.requests import RequestEntry, decode_written,
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, DataVersionWakeups, PeerChannel
 
 log = logging.getLogger(__name__)
+
+_EVENT_COLUMNS = "sequence, namespace, type, plan_id, session_id, time, body"
 T = TypeVar("T")
 
 # The store's clock: SQLite's own 'now' (one value per statement), in seconds since the epoch.
@@ -849,6 +851,17 @@ class SQLiteStore(Store):
     def read_events(
         self, after_sequence: int, limit: int, where: EventFilter | None = None
     ) -> list[StoredEvent]:
+        rows = self._events(_EVENT_COLUMNS, after_sequence, limit, where)
+        # The columns' types are already the fields' (INTEGER PRIMARY KEY, TEXT, REAL, BLOB).
+        return list(map(StoredEvent._make, rows))
+
+    def read_event_bodies(
+        self, after_sequence: int, limit: int, where: EventFilter | None = None
+    ) -> list[tuple[int, bytes]]:
+        # Each column costs the reader thread a Python object per row.
+        return self._events("sequence, body", after_sequence, limit, where)
+
+    def _events(self, columns: str, after_sequence: int, limit: int, where: EventFilter | None) -> list[Any]:
         clauses = ["sequence > ?"]
         params: list[Any] = [after_sequence]
         if where is not None:
@@ -868,13 +881,9 @@ class SQLiteStore(Store):
                 clauses.append(f"type IN ({','.join('?' * len(where.types))})")
                 params.extend(sorted(where.types))
         params.append(limit)
-        rows = self._all(
-            "SELECT sequence, namespace, type, plan_id, session_id, time, body FROM events "
-            f"WHERE {' AND '.join(clauses)} ORDER BY sequence LIMIT ?",
-            params,
+        return self._all(
+            f"SELECT {columns} FROM events WHERE {' AND '.join(clauses)} ORDER BY sequence LIMIT ?", params
         )
-        # The columns' types are already the fields' (INTEGER PRIMARY KEY, TEXT, REAL, BLOB).
-        return list(map(StoredEvent._make, rows))
 
     def last_sequence(self) -> int:
         return int(self._one("SELECT COALESCE(MAX(sequence), 0) FROM events")[0])

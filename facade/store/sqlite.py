@@ -21,6 +21,7 @@ import asyncio
 import collections
 import contextvars
 import functools
+import itertools
 import json
 import logging
 import pathlib
@@ -156,6 +157,42 @@ def _record(row: sqlite3.Row | Sequence[Any]) -> Record:
         update_time=updated,
         body=bytes(body),
     )
+
+
+_INSERT_RECORDS = f"INSERT INTO records ({_COLUMNS}) VALUES "
+
+
+def _record_params(record: Record) -> tuple[Any, ...]:
+    return (
+        record.kind,
+        record.id,
+        record.namespace,
+        record.name,
+        record.revision,
+        record.state,
+        _json(record.attrs),
+        _json(record.labels),
+        record.create_time,
+        record.update_time,
+        record.body,
+    )
+
+
+class _Insert:
+    """``insert(record)`` with nothing read before it (``insert_alone``): the writer makes
+    those of a batch that follow one another together (``SQLiteStore._insert_together``)."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: Record) -> None:
+        self.record = record
+
+    def __call__(self, store: Store) -> None:
+        store.insert(self.record)
+
+
+def _is_insert(job: Job) -> bool:
+    return type(job.fn) is _Insert
 
 
 def _lease(row: tuple[Any, ...]) -> Lease:
@@ -470,6 +507,9 @@ class SQLiteStore(Store):
             owned.sort(key=_first)
         return records, items
 
+    async def insert_alone(self, record: Record) -> None:
+        await self.write(_Insert(record))
+
     async def write(self, fn: Callable[[Store], T]) -> T:
         loop = asyncio.get_running_loop()
         job = Job(fn, loop, time.monotonic() + self.write_timeout)
@@ -558,20 +598,27 @@ class SQLiteStore(Store):
                 return []
 
     def _run_batch(self, batch: list[Job]) -> None:
+        """Each call in a savepoint, so one failing undoes only its own writes; a call alone
+        in its transaction needs none. Each statement costs the writer GIL hand-offs with
+        the busy loop (a sleep and a wake-up each), so inserts that follow one another go
+        in a few statements together (``_insert_together``)."""
         self._depth, self._owner_thread, self._owner = 1, threading.get_ident(), None
         try:
-            for job in batch:
-                self._after_commit = []
-                self._db.execute("SAVEPOINT job")
-                try:
-                    job.result = job.run(self)
-                    job.callbacks = self._after_commit
-                except BaseException as exc:  # handed to the caller
-                    job.error = exc
-                    self._db.execute("ROLLBACK TO job")
-                self._db.execute("RELEASE job")
-            self._db.execute("COMMIT")
-            self._committed()
+            if len(batch) == 1:
+                self._run_alone(batch[0])
+            else:
+                for inserts, group in itertools.groupby(batch, _is_insert):
+                    jobs = list(group)
+                    if inserts and len(jobs) > 1 and self._insert_together(jobs):
+                        continue
+                    for job in jobs:
+                        self._run_in_savepoint(job)
+            if len(batch) == 1 and batch[0].error is not None:
+                # The call alone failed: its transaction was rolled back.
+                self._appended = False
+            else:
+                self._db.execute("COMMIT")
+                self._committed()
         except BaseException as exc:  # the commit failed: nothing is durable
             self._appended = False
             if self._db.in_transaction:
@@ -582,6 +629,48 @@ class SQLiteStore(Store):
                     job.error = exc
         finally:
             self._depth, self._owner_thread, self._after_commit = 0, None, []
+
+    def _run_alone(self, job: Job) -> None:
+        self._after_commit = []
+        try:
+            job.result = job.run(self)
+            job.callbacks = self._after_commit
+        except BaseException as exc:  # handed to the caller
+            job.error = exc
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+
+    def _run_in_savepoint(self, job: Job) -> None:
+        self._after_commit = []
+        self._db.execute("SAVEPOINT job")
+        try:
+            job.result = job.run(self)
+            job.callbacks = self._after_commit
+        except BaseException as exc:  # handed to the caller
+            job.error = exc
+            self._db.execute("ROLLBACK TO job")
+        self._db.execute("RELEASE job")
+
+    def _insert_together(self, jobs: list[Job]) -> bool:
+        """``_Insert`` calls in one savepoint: their records in one statement, their tags in
+        another, and the request rows of those under a request id (``note_claim``, in the
+        caller's context). False when any of it failed (an id or name taken, a request id
+        another run holds, ...): then nothing of it is kept, and each call is to be made
+        alone, in its own savepoint, to meet only its own fault."""
+        records = [cast(_Insert, job.fn).record for job in jobs]
+        self._db.execute("SAVEPOINT together")
+        try:
+            self._insert_records(records)
+            for job, record in zip(jobs, records, strict=True):
+                job.context.run(self.note_claim, record.kind, record.id, record.body)
+        except Exception:
+            self._db.execute("ROLLBACK TO together")
+            self._db.execute("RELEASE together")
+            return False
+        self._db.execute("RELEASE together")
+        for job in jobs:
+            job.result, job.callbacks = None, []
+        return True
 
     # connections ----------------------------------------------------------------------
 
@@ -702,26 +791,15 @@ class SQLiteStore(Store):
     def insert(self, record: Record) -> None:
         try:
             with self.transaction():
-                self.execute(
-                    f"INSERT INTO records ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                    (
-                        record.kind,
-                        record.id,
-                        record.namespace,
-                        record.name,
-                        record.revision,
-                        record.state,
-                        _json(record.attrs),
-                        _json(record.labels),
-                        record.create_time,
-                        record.update_time,
-                        record.body,
-                    ),
-                )
-                lists.add_tags(self._db, record.kind, record.namespace, record.id, lists.record_tags(record))
+                self._insert_records([record])
                 self.note_claim(record.kind, record.id, record.body)
         except sqlite3.IntegrityError as exc:
             raise StoreConflictError(str(exc)) from None
+
+    def _insert_records(self, records: Sequence[Record]) -> None:
+        """Rows and tags of new records: two statements (in the write transaction)."""
+        lists.insert_rows(self._db, _INSERT_RECORDS, 11, [_record_params(record) for record in records])
+        lists.add_records_tags(self._db, records)
 
     def update(self, record: Record, expected_revision: int | None = None) -> None:
         with self.transaction():

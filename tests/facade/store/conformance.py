@@ -25,6 +25,7 @@ from cleveragents.acp.facade.store.base import (
     StoreConflictError,
     StoredEvent,
 )
+from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestClaimedError, RequestEntry
 
 
 def record(kind: str = "session", id: str = "01A", namespace: str = "default", **kw: Any) -> Record:
@@ -49,6 +50,17 @@ def event(
         session_id=session_id,
         time=time.time() if when is None else when,
         body=f"{namespace}/{type}/{plan_id}/{session_id}".encode(),
+    )
+
+
+def request_entry(owner: str = "owner-1", time: float = 1000.0, request_id: str = "r-1") -> RequestEntry:
+    return RequestEntry(
+        principal="alice",
+        request_id=request_id,
+        operation="session.create",
+        digest=b"\x01" * 32,
+        owner=owner,
+        time=time,
     )
 
 
@@ -583,6 +595,69 @@ class StoreConformance:
         await asyncio.gather(*(store.insert_alone(record(id=f"01M{index:02}")) for index in range(40)))
         page = await store.read_query(ListQuery("session", None, limit=100))
         assert len(page) == 42
+
+    async def test_inserts_asked_for_at_once_each_meet_only_their_own_fault(self, store: Store) -> None:
+        """Many ``insert_alone`` calls in one turn of the loop (which a store may make in a
+        few statements together): each lands, or fails, as it would alone. An id or name
+        taken (before, or by another of them) is StoreConflictError; under a request id each
+        stamps its own row, and one whose id another live run holds writes nothing."""
+        store.insert(record(id="01T", name="taken"))
+        assert store.stamp_request(request_entry(owner="other", request_id="held"), cutoff=0.0)
+        claims = {
+            "01C": Claim(request_entry(request_id="mine"), cutoff=0.0),
+            "01X": Claim(request_entry(request_id="held"), cutoff=0.0),
+        }
+
+        async def insert(new: Record) -> None:
+            CLAIM.set(claims.get(new.id))  # in this task's own context
+            await store.insert_alone(new)
+
+        asked = [
+            record(id="01A", state="active", attrs={"orchestrator": "o", "project": ""}, labels={"k": "v"}),
+            record(id="01T"),
+            record(id="01B", state="active", labels={"k": "v", "x": ""}),
+            record(id="01N", name="taken"),
+            record(id="01D", name="d1"),
+            record(id="01D", name="d2"),
+            record(id="01C", state="active", body=b"claimed"),
+            record(id="01X"),
+            record(id="01E", labels={"k": "v"}),
+        ]
+
+        async def failures() -> dict[str, type[BaseException]]:
+            outcomes = await asyncio.gather(*(insert(new) for new in asked), return_exceptions=True)
+            return {new.id: type(outcome) for new, outcome in zip(asked, outcomes, strict=True) if outcome}
+
+        assert await failures() == {
+            "01T": StoreConflictError,
+            "01N": StoreConflictError,
+            "01D": StoreConflictError,
+            "01X": RequestClaimedError,
+        }
+        # Again: every id is taken now, and 01X's request id is still another run's.
+        again = await failures()
+        assert again.pop("01X") is RequestClaimedError
+        assert again == dict.fromkeys(("01A", "01T", "01B", "01N", "01D", "01C", "01E"), StoreConflictError)
+        assert store.get("session", "01X") is None
+        assert store.get("session", "01N") is None
+        first_d = store.get("session", "01D")
+        assert first_d is not None
+        assert first_d.name in ("d1", "d2")
+        labelled = await store.read_query(ListQuery("session", None, labels={"k": "v"}))
+        assert [found.id for found in labelled] == ["01E", "01B", "01A"]
+        assert [
+            found.id for found in await store.read_query(ListQuery("session", None, labels={"x": ""}))
+        ] == ["01B"]
+        by_attr = await store.read_query(ListQuery("session", None, attrs={"orchestrator": "o"}))
+        assert [found.id for found in by_attr] == ["01A"]
+        active = await store.read_query(ListQuery("session", None, state="active"))
+        assert [found.id for found in active] == ["01C", "01B", "01A"]
+        stamped = store.get_request("alice", "mine")
+        assert stamped is not None
+        assert (stamped.owner, stamped.written) == ("owner-1", {("session", "01C"): b"claimed"})
+        held = store.get_request("alice", "held")
+        assert held is not None
+        assert held.owner == "other"
 
     async def test_reads_do_not_wait_for_a_write(self, store: Store) -> None:
         store.insert(record(id="01A"))

@@ -7,18 +7,8 @@ from __future__ import annotations
 import pytest
 
 from cleveragents.acp.facade.store.base import Record, Store
-from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestClaimedError, RequestEntry
-
-
-def entry(owner: str = "owner-1", time: float = 1000.0, request_id: str = "r-1") -> RequestEntry:
-    return RequestEntry(
-        principal="alice",
-        request_id=request_id,
-        operation="session.create",
-        digest=b"\x01" * 32,
-        owner=owner,
-        time=time,
-    )
+from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestClaimedError
+from tests.facade.store.conformance import request_entry as entry
 
 
 def record(id_: str, body: bytes = b"body") -> Record:

@@ -16,6 +16,7 @@ import pytest
 
 from cleveragents.acp.facade.store import migrations, sqlite
 from cleveragents.acp.facade.store.base import EventFilter, ListQuery, SchemaTooNewError
+from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestEntry
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from tests.facade.store.conformance import event, record
 from tests.server_process import Children
@@ -257,6 +258,51 @@ async def test_writes_one_turn_of_the_loop_asks_for_share_the_sleeping_writers_c
         await asyncio.gather(*(call(index) for index in range(8)))
         assert len(commits) == 1
         assert len(store.query(ListQuery("session", None))) == 8
+    finally:
+        store.close()
+
+
+async def test_the_inserts_of_one_commit_are_a_few_statements_together(tmp_path: pathlib.Path) -> None:
+    """Each statement costs the writer GIL hand-offs with a busy loop: the inserts one
+    commit takes are one savepoint with one statement for their records, one for their
+    tags and one per request row, whatever their number; one write alone has no savepoint."""
+    store = SQLiteStore(tmp_path / "acp.db")
+    statements: list[str] = []
+    claim = Claim(RequestEntry("alice", "r-1", "session.create", b"\x01" * 32, "owner-1", 1000.0), cutoff=0.0)
+
+    async def insert(index: int) -> None:
+        if index == 3:
+            CLAIM.set(claim)
+        await store.insert_alone(record(id=f"01{index}", state="active", labels={"k": str(index)}))
+
+    try:
+        await _asleep(store)
+        store._db.set_trace_callback(statements.append)
+        await asyncio.gather(*(insert(index) for index in range(8)))
+        verbs = [" ".join(statement.split()[:3]) for statement in statements]
+        assert verbs == [
+            "BEGIN IMMEDIATE",
+            "SAVEPOINT together",
+            "INSERT INTO records",
+            "INSERT OR IGNORE",
+            "INSERT INTO requests",
+            "RELEASE together",
+            "COMMIT",
+        ]
+        assert statements[2].count("'01") == 8
+        assert len(store.query(ListQuery("session", None, state="active"))) == 8
+        assert [found.id for found in store.query(ListQuery("session", None, labels={"k": "5"}))] == ["015"]
+        stamped = store.get_request("alice", "r-1")
+        assert stamped is not None
+        assert stamped.written == {("session", "013"): b"body-013"}
+        await _asleep(store)
+        statements.clear()
+        await store.insert_alone(record(id="01Z"))
+        await store.write(lambda s: s.update(record(id="01Z", state="closed")))
+        assert [statement.split()[0] for statement in statements] == [
+            *("BEGIN", "INSERT", "COMMIT"),
+            *("BEGIN", "SELECT", "UPDATE", "INSERT", "COMMIT"),
+        ]
     finally:
         store.close()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import copy
 import functools
 import itertools
 import json
@@ -53,9 +54,11 @@ from cleveragents.acp.facade.store.base import (
 )
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
 from cleveragents.acp.facade.store.migrations import MIGRATIONS
+from cleveragents.acp.facade.store.read_cache import ReadCache
 from cleveragents.acp.facade.store.reads import Outcome, ReadLane
 from cleveragents.acp.facade.store.requests import RequestEntry, decode_written, encode_written
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, DataVersionWakeups, PeerChannel
+from cleveragents.acp.facade.store.wal_index import WalIndex
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +99,29 @@ def _points_statement(records: int, owners: int) -> str:
 
 def _first(item: tuple[int, bytes]) -> int:
     return item[0]
+
+
+# A point read's answer: the record (None: there is none) and its items, if any were asked.
+_Answer = tuple[Record | None, list[tuple[int, bytes]]]
+# What a kept answer costs beside its bodies (the objects around them), roughly.
+_KEPT_OVERHEAD = 300
+
+
+def _copied(answer: _Answer) -> _Answer:
+    """An answer no caller of ``read_cache`` shares with another: a Record and its dicts
+    may be changed by whoever got them (bodies and item tuples are immutable)."""
+    record, items = answer
+    if record is not None:
+        record = copy.copy(record)
+        record.attrs = dict(record.attrs)
+        record.labels = dict(record.labels)
+    return record, list(items)
+
+
+def _size(answer: _Answer) -> int:
+    record, items = answer
+    size = _KEPT_OVERHEAD + (len(record.body) if record is not None else 0)
+    return size + sum(len(body) + 64 for _, body in items)
 
 
 class _PointRead:
@@ -294,10 +320,12 @@ class SQLiteStore(Store):
         readers: int = 2,
         wakeup_tick: float = DEFAULT_WAKEUP_TICK,
         peers: PeerChannel | None = None,
+        cache_reads: bool = True,
     ) -> None:
         """``wakeup_tick``: how often an event follower looks at the file's data_version;
         ``peers``: the other workers of this server, told at once of each commit that
-        appended events (``wakeups.PeerChannel``)."""
+        appended events (``wakeups.PeerChannel``); ``cache_reads``: answer point and
+        by-name reads again from memory while nobody commits (``read_cache.py``)."""
         self.path = pathlib.Path(path)
         if str(path) == ":memory:":
             raise ValueError("SQLiteStore needs a file: its readers open their own connections")
@@ -314,7 +342,7 @@ class SQLiteStore(Store):
         self._owner: asyncio.Task[Any] | None = None
         self._after_commit: list[Callable[[], None]] = []
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        wal = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.execute("PRAGMA foreign_keys=ON")
         # Savepoints' and statements' rollback journals in memory, not in temporary files:
@@ -333,6 +361,13 @@ class SQLiteStore(Store):
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._reads = ReadLane(readers, "acp-store-read")
+        # Point and by-name reads answered on the loop while nobody commits (read_cache.py).
+        # Only in WAL mode: a -shm file left by an earlier WAL session would never change.
+        self._index = WalIndex(self.path) if wal and cache_reads else None
+        self._cache: ReadCache[_Answer] | None = ReadCache(self._index) if self._index else None
+        # The one event loop that uses the cache (it has no lock): another one's reads go
+        # to the readers, until the first is closed.
+        self._cache_loop: asyncio.AbstractEventLoop | None = None
         # Writes queued for the writer thread, started on the first write().
         self._queue: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
@@ -424,11 +459,51 @@ class SQLiteStore(Store):
     ) -> tuple[Record | None, list[tuple[int, bytes]]]:
         if self._closed:
             raise RuntimeError("the store is closed")
+        cache = self._cache_here()
+        key = (kind, id, collection)
+        state = cache.look() if cache is not None else None
+        if cache is not None:
+            found, kept = cache.get(state, key)
+            if found:
+                return _copied(cast(_Answer, kept))
         read = _PointRead(self._read_points, kind, id, collection, time.monotonic())
-        return cast(tuple[Record | None, list[tuple[int, bytes]]], await self._reads.run(read))
+        answer = cast(_Answer, await self._reads.run(read))
+        if cache is not None:
+            cache.put(state, key, _copied(answer), _size(answer))
+        return answer
+
+    def _cache_here(self) -> ReadCache[_Answer] | None:
+        """The read cache, if this loop is the one using it."""
+        if self._cache is None:
+            return None
+        loop = asyncio.get_running_loop()
+        owner = self._cache_loop
+        if owner is loop:
+            return self._cache
+        if owner is not None and not owner.is_closed():
+            return None
+        with self._readers_lock:
+            if self._cache_loop is not owner:
+                return None
+            self._cache.clear()
+            self._cache_loop = loop
+        return self._cache
 
     async def read_get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
-        return await self._read(lambda store: store.get_by_name(kind, namespace, name), transaction=False)
+        if self._closed:
+            raise RuntimeError("the store is closed")
+        cache = self._cache_here()
+        key = ("by-name", kind, namespace, name)
+        state = cache.look() if cache is not None else None
+        if cache is not None:
+            found, kept = cache.get(state, key)
+            if found:
+                return _copied(cast(_Answer, kept))[0]
+        record = await self._read(lambda store: store.get_by_name(kind, namespace, name), transaction=False)
+        if cache is not None:
+            answer: _Answer = (record, [])
+            cache.put(state, key, _copied(answer), _size(answer))
+        return record
 
     async def read_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
         return await self._read(lambda store: store.list_items(collection, owner_id), transaction=False)
@@ -1138,6 +1213,10 @@ class SQLiteStore(Store):
                 readers, self._readers = self._readers, []
             for db in readers:
                 db.close()
+            if self._cache is not None:
+                self._cache.clear()
+            if self._index is not None:
+                self._index.close()
             self._db.close()
         if self.peers is not None:
             self.peers.close()

@@ -335,7 +335,7 @@ async def test_point_reads_one_turn_of_the_loop_asks_for_are_one_statement(
     statement costs it GIL hand-offs with the loop). When that statement fails (here their
     answers together exceed SQLite's length limit, though each fits alone), each read is
     made alone: none fails for sharing a statement."""
-    store = SQLiteStore(tmp_path / "acp.db")
+    store = SQLiteStore(tmp_path / "acp.db", cache_reads=False)
     try:
         for n in range(5):
             store.insert(record(id=f"01{n}", body=bytes([n]) * 300))

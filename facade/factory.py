@@ -284,6 +284,9 @@ class _Inspector:
     def observe_store(self, observer: StoreObserver) -> None:
         self._store.observe(observer)
 
+    def read_cache_counts(self) -> tuple[int, int]:
+        return self._store.read_cache_counts()
+
 
 def _census(store: Store) -> tuple[int, dict[tuple[str, str], int]]:
     plans = Counter((record.attrs.get("phase", ""), record.state) for record in store.iter_kind(PLAN_KIND))

@@ -64,6 +64,9 @@ class Inspector(Protocol):
     def observe_store(self, observer: StoreObserver) -> None:
         """Have the store report its commit and wait times to ``observer``."""
 
+    def read_cache_counts(self) -> tuple[int, int]:
+        """Reads the store answered from memory, and those it did not, so far."""
+
 
 class ServiceFacade:
     def __init__(

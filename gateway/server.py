@@ -201,6 +201,7 @@ class Server:
             self.observability.readiness.probe_with(facade.inspector.probe)
             self.observability.metrics.sample_with(facade.inspector.census)
             facade.inspector.observe_store(self.observability.metrics)
+            self.observability.metrics.count_cached_reads_with(facade.inspector.read_cache_counts)
 
     async def _open(self, opening: Callable[[], ServiceFacade], stand_in: OpeningService) -> None:
         """Open the facade on a worker thread (migrations, restart recovery) while the

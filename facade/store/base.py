@@ -218,6 +218,11 @@ class Store(abc.ABC):
         """Report commit and wait times to ``observer`` from now on (None: stop)."""
         self.observer = observer
 
+    def read_cache_counts(self) -> tuple[int, int]:
+        """Point reads answered from memory, and those that went to the database, so far
+        (a store that keeps no answers: none of either)."""
+        return 0, 0
+
     # the event loop's interface --------------------------------------------------------
 
     @abc.abstractmethod

@@ -472,6 +472,10 @@ class SQLiteStore(Store):
             cache.put(state, key, _copied(answer), _size(answer))
         return answer
 
+    def read_cache_counts(self) -> tuple[int, int]:
+        cache = self._cache
+        return (cache.hits, cache.misses) if cache is not None else (0, 0)
+
     def _cache_here(self) -> ReadCache[_Answer] | None:
         """The read cache, if this loop is the one using it."""
         if self._cache is None:

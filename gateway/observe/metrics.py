@@ -104,6 +104,28 @@ class _CallCollector(Collector):
         return [requests, duration]
 
 
+class _ReadCacheCollector(Collector):
+    """The store's counts of reads answered from memory or not, read when scraped."""
+
+    def __init__(self) -> None:
+        self.counts: Callable[[], tuple[int, int]] | None = None
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "acp_store_read_cache",
+            "Point reads (session.show, a registry's show) answered from memory because nobody "
+            "committed since they were read (hit), or read from the database (miss).",
+            labels=("result",),
+        )
+        hits, misses = self.counts() if self.counts is not None else (0, 0)
+        family.add_metric(["hit"], hits)
+        family.add_metric(["miss"], misses)
+        return [family]
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -111,6 +133,8 @@ class Metrics:
         PlatformCollector(registry=self.registry)
         self._calls = _CallCollector()
         self.registry.register(self._calls)
+        self._read_cache = _ReadCacheCollector()
+        self.registry.register(self._read_cache)
         self._series: dict[tuple[str, str], _Series] = {}
         self.subscribers = Gauge(
             "acp_event_stream_subscribers",
@@ -175,6 +199,10 @@ class Metrics:
         if series is None:
             raise ValueError(f"unbounded metric label access={access!r}")
         series.observe(seconds)
+
+    def count_cached_reads_with(self, counts: Callable[[], tuple[int, int]]) -> None:
+        """``counts``: the store's (hits, misses), two ints read from any thread."""
+        self._read_cache.counts = counts
 
     def sample_with(self, sampler: Sampler) -> None:
         self._sampler = sampler

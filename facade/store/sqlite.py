@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
-import copy
 import functools
 import itertools
 import json
@@ -112,9 +111,20 @@ def _copied(answer: _Answer) -> _Answer:
     may be changed by whoever got them (bodies and item tuples are immutable)."""
     record, items = answer
     if record is not None:
-        record = copy.copy(record)
-        record.attrs = dict(record.attrs)
-        record.labels = dict(record.labels)
+        # The constructor, not copy.copy: a third of the cost, on every answer from memory.
+        record = Record(
+            kind=record.kind,
+            id=record.id,
+            namespace=record.namespace,
+            body=record.body,
+            name=record.name,
+            revision=record.revision,
+            state=record.state,
+            attrs=dict(record.attrs),
+            labels=dict(record.labels),
+            create_time=record.create_time,
+            update_time=record.update_time,
+        )
     return record, list(items)
 
 

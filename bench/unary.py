@@ -171,8 +171,24 @@ def gateway_figures(run: Run, product: Product, session_id: str) -> None:
         run.record(f"gateway_{name}_p99_ratio", ours.p99_ms / raw.p99_ms, by)
 
 
+def read_cache_counts(product: Product) -> dict[str, float]:
+    """The server's ``acp_store_read_cache_total`` by result (docs/observability.md)."""
+    answer = httpx.get(f"{product.http_url}/metrics", headers=product.auth_header, timeout=10)
+    answer.raise_for_status()
+    counts = {"hit": 0.0, "miss": 0.0}
+    for line in answer.text.splitlines():
+        for result in counts:
+            if line.startswith(f'acp_store_read_cache_total{{result="{result}"}} '):
+                counts[result] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
 def run_all(run: Run) -> None:
     with Product(run.scratch("unary")) as product:
         session_id, response_bytes = asyncio.run(seed_session(product))
         grpc_figures(run, product, session_id, response_bytes)
         gateway_figures(run, product, session_id)
+        # The shows above are of one session nobody changes: answered from memory
+        # (docs/server.md, "Reads asked again"), which the details say.
+        counts = read_cache_counts(product)
+        run.note("unary_read_cache_hit_fraction", counts["hit"] / max(1.0, counts["hit"] + counts["miss"]))

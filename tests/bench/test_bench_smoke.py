@@ -57,3 +57,7 @@ def test_python_load_generators_measure_without_wrk_or_h2load(tmp_path: pathlib.
     figures = doc["figures"]
     assert isinstance(figures, dict)
     assert figures["grpc_unary_ratio"] > 0
+    # One session shown over and over, nothing committed meanwhile: from memory.
+    details = doc["details"]
+    assert isinstance(details, dict)
+    assert details["unary_read_cache_hit_fraction"] > 0.9

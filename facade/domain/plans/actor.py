@@ -65,15 +65,21 @@ def _context(setup: PlanSetup, inputs: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def prompt(
-    setup: PlanSetup, inputs: Mapping[str, Any], corrections: Sequence[str]
-) -> plan_pb2.GetPlanPromptResponse:
+def task(setup: PlanSetup, inputs: Mapping[str, Any]) -> str:
+    """The action's prompt template filled in: INVALID_PARAMS when an input it names is missing.
+    Without the context, so it reads no folder: ``plan.use`` checks it on the event loop."""
     try:
-        action_prompt = templates.render_text(setup.action.spec.prompt_template, inputs)
+        return templates.render_text(setup.action.spec.prompt_template, inputs)
     except templates.TemplateError as exc:
         raise ACPError(
             ErrorCode.INVALID_PARAMS, f"prompt_template: {exc}", {"field": "inputs", "placeholder": exc.name}
         ) from None
+
+
+def prompt(
+    setup: PlanSetup, inputs: Mapping[str, Any], corrections: Sequence[str]
+) -> plan_pb2.GetPlanPromptResponse:
+    action_prompt = task(setup, inputs)
     skills = [f"{name}: {text}" for name, text in setup.skills]
     context = _context(setup, inputs)
     sections = briefing(setup, context)

@@ -380,7 +380,9 @@ class PlanEngine:
         await self._read(lambda: [setup.tool_spec(self.registries, namespace, step.tool) for step in steps])
         # A model chooses its own steps: the declared ones are the scripted actor's.
         planned = 0 if self._model(plan_setup) is not None else len(steps)
-        actor.prompt(plan_setup, values, [])
+        # The template only: the prompt's context lists the project's files, a walk of the
+        # folder that must not run on the loop (it is built when the plan strategizes).
+        actor.task(plan_setup, values)
         now = _now()
         plan = plan_pb2.Plan(
             meta=common_pb2.EntityMeta(id=str(ULID()), namespace=namespace, create_time=now, update_time=now),
@@ -855,7 +857,8 @@ class PlanEngine:
 
         await self._read(check_overrides)
         texts = [c.text for c in [*corrections, request] if c.text]
-        given = actor.prompt(plan_setup, actor.as_dict(plan.inputs), texts)
+        # Off the loop: the prompt's context walks the project's folder.
+        given = await asyncio.to_thread(actor.prompt, plan_setup, actor.as_dict(plan.inputs), texts)
         plan.ClearField("last_error")
 
         def record() -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+import threading
 
 import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.facade.domain.plans import paths
 from cleveragents.acp.v1 import plan_pb2
 from tests.facade.plans.helpers import (
     INPUTS,
@@ -219,5 +221,40 @@ async def test_a_placeholder_without_an_input_is_refused_at_use(
     )
     with pytest.raises(ACPError) as info:
         await client.call("plan.use", action="typo", project="proj", inputs={"name": "a"})
+    assert info.value.code == "INVALID_PARAMS"
+    assert info.value.details["placeholder"] == "nmae"
+
+
+async def test_use_checks_the_prompt_template_and_walks_no_folder_on_the_event_loop(
+    client: ACPClient, project: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prompt's context lists the project's files: a walk as long as the folder is big,
+    so never on the loop's thread (it stalled every other call while plan.use ran); a
+    missing input of the prompt template is still refused at use."""
+    walked_on: list[int] = []
+    walk = paths.walk_files
+
+    def recorded(root: pathlib.Path, below: str = "") -> list[str]:
+        walked_on.append(threading.get_ident())
+        return walk(root, below)
+
+    monkeypatch.setattr(paths, "walk_files", recorded)
+    loop_thread = threading.get_ident()
+    plan = await use(client)
+    assert loop_thread not in walked_on
+    plan = await run(client, plan.meta.id)
+    assert plan.state == plan_pb2.PLAN_STATE_SUCCEEDED
+    assert walked_on, "the strategy's prompt lists the project's files"
+    assert loop_thread not in walked_on
+    tree = await client.call("plan.tree", plan_id=plan.meta.id)
+    assert isinstance(tree, plan_pb2.GetPlanTreeResponse)
+    walked_on.clear()
+    await client.call("plan.correct", plan_id=plan.meta.id, node_id=tree.nodes[0].id, text="shorter")
+    assert walked_on, "the corrected prompt lists them again"
+    assert loop_thread not in walked_on
+
+    await add_action(client, name="typo", schema=SCHEMA, prompt="Write the {{nmae}} guide.")
+    with pytest.raises(ACPError) as info:
+        await client.call("plan.use", action="typo", project="proj", inputs=INPUTS)
     assert info.value.code == "INVALID_PARAMS"
     assert info.value.details["placeholder"] == "nmae"

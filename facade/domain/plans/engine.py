@@ -553,21 +553,34 @@ class PlanEngine:
         self._transition(plan, next_phase, model.RUNNING)
 
     async def _strategize(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> None:
-        """The strategy is recorded even when its cost crosses the budget (then it halts)."""
-        halt = await self._write(lambda: self._strategize_now(plan, plan_setup))
+        """The strategy is recorded even when its cost crosses the budget (then it halts).
+
+        The prompt is built first on a worker thread: its context walks the project's
+        folder, which must hold neither the loop nor the writer (every commit waits for it)."""
+        inputs = actor.as_dict(plan.inputs)
+        corrections = await self._read(
+            lambda: [c.text for c in self.records.corrections(plan.meta.id) if c.text]
+        )
+        runner = self._model(plan_setup)
+        build = actor.prompt if runner is None else runner.prompt
+        given = await asyncio.to_thread(build, plan_setup, inputs, corrections)
+        halt = await self._write(lambda: self._strategize_now(plan, plan_setup, inputs, given))
         if halt is not None:
             raise halt
 
-    def _strategize_now(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> _HaltError | None:
-        inputs = actor.as_dict(plan.inputs)
-        corrections = [c.text for c in self.records.corrections(plan.meta.id) if c.text]
+    def _strategize_now(
+        self,
+        plan: plan_pb2.Plan,
+        plan_setup: setup.PlanSetup,
+        inputs: dict[str, Any],
+        given: plan_pb2.GetPlanPromptResponse,
+    ) -> _HaltError | None:
         runner = self._model(plan_setup)
         if runner is not None:
             # A model is charged what each of its turns used, as it runs.
-            self.records.save_prompt(plan.meta.id, runner.prompt(plan_setup, inputs, corrections))
+            self.records.save_prompt(plan.meta.id, given)
             self._record_strategy(plan, runner.strategize(plan_setup, plan))
             return None
-        given = actor.prompt(plan_setup, inputs, corrections)
         strategy = actor.strategize(plan_setup, plan, inputs)
         self.records.save_prompt(plan.meta.id, given)
         self._record_strategy(plan, strategy)

@@ -229,29 +229,32 @@ async def test_use_checks_the_prompt_template_and_walks_no_folder_on_the_event_l
     client: ACPClient, project: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The prompt's context lists the project's files: a walk as long as the folder is big,
-    so never on the loop's thread (it stalled every other call while plan.use ran); a
-    missing input of the prompt template is still refused at use."""
-    walked_on: list[int] = []
+    so never on the loop's thread (it stalled every other call while plan.use ran) nor on
+    the store's writer (every commit waited for it); a missing input of the prompt template
+    is still refused at use."""
+    walked_on: list[threading.Thread] = []
     walk = paths.walk_files
 
     def recorded(root: pathlib.Path, below: str = "") -> list[str]:
-        walked_on.append(threading.get_ident())
+        walked_on.append(threading.current_thread())
         return walk(root, below)
 
+    def assert_walked_on_workers() -> None:
+        assert walked_on, "the prompt lists the project's files"
+        assert threading.current_thread() not in walked_on
+        assert [thread.name for thread in walked_on if thread.name.startswith("acp-store")] == []
+        walked_on.clear()
+
     monkeypatch.setattr(paths, "walk_files", recorded)
-    loop_thread = threading.get_ident()
     plan = await use(client)
-    assert loop_thread not in walked_on
+    assert walked_on == []
     plan = await run(client, plan.meta.id)
     assert plan.state == plan_pb2.PLAN_STATE_SUCCEEDED
-    assert walked_on, "the strategy's prompt lists the project's files"
-    assert loop_thread not in walked_on
+    assert_walked_on_workers()
     tree = await client.call("plan.tree", plan_id=plan.meta.id)
     assert isinstance(tree, plan_pb2.GetPlanTreeResponse)
-    walked_on.clear()
     await client.call("plan.correct", plan_id=plan.meta.id, node_id=tree.nodes[0].id, text="shorter")
-    assert walked_on, "the corrected prompt lists them again"
-    assert loop_thread not in walked_on
+    assert_walked_on_workers()
 
     await add_action(client, name="typo", schema=SCHEMA, prompt="Write the {{nmae}} guide.")
     with pytest.raises(ACPError) as info:

@@ -40,7 +40,6 @@ import hashlib
 import logging
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -73,6 +72,7 @@ from cleveragents.acp.facade.store.base import (
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
 from cleveragents.acp.facade.store.pg_loop import CUSTOM_PLANS, LoopReads, LoopWrites, Rows
 from cleveragents.acp.facade.store.pg_migrations import PG_MIGRATIONS
+from cleveragents.acp.facade.store.pg_urls import is_postgres_url, redacted
 from cleveragents.acp.facade.store.pg_wire import PSYCOPG, Fallback, NulInTextError, Wire
 from cleveragents.acp.facade.store.reads import ReadLane
 from cleveragents.acp.facade.store.requests import CLAIM, RequestEntry, decode_written, encode_written
@@ -80,7 +80,6 @@ from cleveragents.acp.facade.store.requests import CLAIM, RequestEntry, decode_w
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SCHEMES = ("postgresql://", "postgres://")
 _COLUMNS = "kind, id, namespace, name, revision, state, attrs, labels, create_time, update_time, body"
 # The database server's clock, in seconds since the epoch (clock_timestamp: the time now,
 # not the transaction's start, so a long transaction does not see a lease as younger).
@@ -102,29 +101,6 @@ _BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _IN_TRANSACTION = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 # Failures that mean "another transaction was in the way": nothing was written, retry.
 _BUSY = (errors.LockNotAvailable, errors.DeadlockDetected, errors.SerializationFailure)
-
-
-def is_postgres_url(db: object) -> bool:
-    return isinstance(db, str) and db.startswith(SCHEMES)
-
-
-def redacted(url: str) -> str:
-    """The URL without its password (in the authority or as a query parameter): what a
-    banner or an error message may show."""
-    parts = urllib.parse.urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hostinfo = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{hostinfo}" if ":" in userinfo else f"{user}@{hostinfo}"
-    # The query as given (its escapes kept), but a password's value.
-    query = "&".join(
-        f"{piece.split('=', 1)[0]}=***"
-        if urllib.parse.unquote(piece.split("=", 1)[0]) == "password"
-        else piece
-        for piece in parts.query.split("&")
-    )
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def first_schema(search_path: str) -> str | None:

@@ -35,7 +35,8 @@ from cleveragents.acp.facade.store.base import (
     StoreConflictError,
     StoreUnavailableError,
 )
-from cleveragents.acp.facade.store.postgres import PostgresStore, first_schema, is_postgres_url, redacted
+from cleveragents.acp.facade.store.pg_urls import is_postgres_url, redacted
+from cleveragents.acp.facade.store.postgres import PostgresStore, first_schema
 from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestEntry
 from cleveragents.acp.v1 import session_pb2
 from tests import postgres as pg

@@ -375,3 +375,17 @@ async def test_point_reads_one_turn_of_the_loop_asks_for_are_one_statement(
         assert statements == [6, 6]
     finally:
         store.close()
+
+
+def test_a_server_on_sqlite_never_imports_psycopg(tmp_path: pathlib.Path) -> None:
+    """psycopg is about 10 MiB of resident memory the embedded default never uses: the
+    server's modules, and a facade opened on a SQLite file, leave it unimported."""
+    script = (
+        "import asyncio, sys\n"
+        "import cleveragents.acp.gateway.assembly\n"
+        "from cleveragents.acp.facade.factory import open_facade\n"
+        "facade = open_facade(sys.argv[1])\n"
+        "asyncio.run(facade.close())\n"
+        "assert 'psycopg' not in sys.modules, 'psycopg imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "acp.db")], check=True, timeout=120)

@@ -23,6 +23,10 @@ from cleveragents.acp.v1 import common_pb2, plan_pb2, specs_pb2
 
 # Files listed per resource in the prompt's context.
 CONTEXT_FILES = 200
+# The entries a prompt's context walks at most (folders and files): the count after the
+# listed files stops there (two realpath calls a file; a huge project must not cost each
+# plan seconds of a worker thread).
+CONTEXT_WALK_FILES = 10_000
 _ARG_PREVIEW = 40
 _M = TypeVar("_M", plan_pb2.DecisionNode, plan_pb2.PlanStep)
 
@@ -54,12 +58,14 @@ def _context(setup: PlanSetup, inputs: Mapping[str, Any]) -> str:
         flag = ", read-only" if root.read_only else ""
         lines.append(f"Resource {root.name}: directory {root.root}{flag}")
         try:
-            files = paths.walk_files(root.root)
+            files, more = paths.first_files(root.root, CONTEXT_WALK_FILES)
         except ACPError:
-            files = []
+            files, more = [], False
         for path in files[:CONTEXT_FILES]:
             lines.append(f"  {path}")
-        if len(files) > CONTEXT_FILES:
+        if more:
+            lines.append(f"  ... and more files (the walk stopped after {CONTEXT_WALK_FILES} entries)")
+        elif len(files) > CONTEXT_FILES:
             lines.append(f"  ... and {len(files) - CONTEXT_FILES} more files")
     lines.append("Inputs: " + json.dumps(dict(inputs), sort_keys=True))
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
@@ -108,18 +109,40 @@ def inside(root: pathlib.Path, target: pathlib.Path) -> bool:
 def walk_files(root: pathlib.Path, below: str = "") -> list[str]:
     """Canonical relative paths of the regular files under ``below``, symlinks to files
     inside the folder resolved, links leading out skipped; sorted."""
+    return sorted({found for found in _walk(root, below) if found is not None})
+
+
+def first_files(root: pathlib.Path, limit: int) -> tuple[list[str], bool]:
+    """``walk_files`` of the whole folder, but the walk stops after ``limit`` entries
+    (folders, files, links it skips) and then says True: there may be more. Each file costs
+    two realpath calls, so a caller that shows a few (a prompt's context) must not pay for
+    a huge folder. Stopped early, the files are those met first, in the walk's order."""
+    found: set[str] = set()
+    for visited, canonical in enumerate(_walk(root, ""), start=1):
+        if visited > limit:
+            return sorted(found), True
+        if canonical is not None:
+            found.add(canonical)
+    return sorted(found), False
+
+
+def _walk(root: pathlib.Path, below: str) -> Iterator[str | None]:
+    """Each entry ``walk_files`` meets: a file's canonical path, or None (a folder, a
+    skipped link); a linked file may come twice."""
     base = real_root(root)
     start = base / below if below else base
-    found: set[str] = set()
     if not start.is_dir():
-        return []
+        return
     for folder, _dirs, files in os.walk(start, followlinks=False):
+        yield None
         for name in files:
             entry = pathlib.Path(folder) / name
             if not inside(base, entry):
+                yield None
                 continue
             resolved = entry.resolve()
             canonical = resolved.relative_to(base).as_posix()
             if resolved.is_file() and (not below or canonical.startswith(below + "/")):
-                found.add(canonical)
-    return sorted(found)
+                yield canonical
+            else:
+                yield None

@@ -6,12 +6,13 @@ from __future__ import annotations
 import hashlib
 import pathlib
 import threading
+from collections.abc import Iterator
 
 import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.contract.errors import ACPError
-from cleveragents.acp.facade.domain.plans import paths
+from cleveragents.acp.facade.domain.plans import actor, paths
 from cleveragents.acp.v1 import plan_pb2
 from tests.facade.plans.helpers import (
     INPUTS,
@@ -233,11 +234,11 @@ async def test_use_checks_the_prompt_template_and_walks_no_folder_on_the_event_l
     the store's writer (every commit waited for it); a missing input of the prompt template
     is still refused at use."""
     walked_on: list[threading.Thread] = []
-    walk = paths.walk_files
+    walk = paths._walk
 
-    def recorded(root: pathlib.Path, below: str = "") -> list[str]:
+    def recorded(root: pathlib.Path, below: str) -> Iterator[str | None]:
         walked_on.append(threading.current_thread())
-        return walk(root, below)
+        yield from walk(root, below)
 
     def assert_walked_on_workers() -> None:
         assert walked_on, "the prompt lists the project's files"
@@ -245,7 +246,7 @@ async def test_use_checks_the_prompt_template_and_walks_no_folder_on_the_event_l
         assert [thread.name for thread in walked_on if thread.name.startswith("acp-store")] == []
         walked_on.clear()
 
-    monkeypatch.setattr(paths, "walk_files", recorded)
+    monkeypatch.setattr(paths, "_walk", recorded)
     plan = await use(client)
     assert walked_on == []
     plan = await run(client, plan.meta.id)
@@ -261,3 +262,37 @@ async def test_use_checks_the_prompt_template_and_walks_no_folder_on_the_event_l
         await client.call("plan.use", action="typo", project="proj", inputs=INPUTS)
     assert info.value.code == "INVALID_PARAMS"
     assert info.value.details["placeholder"] == "nmae"
+
+
+def test_first_files_walks_at_most_its_limit_and_says_when_it_stopped(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_tree(tmp_path, {f"d{n % 3}/f{n:02}.txt": b"x" for n in range(30)})
+    (tmp_path / "out").symlink_to("/")  # a link leading out: skipped, but counted as met
+    everything = paths.walk_files(tmp_path)
+    assert len(everything) == 30
+    assert paths.first_files(tmp_path, 1000) == (everything, False)
+    checked: list[pathlib.Path] = []
+    inside = paths.inside
+
+    def counted(root: pathlib.Path, target: pathlib.Path) -> bool:
+        checked.append(target)
+        return inside(root, target)
+
+    monkeypatch.setattr(paths, "inside", counted)
+    found, more = paths.first_files(tmp_path, 10)
+    assert more
+    assert len(checked) <= 10
+    assert 0 < len(found) < 10
+    assert set(found) <= set(everything)
+    assert found == sorted(found)
+
+
+async def test_the_prompt_of_a_project_bigger_than_the_walk_says_the_walk_stopped(
+    client: ACPClient, project: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(actor, "CONTEXT_WALK_FILES", 4)
+    plan = await run(client, (await use(client)).meta.id)
+    prompt = await client.call("plan.prompt", plan_id=plan.meta.id)
+    assert isinstance(prompt, plan_pb2.GetPlanPromptResponse)
+    assert "  ... and more files (the walk stopped after 4 entries)" in prompt.context

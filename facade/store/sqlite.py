@@ -28,7 +28,7 @@ import pathlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
@@ -467,19 +467,25 @@ class SQLiteStore(Store):
     async def _read_point(
         self, kind: str, id: str, collection: str | None
     ) -> tuple[Record | None, list[tuple[int, bytes]]]:
+        async def read() -> _Answer:
+            point = _PointRead(self._read_points, kind, id, collection, time.monotonic())
+            return cast(_Answer, await self._reads.run(point))
+
+        return await self._cached((kind, id, collection), read)
+
+    async def _cached(self, key: tuple[str | None, ...], read: Callable[[], Awaitable[_Answer]]) -> _Answer:
+        """``read()``'s answer, or the one kept for ``key`` if nobody committed since."""
         if self._closed:
             raise RuntimeError("the store is closed")
         cache = self._cache_here()
-        key = (kind, id, collection)
-        state = cache.look() if cache is not None else None
-        if cache is not None:
-            found, kept = cache.get(state, key)
-            if found:
-                return _copied(cast(_Answer, kept))
-        read = _PointRead(self._read_points, kind, id, collection, time.monotonic())
-        answer = cast(_Answer, await self._reads.run(read))
-        if cache is not None:
-            cache.put(state, key, _copied(answer), _size(answer))
+        if cache is None:
+            return await read()
+        state = cache.look()
+        found, kept = cache.get(state, key)
+        if found:
+            return _copied(cast(_Answer, kept))
+        answer = await read()
+        cache.put(state, key, _copied(answer), _size(answer))
         return answer
 
     def read_cache_counts(self) -> tuple[int, int]:
@@ -504,19 +510,13 @@ class SQLiteStore(Store):
         return self._cache
 
     async def read_get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
-        if self._closed:
-            raise RuntimeError("the store is closed")
-        cache = self._cache_here()
-        key = ("by-name", kind, namespace, name)
-        state = cache.look() if cache is not None else None
-        if cache is not None:
-            found, kept = cache.get(state, key)
-            if found:
-                return _copied(cast(_Answer, kept))[0]
-        record = await self._read(lambda store: store.get_by_name(kind, namespace, name), transaction=False)
-        if cache is not None:
-            answer: _Answer = (record, [])
-            cache.put(state, key, _copied(answer), _size(answer))
+        def get(store: Store) -> Record | None:
+            return store.get_by_name(kind, namespace, name)
+
+        async def read() -> _Answer:
+            return await self._read(get, transaction=False), []
+
+        record, _ = await self._cached(("by-name", kind, namespace, name), read)
         return record
 
     async def read_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:

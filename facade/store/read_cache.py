@@ -47,8 +47,7 @@ class ReadCache(Generic[V]):
         None: unknown now, so nothing is answered from here."""
         state = self._index.state()
         if state != self._state:
-            self._kept.clear()
-            self._size = 0
+            self.clear()
             self._state = state
         return state
 

@@ -1035,6 +1035,16 @@ class PostgresStore(Store):
     def read_events(
         self, after_sequence: int, limit: int, where: EventFilter | None = None
     ) -> list[StoredEvent]:
+        return [_event(row) for row in self._events(_EVENT_COLUMNS, after_sequence, limit, where)]
+
+    def read_event_bodies(
+        self, after_sequence: int, limit: int, where: EventFilter | None = None
+    ) -> list[tuple[int, bytes]]:
+        # Two columns: a backlog decodes only these, and each column is a Python object a row.
+        rows = self._events("sequence, body", after_sequence, limit, where)
+        return [(int(row[0]), bytes(row[1])) for row in rows]
+
+    def _events(self, columns: str, after_sequence: int, limit: int, where: EventFilter | None) -> list[Any]:
         clauses = ["sequence > %s"]
         params: list[Any] = [after_sequence]
         if where is not None:
@@ -1052,11 +1062,10 @@ class PostgresStore(Store):
                 clauses.append("type = ANY(%s::text[])")
                 params.append(sorted(where.types))
         params.append(limit)
-        rows = self._all(
-            f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)} ORDER BY sequence LIMIT %s",
+        return self._all(
+            f"SELECT {columns} FROM events WHERE {' AND '.join(clauses)} ORDER BY sequence LIMIT %s",
             params,
         )
-        return [_event(row) for row in rows]
 
     def last_sequence(self) -> int:
         row = self._one("SELECT last FROM event_sequence")

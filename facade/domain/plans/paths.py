@@ -127,22 +127,44 @@ def first_files(root: pathlib.Path, limit: int) -> tuple[list[str], bool]:
 
 
 def _walk(root: pathlib.Path, below: str) -> Iterator[str | None]:
-    """Each entry ``walk_files`` meets: a file's canonical path, or None (a folder, a
-    skipped link); a linked file may come twice."""
+    """Each entry ``walk_files`` meets, one at a time: a file's canonical path, or None (a
+    folder, a link to a folder, a skipped link, anything not a regular file); a linked file
+    may come twice. A folder is read entry by entry (``os.scandir``), never listed whole
+    first as ``os.walk`` does, so a caller that stops early stops inside a folder of a
+    million names too. Links are not walked into; unreadable folders are skipped."""
     base = real_root(root)
     start = base / below if below else base
     if not start.is_dir():
         return
-    for folder, _dirs, files in os.walk(start, followlinks=False):
-        yield None
-        for name in files:
-            entry = pathlib.Path(folder) / name
-            if not inside(base, entry):
-                yield None
-                continue
-            resolved = entry.resolve()
-            canonical = resolved.relative_to(base).as_posix()
-            if resolved.is_file() and (not below or canonical.startswith(below + "/")):
-                yield canonical
-            else:
-                yield None
+    folders = [str(start)]
+    while folders:
+        try:
+            entries = os.scandir(folders.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(entry.path)
+                        yield None
+                        continue
+                    if entry.is_dir():
+                        yield None
+                        continue
+                except OSError:
+                    yield None
+                    continue
+                yield _canonical_file(base, pathlib.Path(entry.path), below)
+
+
+def _canonical_file(base: pathlib.Path, entry: pathlib.Path, below: str) -> str | None:
+    """A file entry's canonical path when it (or the file it links to) is a regular file
+    inside the folder, and under ``below``."""
+    if not inside(base, entry):
+        return None
+    resolved = entry.resolve()
+    canonical = resolved.relative_to(base).as_posix()
+    if resolved.is_file() and (not below or canonical.startswith(below + "/")):
+        return canonical
+    return None

@@ -4,6 +4,7 @@ rollback, over a real folder."""
 from __future__ import annotations
 
 import hashlib
+import os
 import pathlib
 import threading
 from collections.abc import Iterator
@@ -286,6 +287,54 @@ def test_first_files_walks_at_most_its_limit_and_says_when_it_stopped(
     assert 0 < len(found) < 10
     assert set(found) <= set(everything)
     assert found == sorted(found)
+
+
+def test_first_files_stops_inside_one_huge_folder(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder is read entry by entry: stopping after 50 entries reads about 50 names of a
+    folder of 3,000, not all of them first (os.walk lists a folder whole)."""
+    write_tree(tmp_path, {f"many/f{n:04}.txt": b"x" for n in range(3000)})
+    read: list[str] = []
+    scandir = os.scandir
+
+    class Counted:
+        def __init__(self, path: str) -> None:
+            self._entries = scandir(path)
+
+        def __enter__(self) -> Counted:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._entries.close()
+
+        def __iter__(self) -> Counted:
+            return self
+
+        def __next__(self) -> os.DirEntry[str]:
+            entry = next(self._entries)
+            read.append(entry.name)
+            return entry
+
+    monkeypatch.setattr(os, "scandir", Counted)
+    found, more = paths.first_files(tmp_path, 50)
+    assert more
+    assert len(read) <= 52
+    assert 0 < len(found) <= 50
+    monkeypatch.undo()
+    assert len(paths.walk_files(tmp_path)) == 3000
+
+
+def test_the_walk_skips_links_to_folders_and_out_and_finds_linked_files(tmp_path: pathlib.Path) -> None:
+    write_tree(tmp_path, {"a/one.txt": b"1", "a/b/two.txt": b"2"})
+    (tmp_path / "a" / "to_b").symlink_to(tmp_path / "a" / "b")
+    (tmp_path / "out").symlink_to("/etc")
+    (tmp_path / "passwd").symlink_to("/etc/passwd")
+    (tmp_path / "again.txt").symlink_to(tmp_path / "a" / "one.txt")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(tmp_path / "pipe")
+    assert paths.walk_files(tmp_path) == ["a/b/two.txt", "a/one.txt"]
+    assert paths.walk_files(tmp_path, "a/b") == ["a/b/two.txt"]
 
 
 async def test_the_prompt_of_a_project_bigger_than_the_walk_says_the_walk_stopped(

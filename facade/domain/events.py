@@ -6,8 +6,9 @@ plan, whose events are published one after another).
 
 A subscriber attaches to live events *before* it reads the retained backlog, then drops
 live events the backlog already gave it (by sequence), so nothing published between the
-two is lost. While it is still catching up from the store it cannot fall behind: when its
-queue overflows the queue is discarded and it keeps reading the store. Once live, an
+two is lost. While it is still catching up from the store (until it has handed out the last
+batch it read) it cannot fall behind: when its queue overflows the queue is discarded and
+it keeps reading the store. Once live, an
 overflow ends it with BUDGET_EXCEEDED (refinement SUBSCRIBER_TOO_SLOW) naming the last
 sequence it got, so it resubscribes with that ``after_sequence`` and misses nothing.
 Producers never wait for a subscriber.
@@ -496,6 +497,9 @@ class Subscription:
         # Filled by the producer (under the log's lock), bounded by the log's queue_size.
         self._queue: deque[events_pb2.Event] = deque()
         self._live = False
+        # Live, but still handing out the last backlog batch: an overflow now is read
+        # again from the store, as during catch-up (the reader has taken nothing live yet).
+        self._settling = False
         self._overflowed = False
         self._closed = False
         self._waiter: asyncio.Future[None] | None = None
@@ -513,11 +517,12 @@ class Subscription:
             self._queue.append(event)
         else:
             self._overflowed = True
-            if self._live:
+            if self._live and not self._settling:
                 # Ended: it keeps what it has queued, then learns where to resume.
                 self._log._subscribers.discard(self)
             else:
-                # Still reading the store, which holds all of these: no need to keep them.
+                # Still reading the store (or handing out what it read), which holds all
+                # of these: no need to keep them.
                 self._queue.clear()
         self._wake()
 
@@ -573,7 +578,8 @@ class Subscription:
     async def _catch_up(self) -> None:
         """Read one backlog batch from the store (off the loop, one snapshot); after a short
         one (the head of the log as of that read), switch to the live queue, which holds
-        everything committed since unless it overflowed meanwhile."""
+        everything committed since unless it overflowed meanwhile. Until that batch is
+        handed out the subscriber is settling: an overflow sends it back to the store."""
         after = self.last_sequence
         # Whether others read along is decided as the read starts: they may detach meanwhile.
         batch, first = await self._log._backlog(after, self.filter, self._log.fanning_out)
@@ -591,11 +597,20 @@ class Subscription:
                 self._queue.clear()
                 return
             self._live = True
+            self._settling = bool(batch)
 
     def _take_live(self) -> asyncio.Future[None] | None:
         """Move queued events to pending (dropping what the backlog gave), or a future to
         wait on; raises when the subscriber was ended for being too slow."""
         with self._log._lock:
+            if self._settling:
+                self._settling = False
+                if self._overflowed:
+                    # Overflowed while the last backlog batch was handed out: read on.
+                    self._overflowed = False
+                    self._live = False
+                    self._queue.clear()
+                    return None
             while self._queue:
                 event = self._queue.popleft()
                 if event.sequence > self.last_sequence:

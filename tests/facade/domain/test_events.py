@@ -14,6 +14,7 @@ import pytest
 
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.domain.events import (
+    BACKLOG_BATCH,
     EVENT_TYPES,
     HAND_OUT_BATCH,
     EventLog,
@@ -314,6 +315,28 @@ async def test_switch_over_from_backlog_to_live_has_no_gap_and_no_duplicate(
     got = await collect(subscription, 5000, pause_every=5)
     await producer
     assert sequences(got) == list(range(1001, 6001))
+    subscription.close()
+    log.close()
+
+
+async def test_live_events_beyond_the_queue_while_the_last_backlog_batch_is_handed_out_are_reread(
+    store: SQLiteStore,
+) -> None:
+    """The last (short) backlog batch switches the subscriber to its live queue, but the
+    reader is still handing that batch out: live events overflowing the queue then are
+    read again from the store, as during catch-up, instead of ending the subscriber for
+    being slow (it was not: it had read nothing live yet)."""
+    log = EventLog(store, queue_size=4)
+    log.publish_many([state_changed("p", f"old-{i}") for i in range(BACKLOG_BATCH + 44)])
+    subscription = log.subscribe(namespaces=None)
+    first = await collect(subscription, BACKLOG_BATCH + 1)
+    # The short batch is read: the subscriber is attached to the live queue with 43 to hand out.
+    log.publish_many([state_changed("p", f"new-{i}") for i in range(10)])
+    rest = await collect(subscription, 43 + 10)
+    assert sequences(first + rest) == list(range(1, BACKLOG_BATCH + 55))
+    # Once everything read is handed out, the live queue takes over again.
+    log.publish(state_changed("p", "live"))
+    assert sequences(await collect(subscription, 1)) == [BACKLOG_BATCH + 55]
     subscription.close()
     log.close()
 

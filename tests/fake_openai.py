@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MODEL = "fake-model"
+# How long a ``linger`` stream keeps its connection open after ``[DONE]``.
+HANG_AFTER_DONE = 30.0
 
 
 # answers ----------------------------------------------------------------------------------
@@ -34,7 +36,8 @@ MODEL = "fake-model"
 class Stream:
     """An SSE answer. ``chunks`` are objects (sent as JSON) or raw ``data:`` payload text.
     ``end``: ``done`` sends ``[DONE]``; ``eof`` ends the body without it; ``reset`` drops the
-    connection in the middle of the body."""
+    connection in the middle of the body; ``linger`` sends ``[DONE]`` but never ends the body
+    (the connection stays open, silent, for ``HANG_AFTER_DONE`` seconds)."""
 
     chunks: Sequence[dict[str, Any] | str]
     delay: float = 0.0
@@ -179,6 +182,8 @@ class FakeOpenAI:
         self.requests: list[Request] = []
         # Connections the client closed before the answer was complete.
         self.dropped = 0
+        # Connections the client opened.
+        self.connections = 0
         # Seconds spent producing answers (benchmarks subtract it).
         self.busy_seconds = 0.0
         self._server: asyncio.Server | None = None
@@ -243,6 +248,7 @@ class FakeOpenAI:
     # HTTP ---------------------------------------------------------------------------
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         self._writers.add(writer)
         try:
             while True:
@@ -324,9 +330,13 @@ class FakeOpenAI:
             writer.transport.abort()
             return False
         mark = time.perf_counter()
-        if answer.end == "done":
+        if answer.end in ("done", "linger"):
             frame = b"data: [DONE]\n\n"
             writer.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+        if answer.end == "linger":
+            await writer.drain()
+            await asyncio.sleep(HANG_AFTER_DONE)
+            return False
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         self.busy_seconds += busy + time.perf_counter() - mark

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from cleveragents.acp.facade.domain.models import client
 from cleveragents.acp.facade.domain.models.client import NO_KEY, ChatModels
 from cleveragents.acp.facade.domain.models.failures import ModelCancelledError, ModelError
 from cleveragents.acp.facade.domain.models.settings import ModelSettings
@@ -94,11 +95,54 @@ async def test_text_streams_in_pieces_and_the_request_is_the_wire_format(
     assert request.method == "POST"
     assert request.path == "/v1/chat/completions"
     assert request.headers["authorization"] == f"Bearer {KEY}"
-    assert request.body["stream"] is True
-    assert request.body["stream_options"] == {"include_usage": True}
-    assert request.body["model"] == "fake-model"
-    assert request.body["messages"] == MESSAGES
-    assert request.body["tools"] == tools
+    assert request.body == {
+        "model": "fake-model",
+        "stream": True,
+        "messages": MESSAGES,
+        "stream_options": {"include_usage": True},
+        "tools": tools,
+    }
+
+
+async def test_turns_in_a_row_reuse_one_connection(fake: FakeOpenAI, models: ChatModels) -> None:
+    """The body is read to its end after [DONE], so the connection goes back to the pool:
+    a new connection per turn would be a new TLS handshake per turn against a hosted model."""
+    fake.repeat = turn("Hello there, world", pieces=4, tokens=(12, 5))
+    for _ in range(3):
+        assert (await models.stream("a", actor(fake), MESSAGES, [], Pieces())).text == "Hello there, world"
+    assert len(fake.requests) == 3
+    assert fake.connections == 1
+
+
+async def test_lines_after_done_are_read_only_up_to_a_bound(fake: FakeOpenAI, models: ChatModels) -> None:
+    """A server that keeps writing after [DONE]: the answer is what came before it, the
+    rest is read only up to DRAIN_LINES, then that connection is closed, not reused."""
+    chunks: list[dict[str, Any] | str] = [
+        chunk({"role": "assistant", "content": "done here"}),
+        chunk({}, "stop"),
+    ]
+    chunks += ["[DONE]"] + ['{"junk": 1}'] * (client.DRAIN_LINES * 2)
+    fake.then(Stream(chunks), turn("next", pieces=1))
+    first = await models.stream("a", actor(fake), MESSAGES, [], Pieces())
+    assert first.text == "done here"
+    assert (await models.stream("a", actor(fake), MESSAGES, [], Pieces())).text == "next"
+    assert fake.connections == 2
+
+
+async def test_a_server_silent_after_done_does_not_hold_the_turn(fake: FakeOpenAI) -> None:
+    """[DONE] and then nothing, the body never ended: the turn ends within the drain's
+    bound, not the read timeout, and the next turn opens a new connection."""
+    settings = ModelSettings(retries=0, read_timeout_seconds=60)
+    chat = ChatModels(settings, {"TEST_KEY": KEY})
+    try:
+        fake.then(Stream(turn("quiet", pieces=2).chunks, end="linger"), turn("again", pieces=1))
+        started = time.monotonic()
+        assert (await chat.stream("a", actor(fake), MESSAGES, [], Pieces())).text == "quiet"
+        assert time.monotonic() - started < client.DRAIN_SECONDS + 5
+        assert (await chat.stream("a", actor(fake), MESSAGES, [], Pieces())).text == "again"
+        assert fake.connections == 2
+    finally:
+        await chat.close()
 
 
 async def test_tool_call_arguments_split_over_chunks_are_joined(fake: FakeOpenAI, models: ChatModels) -> None:

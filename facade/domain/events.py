@@ -544,6 +544,8 @@ class Subscription:
         await self._fill()
         event = self._pending.popleft()
         self.last_sequence = event.sequence
+        if self._settling and not self._pending:
+            self._settle()
         return event
 
     async def next_batch(self) -> list[events_pb2.Event]:
@@ -558,7 +560,19 @@ class Subscription:
         else:
             taken = [pending.popleft() for _ in range(HAND_OUT_BATCH)]
         self.last_sequence = taken[-1].sequence
+        if self._settling and not pending:
+            self._settle()
         return taken
+
+    def _settle(self) -> None:
+        """The last backlog batch is handed out: from now on the live rules apply. If the
+        queue overflowed meanwhile, it was dropped: read on from the store."""
+        with self._log._lock:
+            self._settling = False
+            if self._overflowed:
+                self._overflowed = False
+                self._live = False
+                self._queue.clear()
 
     async def _fill(self) -> None:
         """Wait until events are pending; StopAsyncIteration once closed."""
@@ -603,14 +617,6 @@ class Subscription:
         """Move queued events to pending (dropping what the backlog gave), or a future to
         wait on; raises when the subscriber was ended for being too slow."""
         with self._log._lock:
-            if self._settling:
-                self._settling = False
-                if self._overflowed:
-                    # Overflowed while the last backlog batch was handed out: read on.
-                    self._overflowed = False
-                    self._live = False
-                    self._queue.clear()
-                    return None
             while self._queue:
                 event = self._queue.popleft()
                 if event.sequence > self.last_sequence:

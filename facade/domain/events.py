@@ -8,9 +8,9 @@ A subscriber attaches to live events *before* it reads the retained backlog, the
 live events the backlog already gave it (by sequence), so nothing published between the
 two is lost. While it is still catching up from the store (until it has handed out the last
 batch it read) it cannot fall behind: when its queue overflows the queue is discarded and
-it keeps reading the store. Once live, an
-overflow ends it with BUDGET_EXCEEDED (refinement SUBSCRIBER_TOO_SLOW) naming the last
-sequence it got, so it resubscribes with that ``after_sequence`` and misses nothing.
+it keeps reading the store. Once live, an overflow ends it with BUDGET_EXCEEDED (refinement
+SUBSCRIBER_TOO_SLOW) naming the last sequence it got, so it resubscribes with that
+``after_sequence`` and misses nothing.
 Producers never wait for a subscriber.
 
 Several processes may share one store (``agents serve --workers N``, replicas on one

@@ -291,9 +291,9 @@ class _Call:
                         turn = builder.cut()
                         turn.finish_reason = "length_budget"
                         return turn
-            else:
-                if reader.pending:
-                    builder.add(reader.line(""))
+            # After [DONE] nothing is pending: this is for a body that ended without it.
+            if reader.pending:
+                builder.add(reader.line(""))
         except StreamEndError:
             pass
         except httpx2.TimeoutException:

@@ -294,8 +294,6 @@ class _Call:
             # After [DONE] nothing is pending: this is for a body that ended without it.
             if reader.pending:
                 builder.add(reader.line(""))
-        except StreamEndError:
-            pass
         except httpx2.TimeoutException:
             failure = self._unavailable(
                 f"went silent for {self.settings.read_timeout_seconds:g} s in the middle of its answer"

@@ -284,6 +284,10 @@ HOLD = 0.0005
 _LOCK_SLICE_MS = 50
 
 
+# How often a store opening a file another process is creating tries WAL mode again.
+_WAL_RETRY_SECONDS = 0.01
+
+
 def _busy(exc: sqlite3.OperationalError) -> bool:
     text = str(exc)
     return "locked" in text or "busy" in text
@@ -352,7 +356,7 @@ class SQLiteStore(Store):
         self._owner: asyncio.Task[Any] | None = None
         self._after_commit: list[Callable[[], None]] = []
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        wal = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+        wal = self._wal_mode()
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.execute("PRAGMA foreign_keys=ON")
         # Savepoints' and statements' rollback journals in memory, not in temporary files:
@@ -390,6 +394,21 @@ class SQLiteStore(Store):
         self._closed = False
         # Committed writes whose callbacks and answers are due, in commit order.
         self._order = CommitOrder()
+
+    def _wal_mode(self) -> bool:
+        """Switch the file to WAL; whether it is in WAL mode. Processes opening one new file
+        together (workers, a CLI beside a server) each need its exclusive lock for that, and
+        SQLite answers "database is locked" at once, without its busy handler, to one that
+        finds another's write transaction open: it tries again until the write bound."""
+        deadline = time.monotonic() + self.write_timeout
+        while True:
+            try:
+                return bool(self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal")
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc) or time.monotonic() >= deadline:
+                    self._db.close()
+                    raise
+            time.sleep(_WAL_RETRY_SECONDS)
 
     # schema ---------------------------------------------------------------------------
 

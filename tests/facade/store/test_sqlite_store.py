@@ -8,6 +8,7 @@ import pathlib
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable
 from typing import Any
@@ -108,6 +109,45 @@ def test_database_from_a_newer_release_is_refused(db_path: pathlib.Path) -> None
     raw.close()
     with pytest.raises(SchemaTooNewError, match="schema version"):
         SQLiteStore(db_path)
+
+
+def test_a_new_file_another_connection_is_writing_is_opened_once_it_commits(tmp_path: pathlib.Path) -> None:
+    """Switching a file to WAL needs its exclusive lock, and SQLite refuses at once, without
+    its busy handler, while another connection's write transaction is open on a new
+    (rollback-journal) file: the race of processes opening one new file together. The
+    store tries again until the write bound instead of failing."""
+    path = tmp_path / "new.db"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE theirs (x)")
+    other.execute("BEGIN IMMEDIATE")
+    timer = threading.Timer(0.3, lambda: other.execute("COMMIT"))
+    timer.start()
+    started = time.monotonic()
+    try:
+        store = SQLiteStore(path, write_timeout=10)
+    finally:
+        timer.join()
+        other.close()
+    try:
+        assert time.monotonic() - started >= 0.25
+        assert store.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert store.schema_version == len(migrations.MIGRATIONS)
+    finally:
+        store.close()
+
+
+def test_a_new_file_locked_past_the_write_bound_is_refused(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "new.db"
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("CREATE TABLE theirs (x)")
+    other.execute("BEGIN IMMEDIATE")
+    started = time.monotonic()
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            SQLiteStore(path, write_timeout=0.3)
+        assert 0.3 <= time.monotonic() - started < 5
+    finally:
+        other.close()
 
 
 def test_processes_opening_one_new_file_together_migrate_it_once(

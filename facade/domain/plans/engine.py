@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -118,6 +119,10 @@ def _inputs(schema: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
             {"field": "inputs", "errors": problems},
         )
     return inputs
+
+
+def _lease_of(name: str, store: Store) -> Lease | None:
+    return store.get_lease(name)
 
 
 def _index_of(steps: Sequence[plan_pb2.PlanStep], step: plan_pb2.PlanStep) -> int:
@@ -1301,7 +1306,9 @@ class PlanEngine:
             return
         lost, requests = await self.store.write(self.leases.renew)
         for plan_id in lost:
-            log.warning("plan %s: this process lost its lease; the plan stops here", plan_id)
+            name, token = leases.lease_name(plan_id), self.leases.held.get(plan_id, 0)
+            current = await self.store.read(functools.partial(_lease_of, name))
+            log.warning("plan %s stops here: %s", plan_id, LeaseLostError(name, token, current))
             self._stop_local(plan_id, "the plan's lease was lost")
         for plan_id, request in requests.items():
             self._requested(plan_id, request)

@@ -341,3 +341,65 @@ async def _lease(facade: ServiceFacade, plan_id: str) -> Lease:
     found = await _engine(facade).store.read(lambda store: store.get_lease(leases.lease_name(plan_id)))
     assert found is not None
     return found
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, db_path: pathlib.Path) -> Iterator[str]:
+    """A SQLite file, or a fresh PostgreSQL schema (skipped loudly without one)."""
+    if request.param == "sqlite":
+        yield str(db_path)
+        return
+    with postgres.fresh_schema("reclaim") as url:
+        yield url
+
+
+async def test_a_holder_whose_lease_expired_unclaimed_renews_it_and_goes_on(
+    tmp_path: pathlib.Path, database: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A busy process (here: its heartbeat stopped) finds at its next write that its lease
+    expired, nobody having claimed it (one process, no takeover scanner): it renews it at
+    the same token and the plan completes, instead of stopping silently at RUNNING."""
+    monkeypatch.setenv(leases.TTL_ENV, "0.5")
+    facade = open_facade(database)
+    client = ACPClient(LocalTransport(facade, owns_facade=True))
+    try:
+        engine = _engine(facade)
+        plan_id = await _gated_plan(client, tmp_path / "repo", tmp_path)
+        token = engine.leases.held[plan_id]
+        assert engine._heartbeat_task is not None
+        engine._heartbeat_task.cancel()
+
+        async def expired() -> bool:
+            return not (await _lease(facade, plan_id)).live
+
+        await eventually(expired)
+        (tmp_path / "gate").touch()
+        done = await wait_for(client, plan_id, model.SUCCEEDED)
+        assert done.progress.done == 1
+        assert any(
+            "had expired unrenewed and nobody had claimed it" in r.getMessage() for r in caplog.records
+        )
+        assert not any("stopped without writing" in r.getMessage() for r in caplog.records)
+        lease = await _lease(facade, plan_id)
+        assert (lease.owner, lease.token) == ("", token)
+    finally:
+        await client.close()
+
+
+def test_a_lost_lease_says_who_holds_it_now(store: Store) -> None:
+    a, b = PlanLeases(store, 30), PlanLeases(store, 30)
+    with store.transaction():
+        assert a.claim("01PLAN")
+    token = a.held["01PLAN"]
+    with store.transaction():
+        assert b.claim("01PLAN", steal_token=token)
+    with pytest.raises(LeaseLostError) as lost, store.transaction():
+        a.fence("01PLAN")
+    message = str(lost.value)
+    assert f"with token {token} is lost: now held by {b.owner} at token {token + 1} (live)" in message
+    expired = Lease("plan:01PLAN", a.owner, token, 1.0, live=False)
+    assert f"expired unrenewed (holder {a.owner}, token {token};" in str(
+        LeaseLostError("plan:01PLAN", token, expired)
+    )
+    released = Lease("plan:01PLAN", "", token, 0.0, live=False)
+    assert str(LeaseLostError("plan:01PLAN", token, released)).endswith("is lost: it was released")

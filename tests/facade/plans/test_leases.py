@@ -296,8 +296,9 @@ async def test_a_live_holders_plan_is_left_alone(tmp_path: pathlib.Path, two: Pa
     done = await wait_for(first, plan_id, model.SUCCEEDED)
     assert done.phase == model.EXECUTE
     assert "plan.error" not in [e.type for e in await plan_events(second, plan_id)]
-    lease = await _lease(two.facades[1], plan_id)
-    assert (lease.owner, lease.token) == ("", 1)
+    # Released once the run has settled (just after its last state is written).
+    await eventually(lambda: _released(two.facades[1], plan_id))
+    assert (await _lease(two.facades[1], plan_id)).token == 1
 
 
 async def test_an_expired_holder_is_taken_over_and_its_late_writes_refused(
@@ -335,6 +336,10 @@ async def test_cancel_reaches_a_plan_another_engine_runs(tmp_path: pathlib.Path,
     assert response.plan.state == model.CANCELLED
     changed = [e for e in await plan_events(second, plan_id) if e.type == "plan.state_changed"]
     assert changed[-1].plan_state_changed.reason == "enough"
+
+
+async def _released(facade: ServiceFacade, plan_id: str) -> bool:
+    return not (await _lease(facade, plan_id)).owner
 
 
 async def _lease(facade: ServiceFacade, plan_id: str) -> Lease:
@@ -380,8 +385,8 @@ async def test_a_holder_whose_lease_expired_unclaimed_renews_it_and_goes_on(
             "had expired unrenewed and nobody had claimed it" in r.getMessage() for r in caplog.records
         )
         assert not any("stopped without writing" in r.getMessage() for r in caplog.records)
-        lease = await _lease(facade, plan_id)
-        assert (lease.owner, lease.token) == ("", token)
+        await eventually(lambda: _released(facade, plan_id))
+        assert (await _lease(facade, plan_id)).token == token
     finally:
         await client.close()
 

@@ -47,6 +47,12 @@ GATED = (
     "while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:\n"
     "    time.sleep(0.02)\n"
 )
+# A step with a child of its own (one process group): both pids written once both run.
+FAMILY = (
+    "import os, subprocess, sys, time; child = subprocess.Popen(['sleep', '600']);"
+    "open(sys.argv[1] + '.tmp', 'w').write(f'{os.getpid()} {child.pid}');"
+    "os.rename(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(600)"
+)
 FREEZE_ENV = "PLAN_CHILD_FREEZE_IN_RENEWAL"
 SLOW = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
 

@@ -7,6 +7,7 @@ test_lease_processes.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import secrets
@@ -41,13 +42,14 @@ from tests.facade.plans.helpers import (
     add_profile,
     add_project,
     eventually,
+    gone,
     plan_events,
     status,
     use,
     wait_for,
     write_tree,
 )
-from tests.facade.plans.plan_child import GATED
+from tests.facade.plans.plan_child import FAMILY, GATED
 from tests.facade.store.test_postgres_store import waiting_on_a_lock
 
 
@@ -408,3 +410,37 @@ def test_a_lost_lease_says_who_holds_it_now(store: Store) -> None:
     )
     released = Lease("plan:01PLAN", "", token, 0.0, live=False)
     assert str(LeaseLostError("plan:01PLAN", token, released)).endswith("is lost: it was released")
+
+
+async def test_a_lost_lease_kills_the_steps_whole_process_group(tmp_path: pathlib.Path, two: Pair) -> None:
+    """Issue 30 item 5: another engine takes the lease while a step's command (and its own
+    child) runs; the holder's heartbeat finds it lost and the command's group is killed."""
+    first, _ = two.clients
+    holder, taker = _engine(two.facades[0]), _engine(two.facades[1])
+    write_tree(tmp_path / "repo")
+    await add_project(first, tmp_path / "repo")
+    await add_command_tool(first, "family", [PY, "-c", FAMILY, "{{pids}}"])
+    await add_profile(first, "family", allowed_tools=["family"])
+    pids = tmp_path / "pids"
+    await add_action(first, steps=[{"tool": "family", "args": {"pids": str(pids)}}], profile="family")
+    plan_id = (await use(first, {})).meta.id
+    await first.call("plan.execute", plan_id=plan_id)
+
+    async def started() -> bool:
+        return pids.exists()
+
+    await eventually(started)
+    family = [int(pid) for pid in pids.read_text().split()]
+    token = holder.leases.held[plan_id]
+    try:
+        assert await taker.store.write(lambda _store: taker.leases.claim(plan_id, steal_token=token))
+
+        async def killed() -> bool:
+            return all(map(gone, family))
+
+        await eventually(killed)
+    finally:
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await taker.store.write(lambda _store: taker.leases.release(plan_id))

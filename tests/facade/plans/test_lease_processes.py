@@ -39,6 +39,7 @@ from tests.facade.plans.helpers import (
     add_profile,
     add_project,
     eventually,
+    gone,
     plan_events,
     run,
     snapshot,
@@ -321,6 +322,12 @@ async def test_sigkill_mid_plan_another_server_takes_it_over(
     acknowledged = await plan_events(through_b, plan_id)
     try:
         kill_group(a.process)
+
+        async def command_gone() -> bool:
+            return gone(command)
+
+        # The command (its own session, run as another user) dies with its server.
+        await eventually(command_gone, seconds=TIMEOUT)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(command, signal.SIGKILL)

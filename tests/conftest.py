@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -11,15 +12,20 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
-from tests import browser
+from tests import browser, needs
 from tests.server_process import Children
 
 # tests.postgres: the pg_url fixture (a fresh PostgreSQL schema per test) and its header line.
 pytest_plugins = ["tests.hygiene", "tests.postgres"]
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
-    return browser.header()
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Loud lines for the tests that will skip (fail under CI=true) for want of something."""
+    return [line for line in (browser.header(), *needs.header()) if line is not None]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    needs.summary(terminalreporter)
 
 
 WEB_TESTS = pathlib.Path(__file__).parent / "gateway" / "web"

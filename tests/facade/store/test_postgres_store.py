@@ -975,3 +975,27 @@ def test_an_error_on_the_wire_path_is_never_taken_for_its_fall_back(
     store = opened()
     with pytest.raises(NotImplementedError, match="not written yet"):
         store.execute("SELECT %s::text", ("x",))
+
+
+SETTINGS = (
+    "SELECT current_setting('synchronous_commit'), current_setting('transaction_isolation'), "
+    "current_setting('transaction_read_only')"
+)
+
+
+async def test_the_live_connections_commit_durably_and_read_one_snapshot(
+    opened: Callable[..., PostgresStore],
+) -> None:
+    """An acknowledged write is on disk (``synchronous_commit`` on: off, a crash of the server
+    loses commits it acknowledged) and a read sees one snapshot (repeatable read): read back
+    from the store's own connections, the thread ones and those each event loop drives."""
+    store = opened()
+    durable = ("on", "read committed", "off")
+    assert tuple((await store.write(lambda s: s.execute(SETTINGS)))[0]) == durable
+    snapshot = ("on", "repeatable read", "on")
+    assert tuple((await store.read(lambda s: s.execute(SETTINGS)))[0]) == snapshot
+    loop = asyncio.get_running_loop()
+    for lane, expected in ((store._loop_reads(loop), snapshot), (store._loop_writes_of(loop), durable)):
+        answer = await lane.run([(SETTINGS, ())])
+        assert not isinstance(answer, pg_wire.Fallback), lane
+        assert tuple(answer[0][0]) == expected, lane

@@ -202,7 +202,8 @@ def test_after_rotate_the_old_token_ends_with_its_own_expiry_at_the_latest(tmp_p
     auth.rotate_token(path, "a", grace_seconds=3600, expires_in=30 * 86400)
     (after,) = auth.load(path)
     assert after.previous_sha256 == before.token_sha256
-    assert before.expires is not None and after.expires is not None
+    assert before.expires is not None
+    assert after.expires is not None
     assert after.previous_expires == before.expires
     assert after.expires > before.expires
     # A grace shorter than the old token's life is kept as asked.

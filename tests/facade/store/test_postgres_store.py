@@ -991,9 +991,9 @@ async def test_the_live_connections_commit_durably_and_read_one_snapshot(
     from the store's own connections, the thread ones and those each event loop drives."""
     store = opened()
     durable = ("on", "read committed", "off")
-    assert tuple((await store.write(lambda s: s.execute(SETTINGS)))[0]) == durable
+    assert tuple((await store.write(lambda _store: store.execute(SETTINGS)))[0]) == durable
     snapshot = ("on", "repeatable read", "on")
-    assert tuple((await store.read(lambda s: s.execute(SETTINGS)))[0]) == snapshot
+    assert tuple((await store.read(lambda _store: store.execute(SETTINGS)))[0]) == snapshot
     loop = asyncio.get_running_loop()
     for lane, expected in ((store._loop_reads(loop), snapshot), (store._loop_writes_of(loop), durable)):
         answer = await lane.run([(SETTINGS, ())])

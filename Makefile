@@ -7,7 +7,7 @@ THIRD_PARTY := .build/third_party
 RELEASED_IMAGE := proto/released/acp-1.1.binpb
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup serve test browser postgres programs newest-protobuf fuzz lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick bench-tools release-image clean
+.PHONY: setup serve test test-loops browser postgres programs newest-protobuf fuzz lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick bench-tools release-image clean
 
 setup: $(STAMP)
 
@@ -118,6 +118,12 @@ import-lint: $(STAMP)
 # pytest exits 5 when it collects nothing: that must fail, never pass as green.
 pytest: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The whole suite the other way round from `make test`: in-process tests on uvloop, the
+# servers tests start (agents serve subprocesses) on asyncio's loop. Together with `make
+# test` every test has run on both loops (docs/testing.md).
+test-loops: $(STAMP) browser postgres programs newest-protobuf
+	ACP_TEST_LOOP=uvloop ACP_LOOP=asyncio $(BIN)/python -m pytest
 
 # The fuzz tests with many more examples than `make test` runs (ACP_FUZZ_EXAMPLES there: 4).
 FUZZ_EXAMPLES ?= 200

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import pathlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
+from cleveragents.acp.gateway import loops
 from tests import browser, needs
 from tests.server_process import Children
 
@@ -26,6 +29,17 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     needs.summary(terminalreporter)
+
+
+# In-process tests run on asyncio's loop unless ACP_TEST_LOOP=uvloop (``make test-loops``,
+# which also serves the subprocess servers on asyncio's: every test then ran on both).
+TEST_LOOP: loops.Loop = "uvloop" if os.environ.get("ACP_TEST_LOOP") == "uvloop" else "asyncio"
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    return {TEST_LOOP: loops.factory(TEST_LOOP)}
 
 
 WEB_TESTS = pathlib.Path(__file__).parent / "gateway" / "web"

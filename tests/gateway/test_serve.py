@@ -221,10 +221,10 @@ def test_gateway_only_mode(tmp_path: pathlib.Path, served: Served, children: Chi
             error_of(envelope(client, {"operation": "session.list"}, "acp_bogus"), "AUTH_REQUIRED")
             created = data_of(envelope(client, {"operation": "session.create"}, served.token()))
             show = {"operation": "session.show", "params": {"session_id": created["session"]["meta"]["id"]}}
-            assert (
-                error_of(envelope(client, show, served.token("bob")), "AUTH_FORBIDDEN")["namespace"]
-                == "default"
-            )
+            # Another namespace's session answers as an unknown id, naming no namespace.
+            refused = error_of(envelope(client, show, served.token("bob")), "NOT_FOUND")
+            assert refused["refinement"] == "SESSION_NOT_FOUND"
+            assert "namespace" not in refused
             error_of(
                 envelope(client, {"operation": "meta.version", "acp_version": "1.0"}), "VERSION_MISMATCH"
             )

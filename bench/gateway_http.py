@@ -2,10 +2,11 @@
 
 ``python -m bench.gateway_http ours|httptools|h11 DB`` listens on an ephemeral loopback port
 and prints ``bench-ready {"port": N}``; SIGTERM stops it. ``ours``: the HTTP/1.1 protocol
-``agents serve`` uses (``gateway/http/protocol.py``, on uvicorn's h11, the default asyncio
-loop); ``httptools``: uvicorn's own fast path, the httptools parser on uvloop; ``h11``:
-uvicorn's own h11 protocol on uvloop (what the hand-written writes replace). Everything
-else (the application, the facade, uvicorn's settings) is the same.
+``agents serve`` uses (``gateway/http/protocol.py``, on uvicorn's h11); ``httptools``:
+uvicorn's own fast path, the httptools parser; ``h11``: uvicorn's own h11 protocol (what
+the hand-written writes replace). All on uvloop, as ``agents serve`` runs by default
+(``gateway/loops.py``); everything else (the application, the facade, uvicorn's settings)
+is the same.
 """
 
 from __future__ import annotations
@@ -61,10 +62,7 @@ def main() -> None:
     parser.add_argument("kind", choices=["ours", "httptools", "h11"])
     parser.add_argument("db")
     args = parser.parse_args()
-    if args.kind == "ours":
-        asyncio.run(serve(args.kind, args.db))
-    else:
-        uvloop.run(serve(args.kind, args.db))
+    uvloop.run(serve(args.kind, args.db))
 
 
 if __name__ == "__main__":

@@ -107,6 +107,7 @@ FIGURES = [
     "layer_read_cache_ratio",
     "layer_wal_index_look_ratio",
     "layer_http_protocol_ratio",
+    "layer_http_protocol_cpu_ratio",
 ]
 
 _PACKAGES = ["cleveragents-acp", "grpcio", "protobuf", "fastapi", "starlette", "uvicorn", "orjson", "httpx"]

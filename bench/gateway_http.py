@@ -12,13 +12,11 @@ is the same.
 from __future__ import annotations
 
 import argparse
-import asyncio
 from typing import Any
 
-import uvicorn
 import uvloop
 
-from bench.baselines import _ready, _until_signalled, _Uvicorn, listening_socket
+from bench import baselines
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.gateway.http import protocol
 from cleveragents.acp.gateway.http.app import build_app
@@ -27,34 +25,17 @@ from cleveragents.acp.gateway.http.protocol import ConnectionLimits
 
 async def serve(kind: str, db: str) -> None:
     facade = open_facade(db)
-    closing = asyncio.Event()
-    app = build_app(facade, closing=closing)
     bounds = ConnectionLimits()
     http: Any = protocol.protocol_factory(bounds) if kind == "ours" else kind
-    config = uvicorn.Config(
-        app,
-        lifespan="off",
-        log_level="warning",
-        access_log=False,
-        server_header=False,
-        http=http,
-        h11_max_incomplete_event_size=bounds.max_header_bytes,
-        timeout_keep_alive=bounds.idle_timeout,
-        timeout_graceful_shutdown=1,
-    )
-    sock = listening_socket()
-    server = _Uvicorn(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            raise RuntimeError("uvicorn stopped during start-up")
-        await asyncio.sleep(0.01)
-    _ready(sock.getsockname()[1])
-    await _until_signalled()
-    closing.set()
-    server.should_exit = True
-    await task
-    await facade.close()
+    try:
+        await baselines.serve_asgi(
+            build_app(facade),
+            http=http,
+            h11_max_incomplete_event_size=bounds.max_header_bytes,
+            timeout_keep_alive=bounds.idle_timeout,
+        )
+    finally:
+        await facade.close()
 
 
 def main() -> None:

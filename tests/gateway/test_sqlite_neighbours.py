@@ -11,14 +11,12 @@ of SIGBUS within a second. Each process's lock is read from ``/proc/locks``."""
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -26,7 +24,7 @@ import pytest
 
 from tests.facade.store.shm_locks import shm_read_lockers
 from tests.gateway.test_sse import new_session, tell
-from tests.gateway.test_workers import fresh, ready_info, running
+from tests.gateway.test_workers import fresh, ready_info, restarted_worker, running
 from tests.server_process import ServerProcess, Tokens, start_server
 
 TIMEOUT = 60.0
@@ -46,8 +44,8 @@ def open_beside(database: pathlib.Path) -> None:
 
 
 class Load:
-    """Clients reading and writing one session (each connection lands on either worker)
-    until stopped; the calls that failed are kept, by the phase of the test they fell in."""
+    """Clients reading and writing one session (each keeps a connection the kernel gave to
+    either worker) until stopped; the calls that failed are kept, by the test's phase."""
 
     def __init__(self, server: ServerProcess, token: str, clients: int = 3) -> None:
         self.calls = 0
@@ -117,16 +115,7 @@ def test_openers_beside_a_loaded_server_and_a_worker_restart_crash_nothing(
         assert shm_read_lockers(database) >= set(pids)
 
         os.kill(pids[0], signal.SIGKILL)
-        restarted = None
-        deadline = time.monotonic() + TIMEOUT
-        while restarted is None and time.monotonic() < deadline:
-            lines = [line for line in list(workers.stdout) if line.startswith("acp-worker ")]
-            if lines:
-                restarted = json.loads(lines[-1].removeprefix("acp-worker "))
-            else:
-                time.sleep(0.1)
-        assert restarted is not None, workers.stderr()
-        pids[0] = int(restarted["pid"])
+        pids[0] = int(restarted_worker(workers)["pid"])
         open_beside(database)
     assert workers.process.poll() is None, workers.stderr()
     # Calls the killed worker held were cut (load.errors["restart"]); the other worker

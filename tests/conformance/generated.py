@@ -15,6 +15,7 @@ from cleveragents.acp.client.acp_client import request_for
 from cleveragents.acp.contract import catalog, codec, surface, versions
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.envelope import new_request_id
+from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.contract.required import required_fields
 from cleveragents.acp.contract.transport import CallOptions
 from tests.conformance.canonical import Canonicalizer
@@ -103,6 +104,15 @@ async def invoke(run: Run, op: Operation, params: dict[str, Any], **client: Any)
         await c.call(op.name, params)
 
 
+async def outcome(run: Run, op: Operation, params: dict[str, Any], **client: Any) -> ACPError | None:
+    """The error a call answers, or None, for a caller that checks it itself."""
+    try:
+        await invoke(run, op, params, **client)
+    except ACPError as err:
+        return err
+    return None
+
+
 @scenario("auth.matrix")
 async def auth_matrix(run: Run) -> None:
     """No token and an unknown token: AUTH_REQUIRED; a token of another namespace:
@@ -165,7 +175,10 @@ async def version_matrix(run: Run) -> None:
         if op.read_only and len(answers) == 2:
             # Canonical: a time stamped by the read itself (an export's) differs, as does
             # a ticket, issued afresh; ``RecordingTransport`` checked their values.
-            prior, expected = Canonicalizer()(answers[PRIOR]), Canonicalizer()(as_prior(op, answers[versions.CURRENT]))
+            prior, expected = (
+                Canonicalizer()(answers[PRIOR]),
+                Canonicalizer()(as_prior(op, answers[versions.CURRENT])),
+            )
             assert prior == expected, (op.name, prior, expected)
 
 

@@ -191,7 +191,9 @@ class Run:
 
     def client(self, principal: str | None = "alice", *, acp_version: str | None = None) -> ACPClient:
         who = principal if principal is None or principal in self.backend.tokens.tokens else "<other>"
-        transport = RecordingTransport(self.backend.transport, self.kind, self.trace, str(who), self.backend.opened)
+        transport = RecordingTransport(
+            self.backend.transport, self.kind, self.trace, str(who), self.backend.opened
+        )
         return ACPClient(transport, token=self.backend.token(principal), acp_version=acp_version)
 
     def note(self, label: str, value: Any) -> None:

@@ -100,7 +100,9 @@ class BrokenPriorTransport:
 
 
 @pytest.mark.parametrize("name", ["sessions", "plan.lifecycle"])
-async def test_times_shifted_by_an_hour_fail_the_scenario(name: str, tmp_path: pathlib.Path, tokens: Tokens) -> None:
+async def test_times_shifted_by_an_hour_fail_the_scenario(
+    name: str, tmp_path: pathlib.Path, tokens: Tokens
+) -> None:
     async with open_backend("http", tmp_path, tokens) as backend:
         backend.transport = ShiftingTransport(backend.transport)
         with pytest.raises(AssertionError, match="outside the call's window"):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cleveragents.acp.client.acp_client import ACPClient
-from cleveragents.acp.contract import catalog, codec
+from cleveragents.acp.contract import catalog, codec, versions
 from cleveragents.acp.v1 import events_pb2, plan_pb2
 from tests.conformance.harness import Run, Scenario
 from tests.facade.plans.helpers import INPUTS, SCHEMA, STEPS, write_tree
@@ -214,8 +214,12 @@ async def references(run: Run) -> None:
 
 @scenario("meta")
 async def meta(run: Run) -> None:
-    await run.client(None).call("meta.version")
-    await run.client("bob").call("meta.version")
+    for who in (None, "bob"):
+        served = await run.client(who).call("meta.version")
+        assert (served.current_version, list(served.supported_versions)) == (  # type: ignore[attr-defined]
+            versions.CURRENT,
+            list(versions.SUPPORTED),
+        ), served
     await run.fails(run.client(None, acp_version="1.0").call("meta.version"), "VERSION_MISMATCH")
     await run.fails(run.client(None, acp_version="2.0").call("meta.version"), "VERSION_MISMATCH")
     await run.fails(run.client("alice", acp_version="1.0").call("plan.list"), "VERSION_MISMATCH")
@@ -668,15 +672,31 @@ async def plan_use(run: Run) -> None:
     )
     await run.fails(bob.call("plan.use", action="act", project="proj", namespace="default"), "AUTH_FORBIDDEN")
     plans = [await use(alice), await use(alice, session_id=session_id), await use(alice)]
-    await alice.call("plan.cancel", plan_id=plans[2], reason="not needed")
+    cancelled = await alice.call("plan.cancel", plan_id=plans[2], reason="not needed")
+    assert state_of(cancelled)[:2] == (plans[2], "PLAN_STATE_CANCELLED"), cancelled
     await run.fails(bob.call("plan.cancel", plan_id=plans[0]), "AUTH_FORBIDDEN")
     await run.fails(bob.call("plan.execute", plan_id=plans[0]), "AUTH_FORBIDDEN")
     # /use in a session starts a plan of the session.
-    await alice.call("session.tell", session_id=session_id, content="/use act name=told word=w")
+    told = await alice.call(
+        "session.tell", session_id=session_id, content="/use act name=told word=w title=Told"
+    )
+    (reply,) = told.replies  # type: ignore[attr-defined]
+    assert reply.plan_id, reply
+    plans.append(reply.plan_id)
+    told_plan = plan_of(await alice.call("plan.status", plan_id=reply.plan_id))
+    assert (told_plan["session_id"], told_plan["inputs"]) == (
+        session_id,
+        {"name": "told", "word": "w", "title": "Told"},
+    ), told_plan
+    # Newest first.
     page = await alice.call("plan.list", page_size=2)
-    await alice.call("plan.list", page_size=2, page_token=page.next_page_token)  # type: ignore[attr-defined]
-    await alice.call("plan.list", session_id=session_id)
-    await alice.call("plan.list", state="PLAN_STATE_CANCELLED", project="proj")
+    assert (ids_of(page), bool(page.next_page_token)) == ([plans[3], plans[2]], True), page  # type: ignore[attr-defined]
+    rest = await alice.call("plan.list", page_size=2, page_token=page.next_page_token)  # type: ignore[attr-defined]
+    assert (ids_of(rest), rest.next_page_token) == ([plans[1], plans[0]], ""), rest  # type: ignore[attr-defined]
+    of_session = await alice.call("plan.list", session_id=session_id)
+    assert ids_of(of_session) == [plans[3], plans[1]], of_session
+    gone = await alice.call("plan.list", state="PLAN_STATE_CANCELLED", project="proj")
+    assert ids_of(gone) == [plans[2]], gone
     await run.fails(alice.call("plan.list", page_token=FORGED_TOKEN), "INVALID_PARAMS")
     await run.fails(alice.call("plan.list", page_size=-1), "INVALID_PARAMS")
     await run.fails(bob.call("plan.list", namespace="default"), "AUTH_FORBIDDEN")
@@ -690,7 +710,8 @@ async def plan_use(run: Run) -> None:
     await bob.call("action.add", namespace="other", name="act", spec=action)
     await use(bob, namespace="other")
     await root_lists(run, "plan.list")
-    await root.call("plan.status", plan_id=plans[0])
+    shown = await root.call("plan.status", plan_id=plans[0])
+    assert state_of(shown) == (plans[0], "PLAN_STATE_PENDING", "PLAN_PHASE_STRATEGIZE"), shown
 
 
 @scenario("plan.correct")
@@ -700,17 +721,32 @@ async def plan_correct(run: Run) -> None:
     plan_id = await use(alice)
     await alice.call("plan.execute", plan_id=plan_id, wait=True)
     tree = await alice.call("plan.tree", plan_id=plan_id)
-    node_id = next(n.id for n in tree.nodes if "create" in n.step_ids)  # type: ignore[attr-defined]
+    node = next(n for n in tree.nodes if "create" in n.step_ids)  # type: ignore[attr-defined]
+    node_id = node.id
     await run.fails(alice.call("plan.correct", plan_id=plan_id), "INVALID_PARAMS")
     await run.fails(alice.call("plan.correct", plan_id=plan_id, node_id="ghost"), "INVALID_PARAMS")
     await run.fails(bob.call("plan.correct", plan_id=plan_id, node_id=node_id), "AUTH_FORBIDDEN")
     override = {"step_id": "create", "args": {"path": "docs/other.md", "content": "other\n"}}
-    await alice.call(
+    corrected = await alice.call(
         "plan.correct", plan_id=plan_id, node_id=node_id, text="write other.md", overrides=[override]
     )
-    await alice.call("plan.execute", plan_id=plan_id, wait=True)
+    assert state_of(corrected) == (plan_id, "PLAN_STATE_PENDING", "PLAN_PHASE_EXECUTE"), corrected
+    correction = corrected.node  # type: ignore[attr-defined]
+    # The correction takes the corrected decision's place under its parent.
+    assert (correction.parent_id, correction.correction) == (node.parent_id, "write other.md"), correction
+    assert "docs/other.md" in correction.choice, correction
+    executed = await alice.call("plan.execute", plan_id=plan_id, wait=True)
+    assert state_of(executed) == (plan_id, "PLAN_STATE_SUCCEEDED", "PLAN_PHASE_EXECUTE"), executed
     for op in ("plan.tree", "plan.explain", "plan.prompt", "plan.artifacts"):
         await alice.call(op, plan_id=plan_id)
+    tree = await alice.call("plan.tree", plan_id=plan_id)
+    superseded = {n.id for n in tree.nodes if n.superseded}  # type: ignore[attr-defined]
+    assert node_id in superseded, tree
+    assert correction.id not in superseded, tree
+    prompt = await alice.call("plan.prompt", plan_id=plan_id)
+    assert "write other.md" in list(prompt.corrections), prompt  # type: ignore[attr-defined]
+    artifacts = await alice.call("plan.artifacts", plan_id=plan_id)
+    assert "docs/other.md" in {a.path for a in artifacts.artifacts}, artifacts  # type: ignore[attr-defined]
 
 
 @scenario("plan.outcomes")
@@ -719,12 +755,18 @@ async def plan_outcomes(run: Run) -> None:
     alice = run.client()
     await plan_world(run)
     await alice.call("tool.add", name="pricey", spec={"argv": ["true"], "cost": 1.0})
-    pay = {"actor": "scripted", "steps": [{"id": "pay", "tool": "pricey", "args": {}}]}
-    await alice.call("action.add", name="pay", spec=pay)
     await alice.call(
         "automation_profile.add", name="poor", spec={"allowed_tools": ["pricey"], "cost_budget": 0.5}
     )
     await alice.call("automation_profile.add", name="deny", spec={})
+    # The action's own profile allows the tool, within a budget its price crosses; a profile
+    # picked at plan.use only narrows it (deny: the tool may not run at all).
+    pay = {
+        "actor": "scripted",
+        "steps": [{"id": "pay", "tool": "pricey", "args": {}}],
+        "automation_profile": "poor",
+    }
+    await alice.call("action.add", name="pay", spec=pay)
     await alice.call("automation_profile.add", name="short", spec={"max_steps": 1})
     outcomes = []
     for action, profile in [("pay", "poor"), ("pay", "deny"), ("act", "short")]:
@@ -743,11 +785,23 @@ async def plan_outcomes(run: Run) -> None:
     refused = await use(alice, action="guarded")
     await alice.call("plan.execute", plan_id=refused, wait=True)
     await run.fails(alice.call("plan.apply", plan_id=refused), "INVALID_STATE")
+    recorded = []
     for plan_id in [*outcomes, failing, refused]:
         status = await alice.call("plan.status", plan_id=plan_id)
         run.note("last error", status.plan.last_error.code)  # type: ignore[attr-defined]
+        recorded.append((status.plan.state, status.plan.last_error.code))  # type: ignore[attr-defined]
+    failed = plan_pb2.PLAN_STATE_FAILED
+    assert recorded == [
+        (failed, "BUDGET_EXCEEDED"),
+        (failed, "tool_not_allowed"),
+        (failed, "BUDGET_EXCEEDED"),
+        (failed, "validation_failed"),
+        # An invariant refuses the apply; the executed plan stays succeeded.
+        (plan_pb2.PLAN_STATE_SUCCEEDED, "INVALID_STATE"),
+    ], recorded
     events = await run.events(alice, lambda e: e.type == "plan.error", plan_id=refused)
     run.note("refused apply", [e.type for e in events])
+    assert events[-1].plan_error.error.code == recorded[-1][1], events
 
 
 @scenario("events")
@@ -760,11 +814,32 @@ async def events_scenario(run: Run) -> None:
         await alice.call("session.tell", session_id=session.session.meta.id, content="/help")  # type: ignore[attr-defined]
     await bob.call("session.tell", session_id=theirs.session.meta.id, content="hi")  # type: ignore[attr-defined]
     everything = await run.events(root, lambda e: e.sequence == 6)
-    await run.events(alice, lambda e: e.sequence == 4)
-    await run.events(bob, lambda e: True)
-    await run.events(alice, lambda e: True, session_id=second.session.meta.id)  # type: ignore[attr-defined]
-    await run.events(alice, lambda e: True, after_sequence=everything[1].sequence)
-    await run.events(root, lambda e: True, namespace="other", event_type=["session.message"])
+    # Every namespace's, from the first, gap-free.
+    assert [e.sequence for e in everything] == [1, 2, 3, 4, 5, 6], everything
+    assert {e.namespace for e in everything} == {"default", "other"}, everything
+
+    def among(keep: Callable[[events_pb2.Event], bool]) -> list[events_pb2.Event]:
+        """The events of ``everything`` a filter keeps, in order."""
+        return [e for e in everything if keep(e)]
+
+    mine = await run.events(alice, lambda e: e.sequence == 4)
+    assert mine == among(lambda e: e.namespace == "default" and e.sequence <= 4), mine
+    (theirs_first,) = await run.events(bob, lambda e: True)
+    assert theirs_first == among(lambda e: e.namespace == "other")[0], theirs_first
+    second_id = second.session.meta.id  # type: ignore[attr-defined]
+    (of_second,) = await run.events(alice, lambda e: True, session_id=second_id)
+    assert of_second == among(lambda e: e.session_id == second_id)[0], of_second
+    (after,) = await run.events(alice, lambda e: True, after_sequence=everything[1].sequence)
+    assert after == among(lambda e: e.namespace == "default" and e.sequence > everything[1].sequence)[0], (
+        after
+    )
+    (message,) = await run.events(root, lambda e: True, namespace="other", event_type=["session.message"])
+    assert (message.namespace, message.type, message.session_id) == (
+        "other",
+        "session.message",
+        theirs.session.meta.id,  # type: ignore[attr-defined]
+    ), message
+    assert message.session_message.message.content == "hi", message
     await run.fails(run.events(alice, lambda e: True, event_type=["bogus"]), "INVALID_PARAMS")
     await run.fails(run.events(alice, lambda e: True, after_sequence=-1), "INVALID_PARAMS")
     await run.fails(run.events(bob, lambda e: True, namespace="default"), "AUTH_FORBIDDEN")

@@ -113,13 +113,19 @@ async def outcome(run: Run, op: Operation, params: dict[str, Any], **client: Any
     return None
 
 
+def forbidden_code(params: dict[str, Any]) -> str:
+    """What a token of another namespace gets: AUTH_FORBIDDEN for a namespace it names, and
+    for a session or plan it reaches by id the answer an unknown id gets (issue 31, finding 9)."""
+    return "NOT_FOUND" if "session_id" in params or "plan_id" in params else "AUTH_FORBIDDEN"
+
+
 @scenario("auth.matrix")
 async def auth_matrix(run: Run) -> None:
     """No token and an unknown token: AUTH_REQUIRED; a token of another namespace:
-    AUTH_FORBIDDEN, on every operation; an anonymous one answers all three. A token of
-    the namespace and one of every namespace each run every operation where it can succeed
-    (``own_subjects``), and the answer must be about that subject, in the state the
-    operation leaves it (``check_answer``)."""
+    AUTH_FORBIDDEN (NOT_FOUND for a session or plan it reaches by id), on every operation;
+    an anonymous one answers all three. A token of the namespace and one of every namespace
+    each run every operation where it can succeed (``own_subjects``), and the answer must
+    be about that subject, in the state the operation leaves it (``check_answer``)."""
     world = await build_world(run)
     for principal in (None, "acp_not-a-token", "bob"):
         for op in catalog.OPERATIONS.values():
@@ -128,10 +134,15 @@ async def auth_matrix(run: Run) -> None:
                 data = await answer(run, op, params, principal)
                 await check_answer(run, op, params, data, world)
             elif principal == "bob":
-                await run.fails(invoke(run, op, params, principal=principal), "AUTH_FORBIDDEN")
+                await run.fails(invoke(run, op, params, principal=principal), forbidden_code(params))
             else:
                 err = await run.fails(invoke(run, op, params, principal=principal), "AUTH_REQUIRED")
                 assert err.details == {"scheme": "Bearer"}, err
+    # A reader is refused every operation that changes something, whatever names its subject.
+    for op in catalog.OPERATIONS.values():
+        if not op.read_only and not op.anonymous:
+            params = world_request(op, world)
+            await run.fails(invoke(run, op, params, principal="reader"), "AUTH_FORBIDDEN", "ROLE_FORBIDDEN")
     for principal in ("alice", "root"):
         own = await own_subjects(run, world, principal)
         for op in catalog.OPERATIONS.values():

@@ -297,7 +297,7 @@ async def sessions(run: Run) -> None:
     ), shown
     await run.fails(alice.call("session.show", session_id=MISSING_ID), "NOT_FOUND", "SESSION_NOT_FOUND")
     await run.fails(alice.call("session.show"), "INVALID_PARAMS")
-    await run.fails(bob.call("session.show", session_id=first), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("session.show", session_id=first), "NOT_FOUND", "SESSION_NOT_FOUND")
 
     for content in ("/help", "hello there"):
         told = codec.to_dict(await alice.call("session.tell", session_id=first, content=content))
@@ -308,13 +308,15 @@ async def sessions(run: Run) -> None:
     await run.fails(
         alice.call("session.tell", session_id=MISSING_ID, content="hi"), "NOT_FOUND", "SESSION_NOT_FOUND"
     )
-    await run.fails(bob.call("session.tell", session_id=first, content="hi"), "AUTH_FORBIDDEN")
+    await run.fails(
+        bob.call("session.tell", session_id=first, content="hi"), "NOT_FOUND", "SESSION_NOT_FOUND"
+    )
     await run.fails(alice.call("session.resume", session_id=first), "INVALID_STATE")
     await alice.call("session.tell", session_id=first, content="/close")
     closed = await alice.call("session.list", state="SESSION_STATE_CLOSED")
     assert ids_of(closed) == [first], closed
     await run.fails(alice.call("session.tell", session_id=first, content="hi"), "INVALID_STATE")
-    await run.fails(bob.call("session.resume", session_id=first), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("session.resume", session_id=first), "NOT_FOUND", "SESSION_NOT_FOUND")
     await run.fails(alice.call("session.resume", session_id=MISSING_ID), "NOT_FOUND", "SESSION_NOT_FOUND")
     await run.fails(alice.call("session.resume"), "INVALID_PARAMS")
     resumed = session_of(await alice.call("session.resume", session_id=first))
@@ -329,7 +331,7 @@ async def sessions(run: Run) -> None:
     await run.fails(alice.call("session.tell", session_id=odd.session.meta.id, content="hi"), "INVALID_STATE")  # type: ignore[attr-defined]
     await run.fails(alice.call("actor.remove", name="plain"), "INVALID_STATE")
 
-    await run.fails(bob.call("session.delete", session_id=first), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("session.delete", session_id=first), "NOT_FOUND", "SESSION_NOT_FOUND")
     deleted = await alice.call("session.delete", session_id=ids[2])
     assert codec.to_dict(deleted) == {"session_id": ids[2]}, deleted
     await run.fails(alice.call("session.delete", session_id=ids[2]), "NOT_FOUND", "SESSION_NOT_FOUND")
@@ -372,7 +374,7 @@ async def export_import(run: Run) -> None:
     assert document["context"]["token_budget"] == 100, document
     await run.fails(alice.call("session.export", session_id=MISSING_ID), "NOT_FOUND", "SESSION_NOT_FOUND")
     await run.fails(alice.call("session.export"), "INVALID_PARAMS")
-    await run.fails(bob.call("session.export", session_id=session_id), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("session.export", session_id=session_id), "NOT_FOUND", "SESSION_NOT_FOUND")
 
     await run.fails(
         alice.call("session.import", document=document), "ALREADY_EXISTS", "SESSION_ALREADY_EXISTS"
@@ -431,7 +433,7 @@ async def context(run: Run) -> None:
     await run.fails(alice.call("context.show", project="web", session_id=session_id), "INVALID_PARAMS")
     await run.fails(alice.call("context.show", project="ghost"), "NOT_FOUND", "PROJECT_NOT_FOUND")
     await run.fails(alice.call("context.show", session_id=MISSING_ID), "NOT_FOUND", "SESSION_NOT_FOUND")
-    await run.fails(bob.call("context.show", session_id=session_id), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("context.show", session_id=session_id), "NOT_FOUND", "SESSION_NOT_FOUND")
     await run.fails(bob.call("context.show", project="web", namespace="default"), "AUTH_FORBIDDEN")
 
     config = {
@@ -459,7 +461,10 @@ async def context(run: Run) -> None:
     await run.fails(
         alice.call("context.set", session_id=MISSING_ID, config={}), "NOT_FOUND", "SESSION_NOT_FOUND"
     )
-    await run.fails(bob.call("context.set", session_id=session_id, config={}), "AUTH_FORBIDDEN")
+    await run.fails(
+        bob.call("context.set", session_id=session_id, config={}), "NOT_FOUND", "SESSION_NOT_FOUND"
+    )
+    await run.fails(bob.call("context.set", project="web", namespace="default", config={}), "AUTH_FORBIDDEN")
     shown = codec.to_dict(await alice.call("context.show", session_id=session_id))
     assert (shown["config"], shown["origin"]) == (config, "session"), shown
     await run.fails(alice.call("skill.remove", name="tone"), "INVALID_STATE")
@@ -491,7 +496,13 @@ async def context(run: Run) -> None:
         "SESSION_NOT_FOUND",
     )
     await run.fails(
-        bob.call("context.inspect", session_id=session_id, item_id="skill:tone"), "AUTH_FORBIDDEN"
+        bob.call("context.inspect", session_id=session_id, item_id="skill:tone"),
+        "NOT_FOUND",
+        "SESSION_NOT_FOUND",
+    )
+    await run.fails(
+        bob.call("context.inspect", project="web", namespace="default", item_id="skill:tone"),
+        "AUTH_FORBIDDEN",
     )
 
     # The session's globs and skill, in budget; the prompt first.
@@ -518,7 +529,8 @@ async def context(run: Run) -> None:
     await run.fails(alice.call("context.simulate", session_id=session_id, token_budget=-1), "INVALID_PARAMS")
     await run.fails(alice.call("context.simulate", project="ghost"), "NOT_FOUND", "PROJECT_NOT_FOUND")
     await run.fails(alice.call("context.simulate", session_id=MISSING_ID), "NOT_FOUND", "SESSION_NOT_FOUND")
-    await run.fails(bob.call("context.simulate", session_id=session_id), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("context.simulate", session_id=session_id), "NOT_FOUND", "SESSION_NOT_FOUND")
+    await run.fails(bob.call("context.simulate", project="web", namespace="default"), "AUTH_FORBIDDEN")
 
 
 async def plan_world(run: Run, *, profile: dict[str, Any] | None = None, **action: Any) -> pathlib.Path:
@@ -601,7 +613,7 @@ async def plan_lifecycle(run: Run) -> None:
         await alice.call(op, plan_id=plan_id)
         await run.fails(alice.call(op, plan_id=MISSING_ID), "NOT_FOUND", "PLAN_NOT_FOUND")
         await run.fails(alice.call(op), "INVALID_PARAMS")
-        await run.fails(bob.call(op, plan_id=plan_id), "AUTH_FORBIDDEN")
+        await run.fails(bob.call(op, plan_id=plan_id), "NOT_FOUND", "PLAN_NOT_FOUND")
     assert codec.to_dict(await alice.call("plan.status", plan_id=plan_id)) == codec.to_dict(executed)
     tree = codec.to_dict(await alice.call("plan.tree", plan_id=plan_id))
     assert [n["id"] for n in tree["nodes"]] == ["d1", "d2", "d3", "d4"], tree
@@ -612,7 +624,7 @@ async def plan_lifecycle(run: Run) -> None:
     artifacts = await alice.call("plan.artifacts", plan_id=plan_id, include_content=True)
     assert changes(artifacts, "artifacts") == CHANGES, artifacts
     assert artifacts.artifacts[0].content == "# The guide\n", artifacts  # type: ignore[attr-defined]
-    await run.fails(bob.call("plan.apply", plan_id=plan_id), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("plan.apply", plan_id=plan_id), "NOT_FOUND", "PLAN_NOT_FOUND")
     applied = await alice.call("plan.apply", plan_id=plan_id)
     assert state_of(applied) == (plan_id, "PLAN_STATE_SUCCEEDED", "PLAN_PHASE_APPLY"), applied
     await run.fails(alice.call("plan.apply", plan_id=plan_id), "INVALID_STATE")
@@ -623,7 +635,7 @@ async def plan_lifecycle(run: Run) -> None:
     assert codec.to_dict(await alice.call("plan.diff", plan_id=plan_id)) == {"files": []}
     (repo / "src/app.py").write_text("edited by a person\n")
     await run.fails(alice.call("plan.rollback", plan_id=plan_id), "INVALID_STATE")
-    await run.fails(bob.call("plan.rollback", plan_id=plan_id), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("plan.rollback", plan_id=plan_id), "NOT_FOUND", "PLAN_NOT_FOUND")
     rolled = await alice.call("plan.rollback", plan_id=plan_id, force=True)
     assert state_of(rolled) == (plan_id, "PLAN_STATE_ROLLED_BACK", "PLAN_PHASE_APPLY"), rolled
     assert (rolled.restored_paths, rolled.skipped_paths) == ([p for p, _ in CHANGES], []), rolled  # type: ignore[attr-defined]
@@ -674,8 +686,8 @@ async def plan_use(run: Run) -> None:
     plans = [await use(alice), await use(alice, session_id=session_id), await use(alice)]
     cancelled = await alice.call("plan.cancel", plan_id=plans[2], reason="not needed")
     assert state_of(cancelled)[:2] == (plans[2], "PLAN_STATE_CANCELLED"), cancelled
-    await run.fails(bob.call("plan.cancel", plan_id=plans[0]), "AUTH_FORBIDDEN")
-    await run.fails(bob.call("plan.execute", plan_id=plans[0]), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("plan.cancel", plan_id=plans[0]), "NOT_FOUND", "PLAN_NOT_FOUND")
+    await run.fails(bob.call("plan.execute", plan_id=plans[0]), "NOT_FOUND", "PLAN_NOT_FOUND")
     # /use in a session starts a plan of the session.
     told = await alice.call(
         "session.tell", session_id=session_id, content="/use act name=told word=w title=Told"
@@ -725,7 +737,7 @@ async def plan_correct(run: Run) -> None:
     node_id = node.id
     await run.fails(alice.call("plan.correct", plan_id=plan_id), "INVALID_PARAMS")
     await run.fails(alice.call("plan.correct", plan_id=plan_id, node_id="ghost"), "INVALID_PARAMS")
-    await run.fails(bob.call("plan.correct", plan_id=plan_id, node_id=node_id), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("plan.correct", plan_id=plan_id, node_id=node_id), "NOT_FOUND", "PLAN_NOT_FOUND")
     override = {"step_id": "create", "args": {"path": "docs/other.md", "content": "other\n"}}
     corrected = await alice.call(
         "plan.correct", plan_id=plan_id, node_id=node_id, text="write other.md", overrides=[override]

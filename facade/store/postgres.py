@@ -356,6 +356,9 @@ class PostgresStore(Store):
         return conn
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        # psycopg prepares nothing of its own here: after a rollback on a connection where it
+        # has, it sends DEALLOCATE ALL, which drops the statements pg_wire prepared too.
+        conn.prepare_threshold = None
         # The bound on waiting for a lock another transaction holds (StoreBusyError after).
         conn.execute(f"SET lock_timeout = {_lock_timeout_ms(self.write_timeout)}")
         conn.execute(CUSTOM_PLANS)

@@ -41,6 +41,7 @@ from cleveragents.acp.contract.retry import Retrying, RetryPolicy
 from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.v1 import events_pb2, plan_pb2, session_pb2
 
+EXIT_PLAN_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 12
 EXIT_INTERRUPTED = 130
@@ -254,6 +255,22 @@ def _wants_progress(op: Operation, request: message.Message, err: TextIO) -> str
     return ""
 
 
+def _waited_outcome(request: message.Message, response: message.Message, err: TextIO) -> int:
+    """A call that waited for a plan's run (``plan execute --wait``) answers with the plan
+    even when the run failed: a script must not read that as success."""
+    if "wait" not in request.DESCRIPTOR.fields_by_name or not request.wait:  # type: ignore[attr-defined]
+        return 0
+    if "plan" not in response.DESCRIPTOR.fields_by_name:
+        return 0
+    plan: plan_pb2.Plan = response.plan  # type: ignore[attr-defined]
+    if plan.state not in (plan_pb2.PLAN_STATE_FAILED, plan_pb2.PLAN_STATE_CANCELLED):
+        return 0
+    state = render.short_enum(plan_pb2.Plan.DESCRIPTOR.fields_by_name["state"], plan.state)
+    why = f": {plan.last_error.code}: {plan.last_error.message}" if plan.last_error.code else ""
+    err.write(f"agents: plan {plan.meta.id} {state}{why}\n")
+    return EXIT_PLAN_FAILED
+
+
 async def _settle(err: TextIO) -> None:
     """Local mode: wait for the background tasks the call started (plan runs)."""
     current = asyncio.current_task()
@@ -293,7 +310,7 @@ async def _call(conn: Connection, op: Operation, request: message.Message, args:
         printer.response(response, options.request_id, started)
         if not (conn.server or conn.grpc):
             await _settle(sys.stderr)
-        return 0
+        return _waited_outcome(request, response, sys.stderr)
     except ACPError as exc:
         printer.error(exc, options.request_id, started)
         raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+from cleveragents.acp.client.cli.calls import EXIT_PLAN_FAILED
 from cleveragents.acp.contract.errors import exit_code
 from cleveragents.acp.facade.domain.models.functions import BUILTIN as FILE_TOOLS
 from tests.client.cli.conftest import Cli
@@ -186,3 +187,29 @@ def test_session_tell_export_import_and_chat(cli: Cli, tmp_path: pathlib.Path) -
     assert cli("session", "chat", "nope", stdin="hi\n", expect=exit_code("NOT_FOUND")).err.startswith(
         "NOT_FOUND"
     )
+
+
+def test_execute_wait_on_a_plan_that_fails_exits_1(cli: Cli, tmp_path: pathlib.Path) -> None:
+    """The response is the failed plan, not an error: a script must still see the failure."""
+    n = cli.mode
+    (tmp_path / "site").mkdir()
+    cli(
+        "resource",
+        "add",
+        f"fail-{n}",
+        "--spec",
+        json.dumps({"type": "directory", "path": str(tmp_path / "site")}),
+    )
+    cli("project", "add", f"fail-{n}", "--spec", json.dumps({"resources": [f"fail-{n}"]}))
+    cli("tool", "add", f"false-{n}", "--spec", '{"argv": ["false"]}')
+    cli("automation-profile", "add", f"fail-{n}", "--spec", json.dumps({"allowed_tools": [f"false-{n}"]}))
+    spec = {
+        "actor": "scripted",
+        "automation_profile": f"fail-{n}",
+        "steps": [{"id": "no", "tool": f"false-{n}"}],
+    }
+    cli("action", "add", f"fail-{n}", "--spec", json.dumps(spec))
+    plan_id = cli("plan", "use", f"fail-{n}", f"fail-{n}", "--value", "plan.meta.id").out.strip()
+    failed = cli("plan", "execute", plan_id, "--wait", "--value", "plan.state", expect=EXIT_PLAN_FAILED)
+    assert failed.out == "PLAN_STATE_FAILED\n"
+    assert failed.err.startswith(f"agents: plan {plan_id} failed: "), failed

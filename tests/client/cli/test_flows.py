@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shlex
+
+import pytest
 
 from cleveragents.acp.client.cli.calls import EXIT_PLAN_FAILED
 from cleveragents.acp.contract.errors import exit_code
@@ -213,3 +216,29 @@ def test_execute_wait_on_a_plan_that_fails_exits_1(cli: Cli, tmp_path: pathlib.P
     failed = cli("plan", "execute", plan_id, "--wait", "--value", "plan.state", expect=EXIT_PLAN_FAILED)
     assert failed.out == "PLAN_STATE_FAILED\n"
     assert failed.err.startswith(f"agents: plan {plan_id} failed: "), failed
+
+
+@pytest.mark.parametrize("auto_execute", [False, True])
+def test_the_command_use_recommends_ends_with_the_run(
+    local_cli: Cli, tmp_path: pathlib.Path, auto_execute: bool
+) -> None:
+    """``/use``'s reply names a command to follow the plan; run as printed, it ends once the
+    run does (a watch ``--until-done`` on a plan nobody executes would wait for ever)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "notes.txt").write_text("a draft\n")
+    local_cli(
+        "resource", "add", "site", "--spec", json.dumps({"type": "directory", "path": str(tmp_path / "site")})
+    )
+    local_cli("project", "add", "demo", "--spec", '{"resources": ["site"]}')
+    local_cli("automation-profile", "add", "auto", "--spec", json.dumps({"auto_execute": auto_execute}))
+    (tmp_path / "action.yaml").write_text(ACTION_SPEC + "automation_profile: auto\n")
+    local_cli("action", "add", "greet", "--spec", "action.yaml")
+    session = local_cli("session", "create", "--project", "demo", "--value", "session.meta.id").out.strip()
+    reply = local_cli("session", "tell", session, "/use greet name=Ada").out
+    command = reply.split("`")[1]
+    assert command.startswith("agents "), reply
+    followed = local_cli(*shlex.split(command)[1:])
+    assert "succeeded" in followed.out, followed
+    assert (
+        local_cli("plan", "status", reply.split()[2], "--value", "plan.state").out == "PLAN_STATE_SUCCEEDED\n"
+    )

@@ -24,6 +24,7 @@ from psycopg import pq, sql
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.facade import factory
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.store import pg_loop, pg_migrations, pg_wire, postgres
 from cleveragents.acp.facade.store.base import (
@@ -35,7 +36,7 @@ from cleveragents.acp.facade.store.base import (
     StoreConflictError,
     StoreUnavailableError,
 )
-from cleveragents.acp.facade.store.pg_urls import is_postgres_url, redacted
+from cleveragents.acp.facade.store.pg_urls import db_problem, is_postgres_url, redacted
 from cleveragents.acp.facade.store.postgres import PostgresStore, first_schema
 from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestEntry
 from cleveragents.acp.v1 import session_pb2
@@ -82,6 +83,20 @@ def test_urls_are_recognized_and_shown_without_their_password() -> None:
         "postgresql://db/acp?password=***&sslmode=require"
     )
     assert redacted("postgresql://me@db/acp") == "postgresql://me@db/acp"
+
+
+def test_a_url_of_another_scheme_is_no_sqlite_file(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``postgressql://`` (a typo) was opened as a SQLite file of that name, in a folder
+    ``postgressql:`` made for it; ``agents serve --db`` and local mode refuse it now."""
+    monkeypatch.chdir(tmp_path)
+    assert db_problem("postgresql://h/db") is None
+    assert db_problem("acp.db") is None
+    assert db_problem(pathlib.Path("x://y")) is None
+    with pytest.raises(ValueError, match="unknown URL scheme 'postgressql://'"):
+        factory.open_store("postgressql://me:s3cret@h/db")
+    assert list(tmp_path.iterdir()) == []
     assert first_schema('"$user", public') == "public"
     assert first_schema('"My ""odd"", schema" , public') == 'My "odd", schema'
     assert first_schema("") is None

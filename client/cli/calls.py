@@ -109,11 +109,16 @@ class LocalStoreError(Exception):
 def _reason(exc: ACPError) -> str:
     """The short cause of a failed connection: "Connection refused", "Name or service not
     known": the innermost OS error behind the transport's, else the end of its message."""
+    import ssl
+
     reason = ""
     cause: BaseException | None = exc
     for _ in range(10):
         if cause is None:
             break
+        if isinstance(cause, ssl.SSLError):
+            # Its errno is OpenSSL's (1), which strerror would call "Operation not permitted".
+            return _tls_reason(cause)
         if isinstance(cause, OSError) and (cause.strerror or cause.errno):
             reason = os.strerror(cause.errno) if cause.errno and cause.errno > 0 else str(cause.strerror)
         cause = cause.__cause__ or cause.__context__
@@ -121,6 +126,18 @@ def _reason(exc: ACPError) -> str:
         return reason
     text = exc.message.rsplit(": ", 1)[-1]
     return re.sub(r"^\[Errno -?\d+\]\s*", "", text).strip(" []")
+
+
+# What OpenSSL reports when the other end answers a TLS hello with plain text.
+_NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "HTTP_REQUEST", "UNKNOWN_PROTOCOL"})
+
+
+def _tls_reason(exc: OSError) -> str:
+    name = str(getattr(exc, "reason", "") or "")
+    if name in _NOT_TLS:
+        return "TLS handshake failed: the server does not speak TLS; is its URL http:// rather than https://?"
+    detail = getattr(exc, "verify_message", None) or name or exc.strerror or str(exc)
+    return f"TLS handshake failed: {detail}"
 
 
 def call_options(conn: Connection) -> CallOptions:

@@ -10,6 +10,7 @@ import pytest
 
 from cleveragents.acp.client.cli.calls import EXIT_UNREACHABLE
 from tests.client.cli.conftest import Cli, make_cli
+from tests.server_process import ServerProcess, Tokens
 
 SPEC_FILES = {
     "bad.json": '{"actor": "scripted", ',
@@ -165,6 +166,21 @@ def test_bad_connection_settings_are_exit_2(local_cli: Cli, env: dict[str, str],
     assert "secret" not in result.err
     assert len(result.err.splitlines()) == 1
     assert sorted(p.name for p in local_cli.cwd.iterdir()) == [], "nothing is created"
+
+
+def test_https_to_a_plain_http_server_says_it_does_not_speak_tls(
+    tmp_path: pathlib.Path, cli_server: tuple[ServerProcess, Tokens]
+) -> None:
+    server, tokens = cli_server
+    cli = make_cli("local", tmp_path, None)
+    url = server.http.replace("http://", "https://")
+    result = cli(
+        "session", "list", "--server", url, "--token", tokens.tokens["root"], expect=EXIT_UNREACHABLE
+    )
+    assert result.err == (
+        f"UNAVAILABLE: cannot reach the ACP server at {url} (TLS handshake failed: the server does not "
+        "speak TLS; is its URL http:// rather than https://?)\n"
+    )
 
 
 def _free_port() -> int:

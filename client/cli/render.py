@@ -112,7 +112,9 @@ def tree(response: plan_pb2.GetPlanTreeResponse, out: TextIO, style: Style) -> N
             last = i == len(nodes) - 1
             branch = "└─ " if last else "├─ "
             mark = style(_DIM, " (superseded)") if node.superseded else ""
-            out.write(f"{indent}{branch}{style(_BOLD, node.question)} -> {node.choice}{mark}\n")
+            # The id is what `plan correct PLAN_ID NODE_ID` takes.
+            node_id = style(_DIM, f" [{node.id}]")
+            out.write(f"{indent}{branch}{style(_BOLD, node.question)} -> {node.choice}{mark}{node_id}\n")
             deeper = indent + ("   " if last else "│  ")
             if node.rationale:
                 out.write(f"{deeper}{style(_DIM, node.rationale)}\n")

@@ -62,6 +62,11 @@ def test_plan_flow(cli: Cli, tmp_path: pathlib.Path) -> None:
     tree = cli("plan", "tree", plan_id).out
     assert "greet fs.write [succeeded]" in tree
     assert "└─" in tree
+    # Each decision shows the id `plan correct PLAN_ID NODE_ID` needs.
+    nodes = json.loads(cli("plan", "tree", plan_id, "--json").out)["nodes"]
+    assert nodes
+    for node in nodes:
+        assert f"{node['question']} -> {node['choice']} [{node['id']}]" in tree, tree
 
     applied = json.loads(cli("plan", "apply", plan_id, "--json").out)
     assert sorted(applied["changed_paths"]) == ["hello.txt", "notes.txt"]

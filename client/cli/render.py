@@ -7,6 +7,7 @@ so a new operation renders sensibly with no code here.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from typing import Any, TextIO, cast
@@ -265,6 +266,10 @@ def detail(event: events_pb2.Event) -> str:
         text = content.splitlines()[0] if content else ""
     elif kind == "plan_error":
         text = f"{event.plan_error.error.code}: {event.plan_error.error.message}"
+    elif kind in ("session_text_delta", "plan_text_delta"):
+        delta: events_pb2.TextDelta = getattr(event, kind)
+        # Quoted, escapes shown: a piece is often a space or a line break.
+        text = f"{delta.actor} turn {delta.turn}: {json.dumps(delta.text, ensure_ascii=False)}"
     return text
 
 

@@ -229,6 +229,17 @@ class Printer:
             render.human(item, self.out, color=self.out.isatty())
         self.out.flush()
 
+    def event(self, event: events_pb2.Event) -> None:
+        """One event of ``events watch``: with ``--json`` the event itself, one a line, its
+        sequence a number (proto JSON writes int64 as a string) so ``jq`` compares it."""
+        if option(self.args, "json") and not option(self.args, "value"):
+            data = codec.to_dict(event)
+            data["sequence"] = event.sequence
+            self.out.write(json.dumps(data, ensure_ascii=False) + "\n")
+            self.out.flush()
+        else:
+            self.item(events_pb2.SubscribeEventsResponse(event=event))
+
     def error(self, exc: ACPError, request_id: str, started: float) -> None:
         if option(self.args, "envelope"):
             elapsed = (time.monotonic() - started) * 1000
@@ -451,7 +462,7 @@ async def watch(client: ACPClient, conn: Connection, args: argparse.Namespace) -
                 if event.sequence <= last:
                     continue
                 last = event.sequence
-                printer.item(events_pb2.SubscribeEventsResponse(event=event))
+                printer.event(event)
                 if done is not None and done(event):
                     return 0
             if not remote:

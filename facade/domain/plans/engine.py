@@ -1281,19 +1281,35 @@ class PlanEngine:
             self._heartbeat_task.cancel()
             self._heartbeat_task = None
 
-    @staticmethod
     async def _every(
-        interval: float, work: Callable[[], Awaitable[None]], *, first_wait: bool = False
+        self, interval: float, work: Callable[[], Awaitable[None]], *, first_wait: bool = False
     ) -> None:
+        """``work`` every ``interval``; a store outage is one line when it starts (and one
+        when it ends), not a traceback each time."""
         if first_wait:
             await asyncio.sleep(interval)
+        down = False
         while True:
             try:
                 await work()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("plan leases: %s failed; trying again", work.__name__)
+            except Exception as exc:
+                outage = self.store.outage(exc)
+                if outage is None:
+                    log.exception("plan leases: %s failed; trying again", work.__name__)
+                elif not down:
+                    log.warning(
+                        "plan leases: %s cannot reach the store (%s); retrying every %g s",
+                        work.__name__,
+                        outage,
+                        interval,
+                    )
+                down = outage is not None
+            else:
+                if down:
+                    log.warning("plan leases: %s reaches the store again", work.__name__)
+                down = False
             await asyncio.sleep(interval)
 
     async def _heartbeat(self) -> None:

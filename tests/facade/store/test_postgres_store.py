@@ -990,3 +990,27 @@ def test_an_error_on_the_wire_path_is_never_taken_for_its_fall_back(
     store = opened()
     with pytest.raises(NotImplementedError, match="not written yet"):
         store.execute("SELECT %s::text", ("x",))
+
+
+async def test_a_lost_connection_is_an_outage_of_one_line(
+    opened: Callable[..., PostgresStore], schema: tuple[str, str]
+) -> None:
+    """A restart ends every connection: what background work (the event follower, the plan
+    leases) then catches is named an outage, one line they log instead of a 40-line
+    traceback each poll; any other error is not (issue 29)."""
+    store = opened(readers=1)
+    ((pid,),) = await store.read(lambda _s: store.execute("SELECT pg_backend_pid()"))
+    await asyncio.to_thread(terminate, schema[0], pid)
+    with pytest.raises(psycopg.Error) as info:
+        await store.read(lambda s: s.get("session", "01A"))
+    outage = store.outage(info.value)
+    assert outage is not None, (type(info.value).__mro__, info.value)
+    assert outage.startswith(f"{type(info.value).__name__}: server closed the connection"), outage
+    assert "\n" not in outage
+    assert store.outage(StoreUnavailableError("cannot connect to postgresql://h/db: refused")) == (
+        "cannot connect to postgresql://h/db: refused"
+    )
+    with pytest.raises(psycopg.errors.UndefinedTable) as undefined:
+        await store.read(lambda _s: store.execute("SELECT * FROM no_such_table"))
+    assert store.outage(undefined.value) is None
+    assert store.outage(ValueError("a bug")) is None

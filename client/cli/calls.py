@@ -34,7 +34,7 @@ from cleveragents.acp.client.cli.connect import (
     resolve,
     retry_policy,
 )
-from cleveragents.acp.contract import catalog, codec, envelope, errors, versions
+from cleveragents.acp.contract import catalog, envelope, errors, versions
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, TransportError
 from cleveragents.acp.contract.retry import Retrying, RetryPolicy
@@ -200,15 +200,15 @@ class Printer:
 
     def response(self, response: message.Message, request_id: str, started: float) -> None:
         if option(self.args, "value"):
-            value = _pick(codec.to_dict(response), option(self.args, "value"))
+            value = _pick(render.data(response), option(self.args, "value"))
             text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
             self.out.write(f"{text}\n")
         elif option(self.args, "envelope"):
-            data = codec.to_dict(response)
+            data = render.data(response)
             elapsed = (time.monotonic() - started) * 1000
             self.out.write(json.dumps(envelope.ok(self._version(), request_id, data, elapsed)) + "\n")
         elif option(self.args, "json"):
-            self.out.write(json.dumps(codec.to_dict(response), indent=2, ensure_ascii=False) + "\n")
+            self.out.write(json.dumps(render.data(response), indent=2, ensure_ascii=False) + "\n")
         else:
             render.human(response, self.out, color=self.out.isatty())
         self.out.flush()
@@ -216,10 +216,10 @@ class Printer:
     def item(self, item: message.Message) -> None:
         """One item of a stream: a JSON line (``--value``: the value), or a line for people."""
         if option(self.args, "value"):
-            value = _pick(codec.to_dict(item), option(self.args, "value"))
+            value = _pick(render.data(item), option(self.args, "value"))
             self.out.write(f"{value if isinstance(value, str) else json.dumps(value)}\n")
         elif option(self.args, "json") or option(self.args, "envelope"):
-            self.out.write(json.dumps(codec.to_dict(item), ensure_ascii=False) + "\n")
+            self.out.write(json.dumps(render.data(item), ensure_ascii=False) + "\n")
         elif isinstance(item, events_pb2.SubscribeEventsResponse):
             if not self.headed:
                 self.out.write(render.event_header() + "\n")
@@ -233,7 +233,7 @@ class Printer:
         """One event of ``events watch``: with ``--json`` the event itself, one a line, its
         sequence a number (proto JSON writes int64 as a string) so ``jq`` compares it."""
         if option(self.args, "json") and not option(self.args, "value"):
-            data = codec.to_dict(event)
+            data = render.data(event)
             data["sequence"] = event.sequence
             self.out.write(json.dumps(data, ensure_ascii=False) + "\n")
             self.out.flush()

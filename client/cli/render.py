@@ -75,6 +75,49 @@ def _columns(item: descriptor.Descriptor) -> list[tuple[str, Callable[[Any], str
     return columns
 
 
+_JSON_VALUES = frozenset({"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"})
+_EXACT = 2**53
+
+
+def _whole(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) < _EXACT:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _whole(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_whole(item) for item in value]
+    return value
+
+
+def _whole_numbers(data: dict[str, Any], desc: descriptor.Descriptor) -> dict[str, Any]:
+    for field in desc.fields:
+        nested = field.message_type
+        if nested is None or field.name not in data:
+            continue
+        value = data[field.name]
+        if nested.full_name in _JSON_VALUES:
+            data[field.name] = _whole(value)
+        elif is_map(field):
+            inner = nested.fields_by_name["value"].message_type
+            if inner is not None and inner.full_name in _JSON_VALUES:
+                data[field.name] = _whole(value)
+            elif inner is not None:
+                data[field.name] = {k: _whole_numbers(v, inner) for k, v in value.items()}
+        elif not nested.full_name.startswith("google.protobuf."):
+            if field.is_repeated:
+                data[field.name] = [_whole_numbers(item, nested) for item in value]
+            else:
+                data[field.name] = _whole_numbers(value, nested)
+    return data
+
+
+def data(msg: message.Message) -> dict[str, Any]:
+    """The message's proto JSON, with the whole numbers of its JSON values (``Struct``,
+    ``Value``) as integers: a Struct holds every number as a double, which Python prints
+    ``2.0`` (an export's ``"message_count": 2.0``, a plan's ``"level": 2.0``)."""
+    return _whole_numbers(codec.to_dict(msg), cast(descriptor.Descriptor, msg.DESCRIPTOR))
+
+
 def table(items: list[message.Message], item_type: descriptor.Descriptor, out: TextIO, style: Style) -> None:
     columns = _columns(item_type)
     rows = [[render_cell(m) for _, render_cell in columns] for m in items]
@@ -229,7 +272,7 @@ def human(response: message.Message, out: TextIO, *, color: bool) -> None:
         if token:
             out.write(style(_DIM, f"more: --page-token {token}") + "\n")
         return
-    _yaml(readable(codec.to_dict(response), cast(descriptor.Descriptor, response.DESCRIPTOR)), out)
+    _yaml(readable(data(response), cast(descriptor.Descriptor, response.DESCRIPTOR)), out)
 
 
 def _phase(number: int) -> str:

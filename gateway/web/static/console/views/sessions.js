@@ -20,17 +20,18 @@ export async function showSessions(view, [sessionId]) {
   });
   const rows = h("tbody");
   replace(view, h("section", {}, h("h2", {}, "Sessions"), form, problem, h("table", { id: "sessions" },
-    h("thead", {}, h("tr", {}, h("th", {}, "Title"), h("th", {}, "Id"), h("th", {}, "State"), h("th", {}, "Messages"), h("th", {}, "Created"))),
+    h("thead", {}, h("tr", {}, ["Title", "Id", "Project", "Orchestrator", "State", "Messages", "Created"].map((t) => h("th", {}, t)))),
     rows)));
   try {
     const listed = await call("session.list", { page_size: 100 });
     for (const s of listed.sessions || []) {
       const link = h("a", { href: `#/sessions/${encodeURIComponent(s.meta.id)}` }, s.title || "(untitled)");
-      rows.append(h("tr", {}, h("td", {}, link), h("td", { class: "mono" }, s.meta.id),
+      rows.append(h("tr", { data: { session: s.meta.id } }, h("td", {}, link), h("td", { class: "mono" }, s.meta.id),
+        h("td", { class: "project" }, s.project || ""), h("td", { class: "orchestrator" }, s.orchestrator || ""),
         h("td", {}, shortEnum(s.state, "SESSION_STATE_")), h("td", {}, String(s.message_count || 0)),
         h("td", {}, when(s.meta.create_time))));
     }
-    if (!rows.children.length) rows.append(h("tr", {}, h("td", { colspan: 5, class: "muted" }, "No sessions yet.")));
+    if (!rows.children.length) rows.append(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No sessions yet.")));
   } catch (err) {
     problem.textContent = errorText(err);
   }

@@ -4,15 +4,32 @@ registry form's field errors, and what users or models wrote staying text."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import os
 import pathlib
+from collections.abc import Iterator
 from typing import Any
 
-from tests.gateway.web.conftest import Console
+import httpx
+import pytest
+
+from tests.facade.plans.model_world import KEY, KEY_ENV
+from tests.fake_openai import FakeOpenAI, turn
+from tests.gateway.web.conftest import Console, watch
+from tests.server_process import Children, Tokens, start_server
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 HOSTILE = "<img src=x onerror=\"alert('img')\"><script>alert('script')</script>"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI().start_in_thread()
+    yield server
+    server.stop_thread()
 
 
 def confirm(page: Any, text: str = "") -> None:
@@ -271,3 +288,67 @@ def test_the_consoles_action_table_is_the_servers() -> None:
         for verb, pairs in model.ALLOWED.items()
     }
     assert {verb: sorted(pairs) for verb, pairs in table.items()} == expected
+
+
+def test_a_model_reply_streams_into_the_chat(
+    browser: Any, tmp_path: pathlib.Path, children: Children, fake: FakeOpenAI
+) -> None:
+    """docs/console.md promised replies token by token once model actors existed; they
+    arrived whole. The model's answer is held halfway: the text sent so far shows, then the
+    stored reply takes its place, once."""
+    tokens = Tokens.create(tmp_path)
+    flags = ["--model-endpoint", fake.base_url, "--model-key-env", KEY_ENV]
+    server = children.server(
+        start_server(tmp_path, *flags, tokens=tokens.path, env={**os.environ, KEY_ENV: KEY})
+    )
+    model = {"provider": "openai", "model": "fake-model", "base_url": fake.base_url, "api_key_env": KEY_ENV}
+    auth = {"Authorization": f"Bearer {tokens.tokens['alice']}"}
+
+    def call(operation: str, params: dict[str, Any]) -> Any:
+        answer = httpx.post(
+            server.http + "/api/v1/acp",
+            json={"operation": operation, "params": params},
+            headers=auth,
+            timeout=30,
+        ).json()
+        assert answer["status"] == "ok", answer["error"]
+        return answer["data"]
+
+    call("actor.add", {"name": "chat", "spec": model})
+    session_id = call("session.create", {"title": "Streamed", "orchestrator": "chat"})["session"]["meta"][
+        "id"
+    ]
+    release = asyncio.Event()
+    # Chunks: the role, "Hello ", "there ", (held) "friend", the finish, the usage.
+    fake.then(dataclasses.replace(turn("Hello there friend", pieces=3), hold=release, hold_after=3))
+
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    problems: list[str] = []
+    watch(page, problems)
+    try:
+        page.goto(server.http + "/")
+        page.fill("#token", tokens.tokens["alice"])
+        page.click("#sign-in button[type=submit]")
+        page.wait_for_selector("#nav:not([hidden])")
+        page.wait_for_selector("#status[data-state=live]")
+        page.goto(server.http + f"/#/sessions/{session_id}")
+        page.wait_for_selector("#tell")
+        page.fill("#message-input", "hi")
+        page.click("#tell button[type=submit]")
+        page.wait_for_function(
+            "() => document.querySelector('#messages li.streaming .content')?.textContent === 'Hello there '"
+        )
+        assert page.query_selector_all("#messages li.orchestrator:not(.streaming)") == []
+        assert fake._loop is not None
+        fake._loop.call_soon_threadsafe(release.set)
+        page.wait_for_selector(
+            "#messages li.orchestrator:not(.streaming) .content:text-is('Hello there friend')"
+        )
+        page.wait_for_selector("#messages li.streaming", state="detached")
+        assert len(page.query_selector_all("#messages li.orchestrator")) == 1
+        assert problems == []
+    finally:
+        context.close()
+    assert server.stop() == 0, server.stderr()

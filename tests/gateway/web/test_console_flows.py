@@ -49,6 +49,16 @@ def add_entry(page: Any, kind: str, name: str, spec: dict[str, Any]) -> None:
     page.wait_for_selector(f"#entries tr[data-name='{name}']")
 
 
+def signed_in_with_a_project(console: Console, tmp_path: pathlib.Path) -> pathlib.Path:
+    """Signed in, with project ``demo`` on resource ``site`` (the returned folder)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    console.sign_in()
+    add_entry(console.page, "resource", "site", {"type": "directory", "path": str(site)})
+    add_entry(console.page, "project", "demo", {"resources": ["site"]})
+    return site
+
+
 def test_a_session_chat_shows_the_reply(console: Console) -> None:
     page = console.page
     console.sign_in()
@@ -67,12 +77,8 @@ def test_a_session_chat_shows_the_reply(console: Console) -> None:
 
 
 def test_the_quick_tour_from_the_console(console: Console, tmp_path: pathlib.Path) -> None:
-    site = tmp_path / "site"
-    site.mkdir()
+    site = signed_in_with_a_project(console, tmp_path)
     page = console.page
-    console.sign_in()
-    add_entry(page, "resource", "site", {"type": "directory", "path": str(site)})
-    add_entry(page, "project", "demo", {"resources": ["site"]})
     steps = [
         {"id": "greet", "tool": "fs.write", "args": {"path": "hello.txt", "content": "Hello, {{name}}!\n"}}
     ]
@@ -200,12 +206,8 @@ def test_the_diff_dialog_and_actions_as_a_newcomer_met_them(console: Console, tm
     """Issue 29: consecutive changed lines were laid side by side (only the first showed),
     the confirmation without a question showed an empty text box, and every action was
     offered in every state, the server refusing most."""
-    site = tmp_path / "site"
-    site.mkdir()
+    signed_in_with_a_project(console, tmp_path)
     page = console.page
-    console.sign_in()
-    add_entry(page, "resource", "site", {"type": "directory", "path": str(site)})
-    add_entry(page, "project", "demo", {"resources": ["site"]})
     steps = [{"id": "w", "tool": "fs.write", "args": {"path": "three.txt", "content": "one\ntwo\nthree\n"}}]
     add_entry(page, "action", "three", {"actor": "scripted", "steps": steps})
     page.goto(console.url + "#/plans")

@@ -1319,23 +1319,40 @@ class PlanEngine:
             self._heartbeat_task.cancel()
             self._heartbeat_task = None
 
-    @staticmethod
     async def _every(
-        interval: float, work: Callable[[], Awaitable[None]], *, first_wait: bool = False
+        self, interval: float, work: Callable[[], Awaitable[None]], *, first_wait: bool = False
     ) -> None:
+        """``work`` every ``interval``; a store outage is one line when it starts (and one
+        when it ends), not a traceback each time."""
         if first_wait:
             await asyncio.sleep(interval)
+        down = False
         while True:
             try:
                 await work()
             except asyncio.CancelledError:
                 raise
-            except StoreBusyError as exc:
-                # Another process's lock (one frozen inside a transaction, until the store
-                # ends it): expected while it lasts, not a fault of this process.
-                log.warning("plan leases: %s waits for a lock (%s); trying again", work.__name__, exc)
-            except Exception:
-                log.exception("plan leases: %s failed; trying again", work.__name__)
+            except Exception as exc:
+                outage = self.store.outage(exc)
+                if outage is not None:
+                    if not down:
+                        log.warning(
+                            "plan leases: %s cannot reach the store (%s); retrying every %g s",
+                            work.__name__,
+                            outage,
+                            interval,
+                        )
+                elif isinstance(exc, StoreBusyError):
+                    # Another process's lock (one frozen inside a transaction, until the store
+                    # ends it): expected while it lasts, not a fault of this process.
+                    log.warning("plan leases: %s waits for a lock (%s); trying again", work.__name__, exc)
+                else:
+                    log.exception("plan leases: %s failed; trying again", work.__name__)
+                down = outage is not None
+            else:
+                if down:
+                    log.warning("plan leases: %s reaches the store again", work.__name__)
+                down = False
             await asyncio.sleep(interval)
 
     async def _heartbeat(self) -> None:

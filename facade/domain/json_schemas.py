@@ -296,7 +296,7 @@ def _evolve(self: Any, base: type[Validator], **changes: Any) -> Validator:
     its own ``$schema`` (each of the metaschema's vocabularies does) gets this module's class
     for that dialect, not the library's: its keywords stay linear and counted."""
     schema = changes.setdefault("schema", self.schema)
-    kind = type(self)
+    kind: Any = type(self)
     if isinstance(schema, Mapping) and "$schema" in schema:
         kind = _linear(jsonschema.validators.validator_for(schema, default=base))
     for name, alias in _fields(kind):
@@ -307,7 +307,7 @@ def _evolve(self: Any, base: type[Validator], **changes: Any) -> Validator:
 
 
 @cache  # one entry per class of _linear: bounded
-def _fields(kind: type[Validator]) -> tuple[tuple[str, str], ...]:
+def _fields(kind: Any) -> tuple[tuple[str, str], ...]:
     return tuple((field.name, field.alias) for field in attrs.fields(kind) if field.init)
 
 

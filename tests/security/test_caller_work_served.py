@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
 
 import httpx
 import pytest
@@ -76,7 +77,7 @@ async def clients(
 
 
 async def add_action(
-    client: ACPClient, namespace: str, folder: pathlib.Path, schema: dict[str, object]
+    client: ACPClient, namespace: str, folder: pathlib.Path, schema: Mapping[str, Any]
 ) -> None:
     await client.call(
         "resource.add", namespace=namespace, name="p", spec={"type": "directory", "path": str(folder)}

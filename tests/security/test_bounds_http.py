@@ -181,8 +181,7 @@ def _refused_over(server: ServerProcess, cap: int, scope: bytes, *, busy: bool =
     if busy:
         for sock in held:
             sock.sendall(
-                b"POST /api/v1/acp HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
-                b"Expect: 100-continue\r\n\r\n"
+                b"POST /api/v1/acp HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n"
             )
         for sock in held:
             assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n")

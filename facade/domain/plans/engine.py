@@ -34,7 +34,7 @@ from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import json_schemas, paging, roles
+from cleveragents.acp.facade.domain import caller_work, json_schemas, paging, roles
 from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.plans import (
@@ -403,8 +403,10 @@ class PlanEngine:
             return action_entry, profile_name, plan_setup
 
         action_entry, profile_name, plan_setup = await self._read(resolve)
-        # RE2 matches without the GIL: a pattern slow on a long input holds no other call.
-        values = await asyncio.to_thread(_inputs, actor.as_dict(action_entry.spec.inputs_schema), inputs)
+        # On the caller-work pool: bounded, shared fairly between namespaces, and stopped if
+        # the caller leaves (RE2 matches without the GIL: a long input holds no other call).
+        schema = actor.as_dict(action_entry.spec.inputs_schema)
+        values = await caller_work.CALLER_WORK.run(namespace, _inputs, schema, inputs)
         steps = actor.declared_steps(action_entry.spec, values)
         await self._read(lambda: [setup.tool_spec(self.registries, namespace, step.tool) for step in steps])
         # A model chooses its own steps: the declared ones are the scripted actor's.
@@ -819,7 +821,9 @@ class PlanEngine:
             self._check_cancel(plan.meta.id, cancel)
             result = validations.refused(
                 name, spec, self.registries.policy, plan_setup.profile
-            ) or await validations.run(name, spec, staging, artifacts, cancel, self.registries.policy)
+            ) or await validations.run(
+                plan.meta.namespace, name, spec, staging, artifacts, cancel, self.registries.policy
+            )
             results.append(result)
             await self._write(lambda: self._record_validation(plan, results))
         failed = [r for r in results if not r.passed]

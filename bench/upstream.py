@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 
+import httpx
 import orjson
 
 from bench.load import LoadResult
@@ -38,6 +39,9 @@ def run_all(run: Run) -> None:
         body = orjson.dumps({"operation": "session.show", "params": {"session_id": session_id}})
         _check_gateway(product, session_id, body)
         hop_url = f"{gateway.info['http']}/api/v1/acp"
+        answer = httpx.post(hop_url, content=body, headers=product.auth_header, timeout=10)
+        if answer.status_code != 200 or session_id not in answer.text:
+            raise RuntimeError(f"the upstream gateway answered {answer.status_code}: {answer.text[:500]}")
         direct = _http(run, f"{product.http_url}/api/v1/acp", "POST", body, product.auth_header)
         hop = _http(run, hop_url, "POST", body, product.auth_header)
         if run.mode.warmup_seconds:

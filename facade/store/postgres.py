@@ -11,7 +11,7 @@ group-commit writer thread is needed).
   connections of its own in libpq's nonblocking pipeline mode (pg_loop.py).
 - A write's ``BEGIN`` goes with its first statement, in one round trip.
 - ``write(fn)``: one ``READ COMMITTED`` transaction; the commit is durable
-  (``synchronous_commit`` as the server is configured, on by default) before ``write``
+  (``synchronous_commit`` at least ``on``, whatever the server's default) before ``write``
   returns. Conditional writes lock what they check: ``update``/``delete`` are one
   ``UPDATE``/``DELETE ... WHERE revision = ...``, ``append_items`` takes a per-owner
   advisory lock, ``append_events`` updates the one-row ``event_sequence`` counter, whose
@@ -282,6 +282,14 @@ class _Thread(threading.local):
         self.write_began = False
 
 
+# A write is acknowledged once durable (docs/events.md), whatever default the
+# server, the database or the URL's options set: ``off`` is raised to ``on`` (``local`` and
+# the standby levels flush locally already, and are kept).
+DURABLE_COMMITS = (
+    "SELECT set_config('synchronous_commit', 'on', false) WHERE current_setting('synchronous_commit') = 'off'"
+)
+
+
 class PostgresStore(Store):
     def __init__(
         self,
@@ -334,12 +342,25 @@ class PostgresStore(Store):
         self._loops: dict[asyncio.AbstractEventLoop, LoopReads] = {}
         # A record insert with nothing read before it, the same way (``insert_alone``).
         self._loop_writes: dict[asyncio.AbstractEventLoop, LoopWrites] = {}
-        self._write_setup = (f"SET lock_timeout = {_lock_timeout_ms(write_timeout)}", CUSTOM_PLANS)
+        self._write_setup = (
+            f"SET lock_timeout = {_lock_timeout_ms(write_timeout)}",
+            CUSTOM_PLANS,
+            DURABLE_COMMITS,
+        )
         self._loops_lock = threading.Lock()
         self._writers = ThreadPoolExecutor(writers, "acp-store-write", initializer=self._own_thread)
 
     def __repr__(self) -> str:
         return f"PostgresStore({redacted(self.url)!r})"
+
+    def outage(self, exc: BaseException) -> str | None:
+        # A server restarting or gone: the connection refused, shutting down, or lost (libpq's
+        # "server closed the connection unexpectedly": a bare DatabaseError, no SQLSTATE).
+        lost = type(exc) is psycopg.DatabaseError and exc.sqlstate is None
+        if lost or isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | PoolTimeout):
+            text = str(exc).strip().splitlines()
+            return f"{type(exc).__name__}: {text[0] if text else 'the connection was lost'}"
+        return super().outage(exc)
 
     # connections and schema -----------------------------------------------------------
 
@@ -352,9 +373,13 @@ class PostgresStore(Store):
         return conn
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        # psycopg prepares nothing of its own here: after a rollback on a connection where it
+        # has, it sends DEALLOCATE ALL, which drops the statements pg_wire prepared too.
+        conn.prepare_threshold = None
         # The bound on waiting for a lock another transaction holds (StoreBusyError after).
         conn.execute(f"SET lock_timeout = {_lock_timeout_ms(self.write_timeout)}")
         conn.execute(CUSTOM_PLANS)
+        conn.execute(DURABLE_COMMITS)
         set_json_loads(orjson.loads, conn)
         set_json_dumps(orjson.dumps, conn)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -55,13 +56,13 @@ from cleveragents.acp.facade.domain.plans import (
 from cleveragents.acp.facade.domain.plans.apply import Restored, Write
 from cleveragents.acp.facade.domain.plans.leases import PlanLeases
 from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
-from cleveragents.acp.facade.domain.plans.records import CheckpointEntry, PlanRecords
+from cleveragents.acp.facade.domain.plans.records import CheckpointEntry, PlanRecords, not_found
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
 from cleveragents.acp.facade.domain.policy import HOW_TO_ALLOW_COMMANDS
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.specs import DEFAULT_MAX_STEPS
 from cleveragents.acp.facade.domain.tracing import traced
-from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, Store
+from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, Store, StoreBusyError
 from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2, registry_pb2, specs_pb2
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,10 @@ T = TypeVar("T")
 CANCEL_WAIT_SECONDS = 10.0
 # What a plan left running by a process that stopped is failed with.
 STOPPED_RUNNING = "the server stopped while the plan was running"
+# How long ``recover`` waits out the locks of a process that stopped inside a transaction
+# (a PostgreSQL replica frozen there keeps them at most $ACP_STORE_IDLE_TRANSACTION_SECONDS,
+# 10 by default: pg_settings.py); then STORE_BUSY, as before it waited.
+RECOVERY_PATIENCE = 60.0
 STOPPED_APPLYING = "the server stopped during apply; every file was restored"
 # A cross-process cancel, left on the plan's lease for its holder (leases.py).
 CANCEL_REQUEST = "cancel:"
@@ -118,6 +123,28 @@ def _inputs(schema: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
             {"field": "inputs", "errors": problems},
         )
     return inputs
+
+
+def _patiently(store: Store, work: Callable[[], T], deadline: float) -> T:
+    """``work`` in a transaction of its own, blocking, tried again (backing off) while a
+    lock another process holds makes it STORE_BUSY, until ``deadline`` (monotonic)."""
+    delay = 0.05
+    while True:
+        try:
+            with store.transaction():
+                return work()
+        except StoreBusyError as exc:
+            if time.monotonic() + delay >= deadline:
+                raise
+            log.warning(
+                "plan recovery waits for a lock another process holds (%s); again in %.2f s", exc, delay
+            )
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def _lease_of(name: str, store: Store) -> Lease | None:
+    return store.get_lease(name)
 
 
 def _index_of(steps: Sequence[plan_pb2.PlanStep], step: plan_pb2.PlanStep) -> int:
@@ -191,9 +218,11 @@ class PlanEngine:
     # loading ----------------------------------------------------------------------------
 
     def load(self, ctx: CallContext, plan_id: str) -> plan_pb2.Plan:
-        """The plan, once the caller may use its namespace."""
+        """The plan, once the caller may use its namespace (else, as for an unknown id,
+        PLAN_NOT_FOUND: ids tell nothing of other namespaces)."""
         plan = self.records.load(plan_id)
-        ctx.authorize(plan.meta.namespace)
+        if not ctx.may_see(plan.meta.namespace):
+            raise not_found(plan_id)
         return plan
 
     def list_plans(self, ctx: CallContext, request: plan_pb2.ListPlansRequest) -> plan_pb2.ListPlansResponse:
@@ -1178,7 +1207,9 @@ class PlanEngine:
     def recover(self) -> None:
         """At start, before any call (blocking): settle what stopped processes left, the
         plans in flight whose lease is free, expired, or held by a process that is gone.
-        A live holder's plans are its own business; the scanner takes them if it dies."""
+        A live holder's plans are its own business; the scanner takes them if it dies. A
+        lock a stalled process holds (STORE_BUSY) is waited out, up to RECOVERY_PATIENCE."""
+        deadline = time.monotonic() + RECOVERY_PATIENCE
         candidates = {r.id for r in self.records.in_flight()}
         candidates.update(leases.plan_of(lease.name) for lease in self.leases.takeable(self.store))
         for plan_id in sorted(candidates):
@@ -1188,19 +1219,26 @@ class PlanEngine:
             record = self.store.get(records.KIND, plan_id)
             if record is not None and self._unseen_folder(record) is not None:
                 continue
-            with self.store.transaction():
+
+            def claim(plan_id: str = plan_id, lease: Lease | None = lease) -> tuple[bool, Record | None]:
                 if not self.leases.claim(plan_id, steal_token=leases.steal_token(lease)):
-                    continue
-                record = self.store.get(records.KIND, plan_id)
+                    return False, None
+                return True, self.store.get(records.KIND, plan_id)
+
+            try:
+                claimed, record = _patiently(self.store, claim, deadline)
+            except BaseException:
+                self.leases.forget(plan_id)
+                raise
+            if not claimed:
+                continue
             try:
                 entries, finish = self._settlement(record)
                 if entries:
                     apply.restore(entries)
-                with self.store.transaction():
-                    finish()
+                _patiently(self.store, finish, deadline)
             finally:
-                with self.store.transaction():
-                    self.leases.release(plan_id)
+                _patiently(self.store, functools.partial(self.leases.release, plan_id), deadline)
 
     def _settlement(self, record: Record | None) -> Settlement:
         """What settling a plan whose holder stopped takes: the pre-images to restore first
@@ -1294,6 +1332,10 @@ class PlanEngine:
                 await work()
             except asyncio.CancelledError:
                 raise
+            except StoreBusyError as exc:
+                # Another process's lock (one frozen inside a transaction, until the store
+                # ends it): expected while it lasts, not a fault of this process.
+                log.warning("plan leases: %s waits for a lock (%s); trying again", work.__name__, exc)
             except Exception as exc:
                 outage = self.store.outage(exc)
                 if outage is None:
@@ -1317,7 +1359,9 @@ class PlanEngine:
             return
         lost, requests = await self.store.write(self.leases.renew)
         for plan_id in lost:
-            log.warning("plan %s: this process lost its lease; the plan stops here", plan_id)
+            name, token = leases.lease_name(plan_id), self.leases.held.get(plan_id, 0)
+            current = await self.store.read(functools.partial(_lease_of, name))
+            log.warning("plan %s stops here: %s", plan_id, LeaseLostError(name, token, current))
             self._stop_local(plan_id, "the plan's lease was lost")
         for plan_id, request in requests.items():
             self._requested(plan_id, request)

@@ -96,7 +96,7 @@ def test_apply_and_restore_race_a_symlink_swap(world: tuple[pathlib.Path, pathli
                 continue
             with contextlib.suppress(OSError):
                 apply.write_all(writes)
-            apply.restore([w.entry for w in writes])
+            apply.restore([w.entry for w in writes], apply.anchors_of(writes))
             _outside_intact(outside)
     _outside_intact(outside)
     assert rounds > 10
@@ -112,7 +112,7 @@ def test_forty_files_then_zz_f_txt_never_lands_outside(world: tuple[pathlib.Path
             with contextlib.suppress(OSError):
                 apply.write_all(writes)
             _outside_intact(outside)
-            apply.restore([w.entry for w in writes])
+            apply.restore([w.entry for w in writes], apply.anchors_of(writes))
         _outside_intact(outside)
         assert not any((root / "a").glob("*.txt"))
 
@@ -125,7 +125,7 @@ def test_recovery_restore_never_deletes_outside(world: tuple[pathlib.Path, pathl
     apply.write_all(writes)
     os.rename(root / "zz", root / "zz.moved")
     (root / "zz").symlink_to(outside)
-    outcome = apply.restore_all([w.entry for w in writes])
+    outcome = apply.restore_all([w.entry for w in writes], apply.anchors_of(writes))
     _outside_intact(outside)
     # The plan's file is still in zz.moved: not restored, and said so (it was listed restored).
     assert outcome.skipped == ["zz/f.txt"]

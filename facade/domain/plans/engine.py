@@ -34,6 +34,7 @@ from ulid import ULID
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import json_schemas, paging, roles
+from cleveragents.acp.facade.domain.beneath import Anchor
 from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.plans import (
@@ -52,7 +53,7 @@ from cleveragents.acp.facade.domain.plans import (
     tools,
     validations,
 )
-from cleveragents.acp.facade.domain.plans.apply import Restored, Write
+from cleveragents.acp.facade.domain.plans.apply import Fence, Restored, Write
 from cleveragents.acp.facade.domain.plans.leases import PlanLeases
 from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
 from cleveragents.acp.facade.domain.plans.records import CheckpointEntry, PlanRecords
@@ -1011,8 +1012,13 @@ class PlanEngine:
             plan.ClearField("last_error")
             self._transition(plan, model.APPLY, model.RUNNING, journal=records.JOURNAL_APPLYING)
 
-        async with self._leased_file_work(plan.meta.id, begin):
-            return await self._write_files(plan, writes, entries)
+        try:
+            async with self._leased_file_work(plan.meta.id, begin):
+                return await self._write_files(plan, writes, entries)
+        except LeaseLostError as exc:
+            # Taken over mid-apply: the new holder restores the checkpoint; nothing is ours.
+            log.warning("plan %s: apply stopped: %s", plan.meta.id, exc)
+            raise leases.lost(plan.meta.id, exc) from None
 
     @contextlib.asynccontextmanager
     async def _leased_file_work(self, plan_id: str, begin: Callable[[], None]) -> AsyncIterator[None]:
@@ -1044,9 +1050,9 @@ class PlanEngine:
         self, plan: plan_pb2.Plan, writes: list[Write], entries: list[CheckpointEntry]
     ) -> list[str]:
         try:
-            await asyncio.to_thread(apply.write_all, writes)
+            await asyncio.to_thread(apply.write_all, writes, self._file_fence(plan.meta.id))
         except OSError as exc:
-            undone = await asyncio.to_thread(apply.restore_all, entries)
+            undone = await asyncio.to_thread(apply.restore_all, entries, apply.anchors_of(writes))
             raise await self._apply_failed(plan, exc, undone) from None
         changed = [e.path for e in entries]
         completed = events_pb2.PlanApplyCompleted(changed_paths=changed, checkpoint_id=plan.meta.id)
@@ -1060,6 +1066,17 @@ class PlanEngine:
             )
         )
         return changed
+
+    def _file_fence(self, plan_id: str) -> Fence:
+        """For the worker thread writing the files: LeaseLostError once this engine no
+        longer holds the plan's lease (asked of the store, through the loop)."""
+        loop = asyncio.get_running_loop()
+
+        def fence() -> None:
+            check = self.store.read(lambda store: self.leases.check(store, plan_id))
+            asyncio.run_coroutine_threadsafe(check, loop).result()
+
+        return fence
 
     async def _apply_failed(self, plan: plan_pb2.Plan, exc: OSError, undone: Restored) -> ACPError:
         """Record the failed apply (undone) on the plan and return the error to raise: a
@@ -1100,14 +1117,15 @@ class PlanEngine:
     ) -> Restored:
         """Off the loop and shielded, like apply."""
         with self._exclusive(plan.meta.id):
-            await asyncio.to_thread(rollback.check, plan.meta.id, entries, force=force)
+            anchors = await asyncio.to_thread(self._anchors, plan.meta.namespace, entries, refuse=True)
+            await asyncio.to_thread(rollback.check, plan.meta.id, entries, anchors, force=force)
 
             def begin() -> None:
                 self._still(plan, "rollback")
                 self.records.save(plan, journal=records.JOURNAL_ROLLING_BACK)
 
             async with self._leased_file_work(plan.meta.id, begin):
-                restored = await asyncio.to_thread(apply.restore_all, entries)
+                restored = await asyncio.to_thread(apply.restore_all, entries, anchors)
                 # Paths never followed through a symlink are not restored: the plan says so.
                 skipped = (
                     common_pb2.ErrorInfo(
@@ -1129,6 +1147,27 @@ class PlanEngine:
                     )
                 )
         return restored
+
+    def _anchors(
+        self, namespace: str, entries: Sequence[CheckpointEntry], *, refuse: bool = False
+    ) -> dict[str, Anchor | None]:
+        """Blocking: where each checkpoint folder is opened from, checked against the
+        operator's resource roots as they are now (None: outside them, never touched). With
+        ``refuse``, INVALID_STATE naming the first such folder instead."""
+        found: dict[str, Anchor | None] = {}
+        for entry in entries:
+            if entry.root in found:
+                continue
+            anchor = self.registries.policy.anchor(namespace, entry.root)
+            if anchor is None and refuse:
+                raise ACPError(
+                    ErrorCode.INVALID_STATE,
+                    f"resource folder {entry.root} lies outside the server's resource roots for "
+                    f"namespace {namespace!r} now; nothing was done",
+                    {"path": entry.root, "resource": entry.resource},
+                )
+            found[entry.root] = anchor
+        return found
 
     # read views -------------------------------------------------------------------------
 
@@ -1194,8 +1233,8 @@ class PlanEngine:
                 record = self.store.get(records.KIND, plan_id)
             try:
                 entries, finish = self._settlement(record)
-                if entries:
-                    apply.restore(entries)
+                if entries and record is not None:
+                    apply.restore(entries, self._anchors(record.namespace, entries))
                 with self.store.transaction():
                     finish()
             finally:
@@ -1351,8 +1390,9 @@ class PlanEngine:
         entries, finish = settlement
         self._file_work.add(plan_id)
         try:
-            if entries:
-                await asyncio.to_thread(apply.restore, entries)
+            if entries and record is not None:
+                anchors = await asyncio.to_thread(self._anchors, record.namespace, entries)
+                await asyncio.to_thread(apply.restore, entries, anchors)
             await self.store.write(lambda _store: finish())
             log.warning("plan %s: taken over from a stopped process (lease token %d)", plan_id, lease.token)
         finally:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain.beneath import Anchor
 
 # A name longer than this is refused by every common file system (NAME_MAX).
 MAX_COMPONENT_BYTES = 255
@@ -26,11 +27,18 @@ _CONTROL = frozenset(chr(code) for code in (*range(0x20), 0x7F))
 
 @dataclass(frozen=True)
 class ResourceRoot:
-    """A project's directory resource: its registry name and its folder."""
+    """A project's directory resource: its registry name, its folder, and where file
+    operations open it from (``anchor``: the operator's root it lies in; without one, the
+    folder itself, as in local mode without roots)."""
 
     name: str
     root: pathlib.Path
     read_only: bool = False
+    anchor: Anchor | None = None
+
+    @property
+    def place(self) -> Anchor:
+        return self.anchor if self.anchor is not None else Anchor(os.path.normpath(self.root))
 
 
 def _invalid(message: str, field: str, path: str) -> ACPError:

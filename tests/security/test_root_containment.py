@@ -33,7 +33,9 @@ from cleveragents.acp.facade.domain.plans import apply, staging
 from cleveragents.acp.facade.domain.policy import Policy
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.v1 import context_pb2, plan_pb2
-from tests.facade.plans.helpers import add_action, add_project, eventually, run, status
+from tests.facade.plans.helpers import add_action, add_project, eventually, run, status, write_tree
+from tests.facade.plans.test_crash_and_restart import kill, read_line, start_child, wait_for_file
+from tests.server_process import Children
 
 NS = "team-a"
 SECRET = b"OUTSIDE-SECRET of another tenant\n"
@@ -357,3 +359,61 @@ async def test_context_reads_race_a_randomized_flip(tmp_path: pathlib.Path, worl
                 assert SECRET.decode().strip() not in str(simulated)
         assert swaps() > 0
         assert tries > 10
+
+
+# start-up recovery ------------------------------------------------------------------------
+
+
+def _crash_mid_apply(
+    tmp_path: pathlib.Path, roots: pathlib.Path, repo: pathlib.Path, children: Children
+) -> str:
+    """A server process (roots from $ACP_RESOURCE_ROOTS) applies a plan, pauses after its
+    first file and is killed there: the plan's journal says ``applying``."""
+    write_tree(repo)
+    pause = tmp_path / "pause"
+    pause.write_text("1")
+    env = {"ACP_TEST_APPLY_PAUSE_FILE": str(pause), "ACP_RESOURCE_ROOTS": str(roots)}
+    child = start_child(children, "apply", str(tmp_path / "acp.db"), str(repo), env=env)
+    plan_id = read_line(child)
+    wait_for_file(tmp_path / "pause.1", child)
+    assert (repo / "docs/guide.md").exists(), "the kill must land after apply wrote a file"
+    kill(child)
+    return plan_id
+
+
+async def _restart(tmp_path: pathlib.Path, roots: pathlib.Path, plan_id: str) -> plan_pb2.Plan:
+    """Open the database again (start-up recovery runs) and read the plan."""
+    facade = open_facade(tmp_path / "acp.db", policy=Policy.local({"ACP_RESOURCE_ROOTS": str(roots)}))
+    client = ACPClient(LocalTransport(facade, owns_facade=True))
+    try:
+        return await status(client, plan_id)
+    finally:
+        await client.close()
+
+
+async def test_recovery_after_a_crash_mid_apply_through_a_symlinked_parent(
+    tmp_path: pathlib.Path, children: Children
+) -> None:
+    roots = tmp_path / "roots"
+    work = roots / "work"
+    outside = tmp_path / "outside"
+    _mirror(outside, {f"repo/{p}": SECRET for p in ("docs/guide.md", "obsolete.txt", "src/app.py")})
+    before = {p.relative_to(outside).as_posix(): p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    plan_id = _crash_mid_apply(tmp_path, roots, work / "repo", children)
+    os.rename(work, roots / "work.real")
+    work.symlink_to(outside)
+    plan = await _restart(tmp_path, roots, plan_id)
+    after = {p.relative_to(outside).as_posix(): p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    assert after == before, "recovery wrote or deleted outside"
+    assert plan.state == plan_pb2.PLAN_STATE_FAILED
+
+
+async def test_recovery_rechecks_the_resource_roots(tmp_path: pathlib.Path, children: Children) -> None:
+    """The operator restarts with roots that no longer hold the folder: it is left alone."""
+    roots = tmp_path / "roots"
+    repo = roots / "work" / "repo"
+    plan_id = _crash_mid_apply(tmp_path, roots, repo, children)
+    elsewhere = tmp_path / "other-roots"
+    elsewhere.mkdir()
+    await _restart(tmp_path, elsewhere, plan_id)
+    assert (repo / "docs/guide.md").exists(), "recovery wrote in a folder outside the roots"

@@ -28,7 +28,7 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
             pytest.skip("this kernel has no openat2")
     else:
         monkeypatch.setattr(beneath._Kernel, "openat2", False)
-    return request.param
+    return str(request.param)
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade import auth
 from cleveragents.acp.facade.domain import context_files
-from cleveragents.acp.facade.domain.plans import apply, staging
+from cleveragents.acp.facade.domain.plans import apply, paths, staging
 from cleveragents.acp.facade.domain.policy import Policy
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.v1 import context_pb2, plan_pb2
@@ -288,13 +288,37 @@ async def test_plan_reads_when_a_parent_flips_right_after_the_roots_check(
         plan_id = await _plan(server.admin, world, steps)
         monkeypatch.setattr(staging, "read_disk", flip_then_read)
         for client in (server.admin, server.reader):
-            for operation, extra in (("plan.diff", {}), ("plan.artifacts", {"include_content": True})):
+            for operation, request in (
+                ("plan.diff", {"plan_id": plan_id}),
+                ("plan.artifacts", {"plan_id": plan_id, "include_content": True}),
+            ):
                 with contextlib.suppress(ACPError):
-                    answer = await client.call(operation, plan_id=plan_id, **extra)
+                    answer = await client.call(operation, request)
                     assert SECRET.decode().strip() not in str(answer), operation
                 # The flip happened; undone for the next read.
                 world.work.unlink()
                 os.rename(world.work.with_name("work.real"), world.work)
+
+
+async def test_the_prompts_file_list_when_a_parent_flips_right_after_the_roots_check(
+    tmp_path: pathlib.Path, world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The actor's prompt lists the project's files: the folder above the resource becomes
+    a symlink between the roots check and the walk, which must list no outside name."""
+    listed = paths.first_files
+
+    def flip_then_list(*args: Any, **kwargs: Any) -> Any:
+        if not world.work.is_symlink():
+            world.swap()
+        return listed(*args, **kwargs)
+
+    async with serving(tmp_path, _policy(world)) as server:
+        monkeypatch.setattr(paths, "first_files", flip_then_list)
+        with contextlib.suppress(ACPError):
+            plan_id = await _plan(server.admin, world, [])
+            prompt = await server.reader.call("plan.prompt", plan_id=plan_id)
+            assert "victim" not in str(prompt)
+        assert world.work.is_symlink(), "the walk ran"
 
 
 # context reads --------------------------------------------------------------------------

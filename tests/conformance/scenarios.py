@@ -215,7 +215,7 @@ async def sessions(run: Run) -> None:
     await alice.call("session.show", session_id=first)
     await run.fails(alice.call("session.show", session_id=MISSING_ID), "NOT_FOUND", "SESSION_NOT_FOUND")
     await run.fails(alice.call("session.show"), "INVALID_PARAMS")
-    await run.fails(bob.call("session.show", session_id=first), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("session.show", session_id=first), "NOT_FOUND", "SESSION_NOT_FOUND")
 
     await alice.call("session.tell", session_id=first, content="/help")
     await alice.call("session.tell", session_id=first, content="hello there")
@@ -224,11 +224,13 @@ async def sessions(run: Run) -> None:
     await run.fails(
         alice.call("session.tell", session_id=MISSING_ID, content="hi"), "NOT_FOUND", "SESSION_NOT_FOUND"
     )
-    await run.fails(bob.call("session.tell", session_id=first, content="hi"), "AUTH_FORBIDDEN")
+    await run.fails(
+        bob.call("session.tell", session_id=first, content="hi"), "NOT_FOUND", "SESSION_NOT_FOUND"
+    )
     await run.fails(alice.call("session.resume", session_id=first), "INVALID_STATE")
     await alice.call("session.tell", session_id=first, content="/close")
     await run.fails(alice.call("session.tell", session_id=first, content="hi"), "INVALID_STATE")
-    await run.fails(bob.call("session.resume", session_id=first), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("session.resume", session_id=first), "NOT_FOUND", "SESSION_NOT_FOUND")
     await run.fails(alice.call("session.resume", session_id=MISSING_ID), "NOT_FOUND", "SESSION_NOT_FOUND")
     await run.fails(alice.call("session.resume"), "INVALID_PARAMS")
     await alice.call("session.resume", session_id=first)
@@ -240,7 +242,7 @@ async def sessions(run: Run) -> None:
     await run.fails(alice.call("session.tell", session_id=odd.session.meta.id, content="hi"), "INVALID_STATE")  # type: ignore[attr-defined]
     await run.fails(alice.call("actor.remove", name="plain"), "INVALID_STATE")
 
-    await run.fails(bob.call("session.delete", session_id=first), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("session.delete", session_id=first), "NOT_FOUND", "SESSION_NOT_FOUND")
     await alice.call("session.delete", session_id=ids[2])
     await run.fails(alice.call("session.delete", session_id=ids[2]), "NOT_FOUND", "SESSION_NOT_FOUND")
     await run.fails(alice.call("session.delete"), "INVALID_PARAMS")
@@ -268,7 +270,7 @@ async def export_import(run: Run) -> None:
     document = codec.to_dict(exported)["document"]
     await run.fails(alice.call("session.export", session_id=MISSING_ID), "NOT_FOUND", "SESSION_NOT_FOUND")
     await run.fails(alice.call("session.export"), "INVALID_PARAMS")
-    await run.fails(bob.call("session.export", session_id=session_id), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("session.export", session_id=session_id), "NOT_FOUND", "SESSION_NOT_FOUND")
 
     await run.fails(
         alice.call("session.import", document=document), "ALREADY_EXISTS", "SESSION_ALREADY_EXISTS"
@@ -308,7 +310,7 @@ async def context(run: Run) -> None:
     await run.fails(alice.call("context.show", project="web", session_id=session_id), "INVALID_PARAMS")
     await run.fails(alice.call("context.show", project="ghost"), "NOT_FOUND", "PROJECT_NOT_FOUND")
     await run.fails(alice.call("context.show", session_id=MISSING_ID), "NOT_FOUND", "SESSION_NOT_FOUND")
-    await run.fails(bob.call("context.show", session_id=session_id), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("context.show", session_id=session_id), "NOT_FOUND", "SESSION_NOT_FOUND")
     await run.fails(bob.call("context.show", project="web", namespace="default"), "AUTH_FORBIDDEN")
 
     config = {
@@ -332,7 +334,9 @@ async def context(run: Run) -> None:
     await run.fails(
         alice.call("context.set", session_id=MISSING_ID, config={}), "NOT_FOUND", "SESSION_NOT_FOUND"
     )
-    await run.fails(bob.call("context.set", session_id=session_id, config={}), "AUTH_FORBIDDEN")
+    await run.fails(
+        bob.call("context.set", session_id=session_id, config={}), "NOT_FOUND", "SESSION_NOT_FOUND"
+    )
     await alice.call("context.show", session_id=session_id)
     await run.fails(alice.call("skill.remove", name="tone"), "INVALID_STATE")
 
@@ -359,7 +363,9 @@ async def context(run: Run) -> None:
         "SESSION_NOT_FOUND",
     )
     await run.fails(
-        bob.call("context.inspect", session_id=session_id, item_id="skill:tone"), "AUTH_FORBIDDEN"
+        bob.call("context.inspect", session_id=session_id, item_id="skill:tone"),
+        "NOT_FOUND",
+        "SESSION_NOT_FOUND",
     )
 
     await alice.call("context.simulate", session_id=session_id, prompt="Summarize the project.")
@@ -367,7 +373,7 @@ async def context(run: Run) -> None:
     await run.fails(alice.call("context.simulate", session_id=session_id, token_budget=-1), "INVALID_PARAMS")
     await run.fails(alice.call("context.simulate", project="ghost"), "NOT_FOUND", "PROJECT_NOT_FOUND")
     await run.fails(alice.call("context.simulate", session_id=MISSING_ID), "NOT_FOUND", "SESSION_NOT_FOUND")
-    await run.fails(bob.call("context.simulate", session_id=session_id), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("context.simulate", session_id=session_id), "NOT_FOUND", "SESSION_NOT_FOUND")
 
 
 async def plan_world(run: Run, *, profile: dict[str, Any] | None = None, **action: Any) -> pathlib.Path:
@@ -419,16 +425,16 @@ async def plan_lifecycle(run: Run) -> None:
         await alice.call(op, plan_id=plan_id)
         await run.fails(alice.call(op, plan_id=MISSING_ID), "NOT_FOUND", "PLAN_NOT_FOUND")
         await run.fails(alice.call(op), "INVALID_PARAMS")
-        await run.fails(bob.call(op, plan_id=plan_id), "AUTH_FORBIDDEN")
+        await run.fails(bob.call(op, plan_id=plan_id), "NOT_FOUND", "PLAN_NOT_FOUND")
     await alice.call("plan.artifacts", plan_id=plan_id, include_content=True)
-    await run.fails(bob.call("plan.apply", plan_id=plan_id), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("plan.apply", plan_id=plan_id), "NOT_FOUND", "PLAN_NOT_FOUND")
     await alice.call("plan.apply", plan_id=plan_id)
     await run.fails(alice.call("plan.apply", plan_id=plan_id), "INVALID_STATE")
     run.note("applied", sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")))
     await alice.call("plan.diff", plan_id=plan_id)
     (repo / "src/app.py").write_text("edited by a person\n")
     await run.fails(alice.call("plan.rollback", plan_id=plan_id), "INVALID_STATE")
-    await run.fails(bob.call("plan.rollback", plan_id=plan_id), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("plan.rollback", plan_id=plan_id), "NOT_FOUND", "PLAN_NOT_FOUND")
     await alice.call("plan.rollback", plan_id=plan_id, force=True)
     await run.fails(alice.call("plan.rollback", plan_id=plan_id), "INVALID_STATE")
     for op in ("plan.execute", "plan.apply", "plan.cancel", "plan.rollback"):
@@ -471,8 +477,8 @@ async def plan_use(run: Run) -> None:
     await run.fails(bob.call("plan.use", action="act", project="proj", namespace="default"), "AUTH_FORBIDDEN")
     plans = [await use(alice), await use(alice, session_id=session_id), await use(alice)]
     await alice.call("plan.cancel", plan_id=plans[2], reason="not needed")
-    await run.fails(bob.call("plan.cancel", plan_id=plans[0]), "AUTH_FORBIDDEN")
-    await run.fails(bob.call("plan.execute", plan_id=plans[0]), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("plan.cancel", plan_id=plans[0]), "NOT_FOUND", "PLAN_NOT_FOUND")
+    await run.fails(bob.call("plan.execute", plan_id=plans[0]), "NOT_FOUND", "PLAN_NOT_FOUND")
     # /use in a session starts a plan of the session.
     await alice.call("session.tell", session_id=session_id, content="/use act name=told word=w")
     page = await alice.call("plan.list", page_size=2)
@@ -505,7 +511,7 @@ async def plan_correct(run: Run) -> None:
     node_id = next(n.id for n in tree.nodes if "create" in n.step_ids)  # type: ignore[attr-defined]
     await run.fails(alice.call("plan.correct", plan_id=plan_id), "INVALID_PARAMS")
     await run.fails(alice.call("plan.correct", plan_id=plan_id, node_id="ghost"), "INVALID_PARAMS")
-    await run.fails(bob.call("plan.correct", plan_id=plan_id, node_id=node_id), "AUTH_FORBIDDEN")
+    await run.fails(bob.call("plan.correct", plan_id=plan_id, node_id=node_id), "NOT_FOUND", "PLAN_NOT_FOUND")
     override = {"step_id": "create", "args": {"path": "docs/other.md", "content": "other\n"}}
     await alice.call(
         "plan.correct", plan_id=plan_id, node_id=node_id, text="write other.md", overrides=[override]

@@ -56,7 +56,7 @@ from cleveragents.acp.facade.domain.plans import (
 from cleveragents.acp.facade.domain.plans.apply import Fence, Restored, Write
 from cleveragents.acp.facade.domain.plans.leases import PlanLeases
 from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
-from cleveragents.acp.facade.domain.plans.records import CheckpointEntry, PlanRecords
+from cleveragents.acp.facade.domain.plans.records import CheckpointEntry, PlanRecords, not_found
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
 from cleveragents.acp.facade.domain.policy import HOW_TO_ALLOW_COMMANDS
 from cleveragents.acp.facade.domain.registries import Registries
@@ -192,9 +192,11 @@ class PlanEngine:
     # loading ----------------------------------------------------------------------------
 
     def load(self, ctx: CallContext, plan_id: str) -> plan_pb2.Plan:
-        """The plan, once the caller may use its namespace."""
+        """The plan, once the caller may use its namespace (else, as for an unknown id,
+        PLAN_NOT_FOUND: ids tell nothing of other namespaces)."""
         plan = self.records.load(plan_id)
-        ctx.authorize(plan.meta.namespace)
+        if not ctx.may_see(plan.meta.namespace):
+            raise not_found(plan_id)
         return plan
 
     def list_plans(self, ctx: CallContext, request: plan_pb2.ListPlansRequest) -> plan_pb2.ListPlansResponse:

@@ -197,6 +197,31 @@ def open_file(dir_fd: int, relative: str, *, follow_links: bool = False, folder:
     raise OSError(errno.ELOOP, "too many symlinks", relative)
 
 
+def linked_file(dir_fd: int, relative: str, folder: str = "") -> str | None:
+    """The canonical path (below ``dir_fd``) of the regular file the symlink ``relative``
+    leads to, through a chain of symlinked files; None when it leads out, loops, or ends at
+    anything else."""
+    for _ in range(MAX_LINK_HOPS):
+        try:
+            target = link_target(dir_fd, relative, folder)
+        except OSError:
+            return None
+        if target is None:
+            return None
+        try:
+            fd = open_at(dir_fd, target, FILE_FLAGS)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP and _last_is_link(dir_fd, target):
+                relative = target
+                continue
+            return None
+        try:
+            return target if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        finally:
+            os.close(fd)
+    return None
+
+
 def _last_is_link(dir_fd: int, relative: str) -> bool:
     parent, _, name = relative.rpartition("/")
     try:

@@ -102,7 +102,7 @@ class Staging:
 
     def files(self, root: ResourceRoot, below: str = "") -> list[str]:
         """Every file of the view under ``below`` (canonical relative paths), sorted."""
-        found = set(paths.walk_files(root.root, below))
+        found = set(paths.walk_files(root.root, below, anchor=root.place))
         prefix = f"{below}/" if below else ""
         for (resource, path), change in self._staged.items():
             if resource != root.name or not path.startswith(prefix):

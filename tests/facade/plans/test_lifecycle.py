@@ -274,14 +274,16 @@ def test_first_files_walks_at_most_its_limit_and_says_when_it_stopped(
     everything = paths.walk_files(tmp_path)
     assert len(everything) == 30
     assert paths.first_files(tmp_path, 1000) == (everything, False)
-    checked: list[pathlib.Path] = []
-    inside = paths.inside
+    checked: list[str] = []
+    file_of = paths._file_of
 
-    def counted(root: pathlib.Path, target: pathlib.Path) -> bool:
-        checked.append(target)
-        return inside(root, target)
+    def counted(
+        root_fd: int, place: Anchor, relative: str, entry: os.DirEntry[str], prefix: str
+    ) -> str | None:
+        checked.append(relative)
+        return file_of(root_fd, place, relative, entry, prefix)
 
-    monkeypatch.setattr(paths, "inside", counted)
+    monkeypatch.setattr(paths, "_file_of", counted)
     found, more = paths.first_files(tmp_path, 10)
     assert more
     assert len(checked) <= 10

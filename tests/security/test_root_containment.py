@@ -416,7 +416,7 @@ async def _restart(tmp_path: pathlib.Path, roots: pathlib.Path, plan_id: str) ->
 
 
 async def test_recovery_after_a_crash_mid_apply_through_a_symlinked_parent(
-    tmp_path: pathlib.Path, children: Children
+    tmp_path: pathlib.Path, children: Children, caplog: pytest.LogCaptureFixture
 ) -> None:
     roots = tmp_path / "roots"
     work = roots / "work"
@@ -430,6 +430,7 @@ async def test_recovery_after_a_crash_mid_apply_through_a_symlinked_parent(
     after = {p.relative_to(outside).as_posix(): p.read_bytes() for p in outside.rglob("*") if p.is_file()}
     assert after == before, "recovery wrote or deleted outside"
     assert plan.state == plan_pb2.PLAN_STATE_FAILED
+    assert any("not restored" in r.getMessage() and "docs/guide.md" in r.getMessage() for r in caplog.records)
 
 
 async def test_recovery_rechecks_the_resource_roots(tmp_path: pathlib.Path, children: Children) -> None:

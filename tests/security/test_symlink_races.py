@@ -96,7 +96,7 @@ def test_apply_and_restore_race_a_symlink_swap(world: tuple[pathlib.Path, pathli
                 continue
             with contextlib.suppress(OSError):
                 apply.write_all(writes)
-            apply.restore([w.entry for w in writes], apply.anchors_of(writes))
+            apply.restore_all([w.entry for w in writes], apply.anchors_of(writes))
             _outside_intact(outside)
     _outside_intact(outside)
     assert rounds > 10
@@ -112,7 +112,7 @@ def test_forty_files_then_zz_f_txt_never_lands_outside(world: tuple[pathlib.Path
             with contextlib.suppress(OSError):
                 apply.write_all(writes)
             _outside_intact(outside)
-            apply.restore([w.entry for w in writes], apply.anchors_of(writes))
+            apply.restore_all([w.entry for w in writes], apply.anchors_of(writes))
         _outside_intact(outside)
         assert not any((root / "a").glob("*.txt"))
 

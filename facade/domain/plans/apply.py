@@ -10,7 +10,7 @@ rename the plan's lease is checked (``fence``), so a holder that lost it (frozen
 another process took the plan over and restored it) writes nothing more; (3) one
 transaction marks the journal ``applied`` with the plan's new state. A server that finds
 a journal still ``applying`` at start restores every pre-image from the checkpoint
-(``restore``), so the project holds none of the plan's changes, and records the apply as
+(``restore_all``), so the project holds none of the plan's changes, and records the apply as
 failed with reason ``interrupted``.
 """
 
@@ -202,11 +202,6 @@ class Restored:
 
     restored: list[str]
     skipped: list[str]
-
-
-def restore(entries: Sequence[CheckpointEntry], anchors: Anchors) -> list[str]:
-    """The paths ``restore_all`` restored."""
-    return restore_all(entries, anchors).restored
 
 
 def restore_all(entries: Sequence[CheckpointEntry], anchors: Anchors) -> Restored:

@@ -1236,7 +1236,9 @@ class PlanEngine:
             try:
                 entries, finish = self._settlement(record)
                 if entries and record is not None:
-                    apply.restore(entries, self._anchors(record.namespace, entries))
+                    _log_skipped(
+                        plan_id, apply.restore_all(entries, self._anchors(record.namespace, entries))
+                    )
                 with self.store.transaction():
                     finish()
             finally:
@@ -1394,7 +1396,7 @@ class PlanEngine:
         try:
             if entries and record is not None:
                 anchors = await asyncio.to_thread(self._anchors, record.namespace, entries)
-                await asyncio.to_thread(apply.restore, entries, anchors)
+                _log_skipped(plan_id, await asyncio.to_thread(apply.restore_all, entries, anchors))
             await self.store.write(lambda _store: finish())
             log.warning("plan %s: taken over from a stopped process (lease token %d)", plan_id, lease.token)
         finally:
@@ -1418,3 +1420,15 @@ class PlanEngine:
                 with contextlib.suppress(asyncio.CancelledError):
                     await background
         self.leases.close()
+
+
+def _log_skipped(plan_id: str, outcome: Restored) -> None:
+    """Settling a stopped apply restores what it can reach: a path whose folder is now
+    outside the operator's roots, or behind a symlink, is left alone and said here."""
+    if outcome.skipped:
+        log.error(
+            "plan %s: not restored (a folder on the way is a symlink or a file, or lies outside "
+            "the resource roots now; never followed): %s",
+            plan_id,
+            ", ".join(outcome.skipped),
+        )

@@ -15,10 +15,8 @@ import asyncio
 import contextlib
 import os
 import pathlib
-import random
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +33,7 @@ from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.v1 import context_pb2, plan_pb2
 from tests.facade.plans.helpers import add_action, add_project, eventually, run, status, write_tree
 from tests.facade.plans.test_crash_and_restart import kill, read_line, start_child, wait_for_file
+from tests.security.test_symlink_races import swapping
 from tests.server_process import Children
 
 NS = "team-a"
@@ -164,41 +163,6 @@ async def test_apply_paused_between_files_while_a_parent_becomes_a_symlink(
         assert plan.state == plan_pb2.PLAN_STATE_FAILED
 
 
-@contextlib.contextmanager
-def swapping(folder: pathlib.Path, target: pathlib.Path, seed: int = 31) -> Iterator[Callable[[], int]]:
-    """A thread swapping ``folder`` for a symlink to ``target`` and back, at random moments,
-    until the block ends; yields how many swaps it made."""
-    stop = threading.Event()
-    aside = folder.with_name(folder.name + ".aside")
-    swaps = 0
-
-    def swap() -> None:
-        nonlocal swaps
-        chance = random.Random(seed)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                os.rename(folder, aside)
-                os.symlink(target, folder)
-                swaps += 1
-                time.sleep(chance.uniform(0, 0.002))
-                os.unlink(folder)
-                os.rename(aside, folder)
-                time.sleep(chance.uniform(0, 0.004))
-
-    thread = threading.Thread(target=swap, daemon=True)
-    thread.start()
-    try:
-        yield lambda: swaps
-    finally:
-        stop.set()
-        thread.join(10)
-        assert not thread.is_alive()
-        if folder.is_symlink():
-            folder.unlink()
-        if aside.exists() and not folder.exists():
-            os.rename(aside, folder)
-
-
 async def test_apply_races_a_randomized_swap_above_the_resource(
     tmp_path: pathlib.Path, world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -222,7 +186,7 @@ async def test_apply_races_a_randomized_swap_above_the_resource(
                 return (tmp_path / "pause.1").exists()
 
             await eventually(paused)
-            with swapping(world.work, world.outside, seed=round_) as swaps:
+            with swapping(world.work, world.outside, linked=0.001, real=0.002, seed=round_) as swaps:
                 pause.write_text("go")
                 with contextlib.suppress(ACPError):
                     await task
@@ -374,7 +338,7 @@ async def test_context_reads_race_a_randomized_flip(tmp_path: pathlib.Path, worl
         await _context(server, world)
         deadline = time.monotonic() + ROUND_SECONDS
         tries = 0
-        with swapping(world.repo / "docs", world.outside / "docs") as swaps:
+        with swapping(world.repo / "docs", world.outside / "docs", linked=0.0015, real=0.0005) as swaps:
             while tries < ROUNDS and time.monotonic() < deadline:
                 tries += 1
                 content = await _inspect(server.reader)

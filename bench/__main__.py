@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from bench import (
     actors,
     idempotency,
+    layers,
     local,
     memory,
     neighbours,
@@ -45,6 +46,8 @@ FAMILIES: dict[str, Callable[[Run], None]] = {
     "idempotency": idempotency.run_all,
     # agents serve --workers 2 against one worker: event latency across them, CPU per request.
     "workers": workers.run_all,
+    # Each layer written under a library against that library's supported path (bench/layers.py).
+    "layers": layers.run_all,
 }
 
 DEFAULT_OUT = pathlib.Path(__file__).parent / "results.json"

@@ -7,7 +7,7 @@ whole path atomically and refuses any symlink or escape), else one name at a tim
 ``openat`` with ``O_NOFOLLOW | O_DIRECTORY`` relative to the previous folder. A folder
 swapped for a symlink at any moment makes the open fail (ELOOP, ENOTDIR); it never leads
 outside. A tenant owns what is below its root, so everything below is distrusted; the
-root's own path is the operator's and opened as configured.
+root's own path is the operator's, resolved when the anchor is made.
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def open_at(dir_fd: int, relative: str, flags: int = DIR_FLAGS) -> int:
 @dataclass(frozen=True)
 class Anchor:
     """Where a resource folder is opened from: ``base``, a folder of the operator's (the
-    resource root the resource lies in), opened as configured, and ``below``, the path from
-    it to the resource folder, walked without following any symlink ("" for the root)."""
+    resource root the resource lies in, resolved), and ``below``, the path from it to the
+    resource folder, walked without following any symlink ("" for the root)."""
 
     base: str
     below: str = ""
@@ -120,8 +120,10 @@ class Anchor:
 
 @contextlib.contextmanager
 def open_anchor(anchor: Anchor) -> Iterator[int]:
-    """A descriptor of the resource folder, reached from the operator's root."""
-    base = os.open(anchor.base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    """A descriptor of the resource folder, reached from the operator's root (resolved
+    when the anchor was made, so its own last name is not followed either: a root, or a
+    local resource folder, swapped for a symlink since is refused)."""
+    base = os.open(anchor.base, DIR_FLAGS)
     try:
         fd = open_at(base, anchor.below) if anchor.below else os.dup(base)
     finally:

@@ -373,7 +373,7 @@ class Context:
         problem = self._folder_problem(scope.namespace, root)
         if problem is not None:
             raise self._not_an_item(item_id, scope, origin, problem)
-        anchor = self.registries.policy.anchor(scope.namespace, root)
+        anchor = self.registries.policy.anchor(scope.namespace, root, resolve_local=True)
         if anchor is None:
             raise self._not_an_item(
                 item_id, scope, origin, "the resource lies outside the server's resource roots"
@@ -474,7 +474,7 @@ class Context:
         if not isinstance(resource, registry_pb2.Resource) or not self.is_directory(namespace, resource):
             return [_Candidate(resource_id, "resource", None, "no longer a registered directory resource")]
         problem = self._folder_problem(namespace, resource.spec.path)
-        anchor = self.registries.policy.anchor(namespace, resource.spec.path)
+        anchor = self.registries.policy.anchor(namespace, resource.spec.path, resolve_local=True)
         if problem is not None or anchor is None:
             return [
                 _Candidate(resource_id, "resource", None, problem or "outside the server's resource roots")

@@ -142,19 +142,22 @@ class Policy:
             found = self._resolved[namespace] = tuple(resolved)
         return found
 
-    def anchor(self, namespace: str, folder: str) -> Anchor | None:
+    def anchor(self, namespace: str, folder: str, *, resolve_local: bool = False) -> Anchor | None:
         """Where every file operation opens the resource ``folder`` from: the root it lies
-        in (as configured or resolved), with the path below it walked without following a
-        symlink; None when it lies in none of the namespace's roots. With no root applying
-        (local mode without roots) the folder itself: its user is the only one."""
+        in (resolved; the folder matched against the root as configured or as resolved),
+        with the path below it walked without following a symlink; None when it lies in
+        none of the namespace's roots. With no root applying (local mode without roots) the
+        folder itself (``resolve_local``: resolved first, for a folder as registered; a
+        checkpoint's folder was recorded resolved): its user is the only one."""
         if not self.restricted:
-            return Anchor(os.path.normpath(folder))
-        bases = [*self.roots(namespace), *self._expanded(namespace)]
+            return Anchor(os.path.realpath(folder) if resolve_local else os.path.normpath(folder))
+        pairs = [(root, root) for root in self.roots(namespace)]
+        pairs += [(root, os.path.realpath(root)) for root in self._expanded(namespace)]
         for candidate in (folder, os.path.realpath(folder)):
-            for base in bases:
-                found = anchor_below(base, candidate)
+            for named, base in pairs:
+                found = anchor_below(named, candidate)
                 if found is not None:
-                    return found
+                    return Anchor(base, found.below)
         return None
 
     def inside_roots(self, namespace: str, real: str) -> bool:

@@ -74,18 +74,31 @@ class LeaseLostError(Exception):
     or its lease expired by the store's clock. Nothing of the transaction may be kept."""
 
     def __init__(self, name: str, token: int, current: Lease | None) -> None:
-        holder = "nobody" if current is None or not current.owner else f"token {current.token}"
-        super().__init__(f"lease {name!r} with token {token} is lost (now held by {holder})")
+        super().__init__(f"lease {name!r} with token {token} is lost: {_since(token, current)}")
         self.name = name
         self.token = token
         self.current = current
+
+
+def _since(token: int, current: Lease | None) -> str:
+    """What became of a lease a writer held at ``token``: who holds it now, at which token."""
+    if current is None:
+        return "no such lease"
+    if current.token == token:
+        if not current.owner:
+            return "it was released"
+        return f"it expired unrenewed (holder {current.owner}, token {token}; nobody has claimed it since)"
+    if not current.owner:
+        return f"it was claimed since (token {current.token}) and released; nobody holds it"
+    state = "live" if current.live else "expired"
+    return f"now held by {current.owner} at token {current.token} ({state})"
 
 
 class LeaseHeldError(Exception):
     """A write that holds no lease met a live one held by someone else."""
 
     def __init__(self, lease: Lease) -> None:
-        super().__init__(f"lease {lease.name!r} is held (token {lease.token})")
+        super().__init__(f"lease {lease.name!r} is held by {lease.owner} (token {lease.token})")
         self.lease = lease
 
 

@@ -1262,8 +1262,10 @@ class SQLiteStore(Store):
                 db.close()
             if self._cache is not None:
                 self._cache.clear()
+            self._db.close()
+            # After the connections: closing its descriptor first would drop their locks
+            # on -shm while they are open (wal_index.py).
             if self._index is not None:
                 self._index.close()
-            self._db.close()
         if self.peers is not None:
             self.peers.close()

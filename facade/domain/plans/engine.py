@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -62,7 +63,7 @@ from cleveragents.acp.facade.domain.policy import HOW_TO_ALLOW_COMMANDS
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.specs import DEFAULT_MAX_STEPS
 from cleveragents.acp.facade.domain.tracing import traced
-from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, Store
+from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, Store, StoreBusyError
 from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2, registry_pb2, specs_pb2
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,10 @@ T = TypeVar("T")
 CANCEL_WAIT_SECONDS = 10.0
 # What a plan left running by a process that stopped is failed with.
 STOPPED_RUNNING = "the server stopped while the plan was running"
+# How long ``recover`` waits out the locks of a process that stopped inside a transaction
+# (a PostgreSQL replica frozen there keeps them at most $ACP_STORE_IDLE_TRANSACTION_SECONDS,
+# 10 by default: pg_settings.py); then STORE_BUSY, as before it waited.
+RECOVERY_PATIENCE = 60.0
 STOPPED_APPLYING = "the server stopped during apply; every file was restored"
 # A cross-process cancel, left on the plan's lease for its holder (leases.py).
 CANCEL_REQUEST = "cancel:"
@@ -119,6 +124,28 @@ def _inputs(schema: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
             {"field": "inputs", "errors": problems},
         )
     return inputs
+
+
+def _patiently(store: Store, work: Callable[[], T], deadline: float) -> T:
+    """``work`` in a transaction of its own, blocking, tried again (backing off) while a
+    lock another process holds makes it STORE_BUSY, until ``deadline`` (monotonic)."""
+    delay = 0.05
+    while True:
+        try:
+            with store.transaction():
+                return work()
+        except StoreBusyError as exc:
+            if time.monotonic() + delay >= deadline:
+                raise
+            log.warning(
+                "plan recovery waits for a lock another process holds (%s); again in %.2f s", exc, delay
+            )
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def _lease_of(name: str, store: Store) -> Lease | None:
+    return store.get_lease(name)
 
 
 def _index_of(steps: Sequence[plan_pb2.PlanStep], step: plan_pb2.PlanStep) -> int:
@@ -1219,7 +1246,9 @@ class PlanEngine:
     def recover(self) -> None:
         """At start, before any call (blocking): settle what stopped processes left, the
         plans in flight whose lease is free, expired, or held by a process that is gone.
-        A live holder's plans are its own business; the scanner takes them if it dies."""
+        A live holder's plans are its own business; the scanner takes them if it dies. A
+        lock a stalled process holds (STORE_BUSY) is waited out, up to RECOVERY_PATIENCE."""
+        deadline = time.monotonic() + RECOVERY_PATIENCE
         candidates = {r.id for r in self.records.in_flight()}
         candidates.update(leases.plan_of(lease.name) for lease in self.leases.takeable(self.store))
         for plan_id in sorted(candidates):
@@ -1229,21 +1258,28 @@ class PlanEngine:
             record = self.store.get(records.KIND, plan_id)
             if record is not None and self._unseen_folder(record) is not None:
                 continue
-            with self.store.transaction():
+
+            def claim(plan_id: str = plan_id, lease: Lease | None = lease) -> tuple[bool, Record | None]:
                 if not self.leases.claim(plan_id, steal_token=leases.steal_token(lease)):
-                    continue
-                record = self.store.get(records.KIND, plan_id)
+                    return False, None
+                return True, self.store.get(records.KIND, plan_id)
+
+            try:
+                claimed, record = _patiently(self.store, claim, deadline)
+            except BaseException:
+                self.leases.forget(plan_id)
+                raise
+            if not claimed:
+                continue
             try:
                 entries, finish = self._settlement(record)
                 if entries and record is not None:
                     _log_skipped(
                         plan_id, apply.restore_all(entries, self._anchors(record.namespace, entries))
                     )
-                with self.store.transaction():
-                    finish()
+                _patiently(self.store, finish, deadline)
             finally:
-                with self.store.transaction():
-                    self.leases.release(plan_id)
+                _patiently(self.store, functools.partial(self.leases.release, plan_id), deadline)
 
     def _settlement(self, record: Record | None) -> Settlement:
         """What settling a plan whose holder stopped takes: the pre-images to restore first
@@ -1335,6 +1371,10 @@ class PlanEngine:
                 await work()
             except asyncio.CancelledError:
                 raise
+            except StoreBusyError as exc:
+                # Another process's lock (one frozen inside a transaction, until the store
+                # ends it): expected while it lasts, not a fault of this process.
+                log.warning("plan leases: %s waits for a lock (%s); trying again", work.__name__, exc)
             except Exception:
                 log.exception("plan leases: %s failed; trying again", work.__name__)
             await asyncio.sleep(interval)
@@ -1344,7 +1384,9 @@ class PlanEngine:
             return
         lost, requests = await self.store.write(self.leases.renew)
         for plan_id in lost:
-            log.warning("plan %s: this process lost its lease; the plan stops here", plan_id)
+            name, token = leases.lease_name(plan_id), self.leases.held.get(plan_id, 0)
+            current = await self.store.read(functools.partial(_lease_of, name))
+            log.warning("plan %s stops here: %s", plan_id, LeaseLostError(name, token, current))
             self._stop_local(plan_id, "the plan's lease was lost")
         for plan_id, request in requests.items():
             self._requested(plan_id, request)

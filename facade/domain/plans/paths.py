@@ -51,7 +51,7 @@ class ResourceRoot:
 
     @property
     def place(self) -> Anchor:
-        return self.anchor if self.anchor is not None else Anchor(os.path.normpath(self.root))
+        return self.anchor if self.anchor is not None else Anchor(os.path.realpath(self.root))
 
 
 def _invalid(message: str, field: str, path: str) -> ACPError:
@@ -149,7 +149,7 @@ def _walk(root: pathlib.Path, below: str, anchor: Anchor | None) -> Iterator[str
     for a symlink is never entered), so a caller that stops early stops inside a folder of a
     million names too, and nothing outside is ever listed."""
     real_root(root)
-    place = anchor if anchor is not None else Anchor(os.path.normpath(root))
+    place = anchor if anchor is not None else Anchor(os.path.realpath(root))
     prefix = f"{below}/" if below else ""
     try:
         with beneath.open_anchor(place) as root_fd:

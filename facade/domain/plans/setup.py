@@ -52,7 +52,7 @@ def resources_of(
                 f"resource {name!r} has a relative path {resource.spec.path!r}",
                 {"field": "project", "resource": name},
             )
-        anchor = registries.policy.anchor(namespace, resource.spec.path)
+        anchor = registries.policy.anchor(namespace, resource.spec.path, resolve_local=True)
         if anchor is None or not registries.policy.allows_folder(namespace, resource.spec.path):
             raise ACPError(
                 ErrorCode.INVALID_PARAMS,

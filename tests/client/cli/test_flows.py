@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import pathlib
 
+import pytest
+
 from cleveragents.acp.contract.errors import exit_code
 from cleveragents.acp.facade.domain.models.functions import BUILTIN as FILE_TOOLS
-from tests.client.cli.conftest import Cli
+from tests.client.cli.conftest import RETRY_NOTICE, Cli, Result
 
 ACTION_SPEC = """\
 actor: scripted
@@ -64,7 +66,7 @@ def test_plan_flow(cli: Cli, tmp_path: pathlib.Path) -> None:
     assert (site / "hello.txt").read_text() == "Hello, World!\n"
     assert (site / "notes.txt").read_text() == "a final\n"
     again = cli("plan", "apply", plan_id, expect=exit_code("INVALID_STATE"))
-    assert again.err.startswith("INVALID_STATE: ")
+    assert again.error.startswith("INVALID_STATE: ")
     assert again.out == ""
 
     rolled = cli("plan", "rollback", plan_id, "--value", "plan.state")
@@ -91,6 +93,15 @@ def test_plan_input_errors_name_the_field(local_cli: Cli, tmp_path: pathlib.Path
     assert missing.err.startswith("NOT_FOUND: ")
 
 
+def test_a_calls_error_is_the_last_line_after_any_retry_notices() -> None:
+    """Under load a gRPC call may be retried: its notice comes first, the answer last."""
+    notice = f"{RETRY_NOTICE}Deadline Exceeded); retrying in 0.5 s (attempt 1 of 6)"
+    assert Result(5, "", f"{notice}\nNOT_FOUND: no skill 'x'\n").error == "NOT_FOUND: no skill 'x'"
+    for wrong in ("", "NOT_FOUND: no skill 'x'\nsomething after\n", "a warning\nNOT_FOUND: no skill 'x'\n"):
+        with pytest.raises(AssertionError):
+            _ = Result(5, "", wrong).error
+
+
 def test_registry_crud(cli: Cli) -> None:
     name = f"tone-{cli.mode}"
     added = cli(
@@ -100,7 +111,7 @@ def test_registry_crud(cli: Cli) -> None:
     assert skill["name"] == name
     assert skill["revision"] == 1
     assert skill["labels"] == {"team": "a"}
-    assert cli("skill", "add", name, "--spec", "{}", expect=exit_code("ALREADY_EXISTS")).err.startswith(
+    assert cli("skill", "add", name, "--spec", "{}", expect=exit_code("ALREADY_EXISTS")).error.startswith(
         "ALREADY_EXISTS: "
     )
 
@@ -117,7 +128,7 @@ def test_registry_crud(cli: Cli) -> None:
     stale = cli(
         "skill", "update", name, "--revision", "7", "--description", "x", expect=exit_code("INVALID_STATE")
     )
-    assert "revision" in stale.err
+    assert "revision" in stale.error
     updated = cli(
         "skill",
         "update",
@@ -135,8 +146,8 @@ def test_registry_crud(cli: Cli) -> None:
 
     cli("skill", "remove", name)
     gone = cli("skill", "show", name, expect=exit_code("NOT_FOUND"))
-    assert gone.err.startswith("NOT_FOUND: ")
-    assert name in gone.err
+    assert gone.error.startswith("NOT_FOUND: ")
+    assert name in gone.error
 
 
 def test_tool_list_shows_the_built_in_file_tools(local_cli: Cli) -> None:
@@ -174,7 +185,7 @@ def test_session_tell_export_import_and_chat(cli: Cli, tmp_path: pathlib.Path) -
     same_id = cli(
         "session", "import", "--document", "-", stdin=exported.out, expect=exit_code("ALREADY_EXISTS")
     )
-    assert same_id.err.startswith("ALREADY_EXISTS: ")
+    assert same_id.error.startswith("ALREADY_EXISTS: ")
 
     chat = cli("session", "chat", new_id_text, stdin="/help\n\nhello there\n/quit\nnot sent\n")
     assert chat.out.count("I am the built-in orchestrator") == 2
@@ -183,6 +194,6 @@ def test_session_tell_export_import_and_chat(cli: Cli, tmp_path: pathlib.Path) -
         "/help",
         "hello there",
     ]
-    assert cli("session", "chat", "nope", stdin="hi\n", expect=exit_code("NOT_FOUND")).err.startswith(
+    assert cli("session", "chat", "nope", stdin="hi\n", expect=exit_code("NOT_FOUND")).error.startswith(
         "NOT_FOUND"
     )

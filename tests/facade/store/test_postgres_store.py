@@ -975,3 +975,43 @@ def test_an_error_on_the_wire_path_is_never_taken_for_its_fall_back(
     store = opened()
     with pytest.raises(NotImplementedError, match="not written yet"):
         store.execute("SELECT %s::text", ("x",))
+
+
+SETTINGS = (
+    "SELECT current_setting('synchronous_commit'), current_setting('transaction_isolation'), "
+    "current_setting('transaction_read_only')"
+)
+
+
+@pytest.mark.parametrize("default", ["server", "off in the URL"])
+async def test_the_live_connections_commit_durably_and_read_one_snapshot(
+    schema: tuple[str, str], default: str
+) -> None:
+    """An acknowledged write is on disk (``synchronous_commit`` on: off, a crash of the server
+    loses commits it acknowledged) and a read sees one snapshot (repeatable read): read back
+    from the store's own connections, the thread ones and those each event loop drives, also
+    where the URL (as a database's or the server's settings could) makes ``off`` the default."""
+    url = schema[0]
+    if default != "server":
+        url = url.replace("options=-csearch_path", "options=-csynchronous_commit%3Doff%20-csearch_path")
+        with raw(url) as conn:
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+    store = PostgresStore(url)
+    try:
+        await live_settings(store)
+    finally:
+        await store.aclose()
+
+
+async def live_settings(store: PostgresStore) -> None:
+    """Writes: synchronous_commit on, read committed, read-write. Reads (which commit
+    nothing, so synchronous_commit does not matter): repeatable read, read only."""
+    durable = ("on", "read committed", "off")
+    snapshot = ("repeatable read", "on")
+    assert tuple((await store.write(lambda _store: store.execute(SETTINGS)))[0]) == durable
+    assert tuple((await store.read(lambda _store: store.execute(SETTINGS)))[0])[1:] == snapshot
+    loop = asyncio.get_running_loop()
+    for lane, expected in ((store._loop_reads(loop), snapshot), (store._loop_writes_of(loop), durable)):
+        answer = await lane.run([(SETTINGS, ())])
+        assert not isinstance(answer, pg_wire.Fallback), lane
+        assert tuple(answer[0][0])[-len(expected) :] == expected, lane

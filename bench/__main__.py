@@ -25,6 +25,7 @@ from bench import (
     storage,
     streams,
     unary,
+    upstream,
     workers,
 )
 from bench.modes import FULL, QUICK, SMOKE
@@ -33,6 +34,8 @@ from bench.run import Run
 FAMILIES: dict[str, Callable[[Run], None]] = {
     "local": lambda run: asyncio.run(local.run_all(run)),
     "unary": unary.run_all,
+    # agents gateway --upstream in front of agents serve, against its in-process gateway.
+    "upstream": upstream.run_all,
     "streams": streams.run_all,
     "memory": memory.run_all,
     "neighbours": neighbours.run_all,

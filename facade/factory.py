@@ -38,6 +38,7 @@ from cleveragents.acp.facade.handlers.sessions import SessionHandlers
 from cleveragents.acp.facade.idempotency import DEFAULT_RETENTION_SECONDS, Idempotency
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
 from cleveragents.acp.facade.store.base import DEFAULT_WRITE_TIMEOUT, Store, StoreObserver
+from cleveragents.acp.facade.store.pg_urls import db_problem as db_problem
 from cleveragents.acp.facade.store.pg_urls import is_postgres_url, redacted
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, PeerChannel
@@ -110,6 +111,9 @@ def open_store(db: str | pathlib.Path, *, peers: PeerChannel | None = None) -> S
     if tick is not None and not 0.1 <= tick <= 1000:
         raise ValueError(f"$ACP_EVENT_WAKEUP_MS must be in [0.1, 1000], not {tick}")
     timeout = DEFAULT_WRITE_TIMEOUT if write_timeout is None else write_timeout
+    problem = db_problem(db)
+    if problem is not None:
+        raise ValueError(problem)
     if isinstance(db, str) and is_postgres_url(db):
         idle = _env_number(IDLE_ENV, float)
         if idle is not None and not 0 < idle <= 3600:

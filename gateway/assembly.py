@@ -53,6 +53,7 @@ from cleveragents.acp.gateway.settings import (
     SettingsError,
     load,
 )
+from cleveragents.acp.gateway.upstream import unreachable
 
 DEV_PRINCIPAL = "dev"
 DEV_NAMESPACE = "default"
@@ -340,19 +341,29 @@ async def _gateway(
     config: ServerConfig, upstream: str, connect: Connect, tls: bool, root: bytes | None
 ) -> int:
     # Inside the loop: a grpc.aio channel belongs to the loop it is made in.
-    server = Server(config, upstream=connect(upstream, tls, root))
+    transport = connect(upstream, tls, root)
+    server = Server(config, upstream=transport)
     try:
         addresses = await server.start()
     except ServeError as exc:
         return _fail("gateway", str(exc))
     server.install_signal_handlers()
     try:
+        problem = await unreachable(transport)
         print(
             f"ACP gateway listening on the {loops.running()} event loop\n"
             f"  HTTP    {addresses.http_url}   (agents --server {addresses.http_url})\n"
-            f"  console {addresses.http_url}/\n  upstream {upstream}",
+            f"  console {addresses.http_url}/\n  upstream {upstream}"
+            + ("   (NOT REACHABLE now)" if problem else ""),
             flush=True,
         )
+        if problem:
+            print(
+                f"agents gateway: warning: the upstream {upstream} cannot be reached ({problem}); "
+                "every call answers INTERNAL_ERROR (grpc_code UNAVAILABLE, retryable) until it can",
+                file=sys.stderr,
+                flush=True,
+            )
         print(ready_line(addresses.http_url, None), flush=True)
         await server.wait()
     finally:

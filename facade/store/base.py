@@ -236,6 +236,14 @@ class Store(abc.ABC):
         (a store that keeps no answers: none of either)."""
         return 0, 0
 
+    def outage(self, exc: BaseException) -> str | None:
+        """One line saying the database cannot be reached now (a restart, a lost
+        connection), when ``exc`` means that: background work that retries logs that line
+        instead of a traceback. None for any other failure (a bug deserves the traceback)."""
+        if isinstance(exc, StoreUnavailableError):
+            return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None
+
     # the event loop's interface --------------------------------------------------------
 
     @abc.abstractmethod

@@ -353,6 +353,15 @@ class PostgresStore(Store):
     def __repr__(self) -> str:
         return f"PostgresStore({redacted(self.url)!r})"
 
+    def outage(self, exc: BaseException) -> str | None:
+        # A server restarting or gone: the connection refused, shutting down, or lost (libpq's
+        # "server closed the connection unexpectedly": a bare DatabaseError, no SQLSTATE).
+        lost = type(exc) is psycopg.DatabaseError and exc.sqlstate is None
+        if lost or isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | PoolTimeout):
+            text = str(exc).strip().splitlines()
+            return f"{type(exc).__name__}: {text[0] if text else 'the connection was lost'}"
+        return super().outage(exc)
+
     # connections and schema -----------------------------------------------------------
 
     def _connect(self) -> psycopg.Connection[Any]:

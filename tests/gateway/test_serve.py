@@ -212,6 +212,8 @@ def test_gateway_only_mode(tmp_path: pathlib.Path, served: Served, children: Chi
     gateway = children.server(start_gateway(tmp_path, served.server.grpc_target))
     try:
         assert gateway.grpc is None
+        assert "warning" not in gateway.stderr()
+        assert not any("NOT REACHABLE" in line for line in gateway.stdout)
         with httpx.Client(base_url=gateway.http, timeout=10) as client:
             version = client.get("/api/v1/version", headers={"X-Request-ID": "through-gw"})
             assert data_of(version)["supported_versions"] == ["1.2", "1.1"]
@@ -257,6 +259,11 @@ def test_gateway_without_upstream_answers_envelopes(tmp_path: pathlib.Path, chil
         port = unused.getsockname()[1]
     gateway = children.server(start_gateway(tmp_path, f"127.0.0.1:{port}"))
     try:
+        # It starts (the upstream may come later) but says at once that it cannot reach it.
+        assert f"  upstream 127.0.0.1:{port}   (NOT REACHABLE now)" in gateway.stdout
+        assert (
+            f"agents gateway: warning: the upstream 127.0.0.1:{port} cannot be reached (" in gateway.stderr()
+        )
         with httpx.Client(base_url=gateway.http, timeout=30) as client:
             for answer in (
                 client.get("/api/v1/version"),

@@ -34,7 +34,7 @@ from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import json_schemas, paging, roles
+from cleveragents.acp.facade.domain import caller_work, json_schemas, paging, roles
 from cleveragents.acp.facade.domain.beneath import Anchor
 from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
@@ -404,8 +404,10 @@ class PlanEngine:
             return action_entry, profile_name, plan_setup
 
         action_entry, profile_name, plan_setup = await self._read(resolve)
-        # RE2 matches without the GIL: a pattern slow on a long input holds no other call.
-        values = await asyncio.to_thread(_inputs, actor.as_dict(action_entry.spec.inputs_schema), inputs)
+        # On the caller-work pool: bounded, shared fairly between namespaces, and stopped if
+        # the caller leaves (RE2 matches without the GIL: a long input holds no other call).
+        schema = actor.as_dict(action_entry.spec.inputs_schema)
+        values = await caller_work.CALLER_WORK.run(namespace, _inputs, schema, inputs)
         steps = actor.declared_steps(action_entry.spec, values)
         await self._read(lambda: [setup.tool_spec(self.registries, namespace, step.tool) for step in steps])
         # A model chooses its own steps: the declared ones are the scripted actor's.
@@ -820,7 +822,9 @@ class PlanEngine:
             self._check_cancel(plan.meta.id, cancel)
             result = validations.refused(
                 name, spec, self.registries.policy, plan_setup.profile
-            ) or await validations.run(name, spec, staging, artifacts, cancel, self.registries.policy)
+            ) or await validations.run(
+                plan.meta.namespace, name, spec, staging, artifacts, cancel, self.registries.policy
+            )
             results.append(result)
             await self._write(lambda: self._record_validation(plan, results))
         failed = [r for r in results if not r.passed]
@@ -1360,23 +1364,40 @@ class PlanEngine:
             self._heartbeat_task.cancel()
             self._heartbeat_task = None
 
-    @staticmethod
     async def _every(
-        interval: float, work: Callable[[], Awaitable[None]], *, first_wait: bool = False
+        self, interval: float, work: Callable[[], Awaitable[None]], *, first_wait: bool = False
     ) -> None:
+        """``work`` every ``interval``; a store outage is one line when it starts (and one
+        when it ends), not a traceback each time."""
         if first_wait:
             await asyncio.sleep(interval)
+        down = False
         while True:
             try:
                 await work()
             except asyncio.CancelledError:
                 raise
-            except StoreBusyError as exc:
-                # Another process's lock (one frozen inside a transaction, until the store
-                # ends it): expected while it lasts, not a fault of this process.
-                log.warning("plan leases: %s waits for a lock (%s); trying again", work.__name__, exc)
-            except Exception:
-                log.exception("plan leases: %s failed; trying again", work.__name__)
+            except Exception as exc:
+                outage = self.store.outage(exc)
+                if outage is not None:
+                    if not down:
+                        log.warning(
+                            "plan leases: %s cannot reach the store (%s); retrying every %g s",
+                            work.__name__,
+                            outage,
+                            interval,
+                        )
+                elif isinstance(exc, StoreBusyError):
+                    # Another process's lock (one frozen inside a transaction, until the store
+                    # ends it): expected while it lasts, not a fault of this process.
+                    log.warning("plan leases: %s waits for a lock (%s); trying again", work.__name__, exc)
+                else:
+                    log.exception("plan leases: %s failed; trying again", work.__name__)
+                down = outage is not None
+            else:
+                if down:
+                    log.warning("plan leases: %s reaches the store again", work.__name__)
+                down = False
             await asyncio.sleep(interval)
 
     async def _heartbeat(self) -> None:

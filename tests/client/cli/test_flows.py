@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shlex
 
 import pytest
 
+from cleveragents.acp.client.cli.calls import EXIT_PLAN_FAILED
 from cleveragents.acp.contract.errors import exit_code
 from cleveragents.acp.facade.domain.models.functions import BUILTIN as FILE_TOOLS
 from tests.client.cli.conftest import RETRY_NOTICE, Cli, Result
@@ -60,6 +62,11 @@ def test_plan_flow(cli: Cli, tmp_path: pathlib.Path) -> None:
     tree = cli("plan", "tree", plan_id).out
     assert "greet fs.write [succeeded]" in tree
     assert "└─" in tree
+    # Each decision shows the id `plan correct PLAN_ID NODE_ID` needs.
+    nodes = json.loads(cli("plan", "tree", plan_id, "--json").out)["nodes"]
+    assert nodes
+    for node in nodes:
+        assert f"{node['question']} -> {node['choice']} [{node['id']}]" in tree, tree
 
     applied = json.loads(cli("plan", "apply", plan_id, "--json").out)
     assert sorted(applied["changed_paths"]) == ["hello.txt", "notes.txt"]
@@ -174,6 +181,10 @@ def test_session_tell_export_import_and_chat(cli: Cli, tmp_path: pathlib.Path) -
     exported = cli("session", "export", session_id, "--json")
     (tmp_path / "session.json").write_text(exported.out)
     assert json.loads(exported.out)["document"]["format"] == "cleveragents.acp.session"
+    # A Struct holds numbers as doubles; whole ones print as integers, not 2.0 (issue 29).
+    assert '"message_count": 2,' in exported.out
+    assert '"version": 1,' in exported.out
+    assert "message_count: 2\n" in cli("session", "export", session_id).out
     new_id = cli("session", "import", "--document", "session.json", "--new-id", "--value", "session.meta.id")
     new_id_text = new_id.out.strip()
     assert new_id_text
@@ -196,4 +207,56 @@ def test_session_tell_export_import_and_chat(cli: Cli, tmp_path: pathlib.Path) -
     ]
     assert cli("session", "chat", "nope", stdin="hi\n", expect=exit_code("NOT_FOUND")).error.startswith(
         "NOT_FOUND"
+    )
+
+
+def test_execute_wait_on_a_plan_that_fails_exits_1(cli: Cli, tmp_path: pathlib.Path) -> None:
+    """The response is the failed plan, not an error: a script must still see the failure."""
+    n = cli.mode
+    (tmp_path / "site").mkdir()
+    cli(
+        "resource",
+        "add",
+        f"fail-{n}",
+        "--spec",
+        json.dumps({"type": "directory", "path": str(tmp_path / "site")}),
+    )
+    cli("project", "add", f"fail-{n}", "--spec", json.dumps({"resources": [f"fail-{n}"]}))
+    cli("tool", "add", f"false-{n}", "--spec", '{"argv": ["false"]}')
+    cli("automation-profile", "add", f"fail-{n}", "--spec", json.dumps({"allowed_tools": [f"false-{n}"]}))
+    spec = {
+        "actor": "scripted",
+        "automation_profile": f"fail-{n}",
+        "steps": [{"id": "no", "tool": f"false-{n}"}],
+    }
+    cli("action", "add", f"fail-{n}", "--spec", json.dumps(spec))
+    plan_id = cli("plan", "use", f"fail-{n}", f"fail-{n}", "--value", "plan.meta.id").out.strip()
+    failed = cli("plan", "execute", plan_id, "--wait", "--value", "plan.state", expect=EXIT_PLAN_FAILED)
+    assert failed.out == "PLAN_STATE_FAILED\n"
+    assert failed.err.startswith(f"agents: plan {plan_id} failed: "), failed
+
+
+@pytest.mark.parametrize("auto_execute", [False, True])
+def test_the_command_use_recommends_ends_with_the_run(
+    local_cli: Cli, tmp_path: pathlib.Path, auto_execute: bool
+) -> None:
+    """``/use``'s reply names a command to follow the plan; run as printed, it ends once the
+    run does (a watch ``--until-done`` on a plan nobody executes would wait for ever)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "notes.txt").write_text("a draft\n")
+    local_cli(
+        "resource", "add", "site", "--spec", json.dumps({"type": "directory", "path": str(tmp_path / "site")})
+    )
+    local_cli("project", "add", "demo", "--spec", '{"resources": ["site"]}')
+    local_cli("automation-profile", "add", "auto", "--spec", json.dumps({"auto_execute": auto_execute}))
+    (tmp_path / "action.yaml").write_text(ACTION_SPEC + "automation_profile: auto\n")
+    local_cli("action", "add", "greet", "--spec", "action.yaml")
+    session = local_cli("session", "create", "--project", "demo", "--value", "session.meta.id").out.strip()
+    reply = local_cli("session", "tell", session, "/use greet name=Ada").out
+    command = reply.split("`")[1]
+    assert command.startswith("agents "), reply
+    followed = local_cli(*shlex.split(command)[1:])
+    assert "succeeded" in followed.out, followed
+    assert (
+        local_cli("plan", "status", reply.split()[2], "--value", "plan.state").out == "PLAN_STATE_SUCCEEDED\n"
     )

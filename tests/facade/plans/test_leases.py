@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import pathlib
 import secrets
@@ -30,7 +31,7 @@ from cleveragents.acp.facade.domain.plans.leases import PlanLeases
 from cleveragents.acp.facade.domain.plans.records import Change, CheckpointEntry, PlanRecords
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
-from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, Store
+from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, Store, StoreUnavailableError
 from cleveragents.acp.facade.store.postgres import PostgresStore
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2
@@ -444,3 +445,49 @@ async def test_a_lost_lease_kills_the_steps_whole_process_group(tmp_path: pathli
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         await taker.store.write(lambda _store: taker.leases.release(plan_id))
+
+
+async def test_a_store_outage_is_one_line_for_the_lease_scanner(
+    db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database restarting fails the takeover scan every tick: one line when it starts and
+    one when it ends, not a traceback a tick (issue 29)."""
+    monkeypatch.setenv(leases.TTL_ENV, "1")
+    failures = 3
+    successes = 0
+    recovered = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with caplog.at_level(logging.WARNING, logger="cleveragents.acp.facade.domain.plans.engine"):
+        facade = open_facade(db_path, takeover=True)
+        store = _engine(facade).store
+        real = store.held_leases
+
+        def restarting(prefix: str, limit: int) -> list[Lease]:
+            nonlocal failures
+            if failures:
+                failures -= 1
+                raise StoreUnavailableError(
+                    "cannot connect to postgresql://db/acp: the database system is starting up"
+                )
+            nonlocal successes
+            successes += 1
+            if successes == 2:  # the first success was logged before this second scan
+                loop.call_soon_threadsafe(recovered.set)
+            return real(prefix, limit)
+
+        monkeypatch.setattr(store, "held_leases", restarting)
+        try:
+            await asyncio.wait_for(recovered.wait(), 20)
+        finally:
+            await facade.close()
+    said = [(r.levelname, r.getMessage(), r.exc_info) for r in caplog.records]
+    assert said[:2] == [
+        (
+            "WARNING",
+            "plan leases: _scan cannot reach the store (cannot connect to postgresql://db/acp: the database "
+            "system is starting up); retrying every 0.25 s",
+            None,
+        ),
+        ("WARNING", "plan leases: _scan reaches the store again", None),
+    ]
+    assert len(said) == 2, said

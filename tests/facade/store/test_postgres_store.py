@@ -24,6 +24,7 @@ from psycopg import pq, sql
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.facade import factory
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.store import pg_loop, pg_migrations, pg_wire, postgres
 from cleveragents.acp.facade.store.base import (
@@ -35,7 +36,7 @@ from cleveragents.acp.facade.store.base import (
     StoreConflictError,
     StoreUnavailableError,
 )
-from cleveragents.acp.facade.store.pg_urls import is_postgres_url, redacted
+from cleveragents.acp.facade.store.pg_urls import db_problem, is_postgres_url, redacted
 from cleveragents.acp.facade.store.postgres import PostgresStore, first_schema
 from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestEntry
 from cleveragents.acp.v1 import session_pb2
@@ -82,6 +83,20 @@ def test_urls_are_recognized_and_shown_without_their_password() -> None:
         "postgresql://db/acp?password=***&sslmode=require"
     )
     assert redacted("postgresql://me@db/acp") == "postgresql://me@db/acp"
+
+
+def test_a_url_of_another_scheme_is_no_sqlite_file(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``postgressql://`` (a typo) was opened as a SQLite file of that name, in a folder
+    ``postgressql:`` made for it; ``agents serve --db`` and local mode refuse it now."""
+    monkeypatch.chdir(tmp_path)
+    assert db_problem("postgresql://h/db") is None
+    assert db_problem("acp.db") is None
+    assert db_problem(pathlib.Path("x://y")) is None
+    with pytest.raises(ValueError, match="unknown URL scheme 'postgressql://'"):
+        factory.open_store("postgressql://me:s3cret@h/db")
+    assert list(tmp_path.iterdir()) == []
     assert first_schema('"$user", public') == "public"
     assert first_schema('"My ""odd"", schema" , public') == 'My "odd", schema'
     assert first_schema("") is None
@@ -1015,3 +1030,27 @@ async def live_settings(store: PostgresStore) -> None:
         answer = await lane.run([(SETTINGS, ())])
         assert not isinstance(answer, pg_wire.Fallback), lane
         assert tuple(answer[0][0])[-len(expected) :] == expected, lane
+
+
+async def test_a_lost_connection_is_an_outage_of_one_line(
+    opened: Callable[..., PostgresStore], schema: tuple[str, str]
+) -> None:
+    """A restart ends every connection: what background work (the event follower, the plan
+    leases) then catches is named an outage, one line they log instead of a 40-line
+    traceback each poll; any other error is not (issue 29)."""
+    store = opened(readers=1)
+    ((pid,),) = await store.read(lambda _s: store.execute("SELECT pg_backend_pid()"))
+    await asyncio.to_thread(terminate, schema[0], pid)
+    with pytest.raises(psycopg.Error) as info:
+        await store.read(lambda s: s.get("session", "01A"))
+    outage = store.outage(info.value)
+    assert outage is not None, (type(info.value).__mro__, info.value)
+    assert outage.startswith(f"{type(info.value).__name__}: server closed the connection"), outage
+    assert "\n" not in outage
+    assert store.outage(StoreUnavailableError("cannot connect to postgresql://h/db: refused")) == (
+        "cannot connect to postgresql://h/db: refused"
+    )
+    with pytest.raises(psycopg.errors.UndefinedTable) as undefined:
+        await store.read(lambda _s: store.execute("SELECT * FROM no_such_table"))
+    assert store.outage(undefined.value) is None
+    assert store.outage(ValueError("a bug")) is None

@@ -18,6 +18,7 @@ from ulid import ULID
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import caller_work, context_files, globs, session_records
+from cleveragents.acp.facade.domain.beneath import Anchor
 from cleveragents.acp.facade.domain.context_files import FileText, NotAnItemError, PathEscapeError
 from cleveragents.acp.facade.domain.globs import matches_any
 from cleveragents.acp.facade.domain.registries import Registries
@@ -372,17 +373,22 @@ class Context:
         problem = self._folder_problem(scope.namespace, root)
         if problem is not None:
             raise self._not_an_item(item_id, scope, origin, problem)
+        anchor = self.registries.policy.anchor(scope.namespace, root, resolve_local=True)
+        if anchor is None:
+            raise self._not_an_item(
+                item_id, scope, origin, "the resource lies outside the server's resource roots"
+            )
         try:
-            real_root, _ = context_files.locate(root, relative)
+            context_files.locate(anchor, relative)
         except PathEscapeError as exc:
             raise _invalid("item_id", f"the path must stay inside the resource folder: {exc}") from None
         except NotAnItemError as exc:
             raise self._not_an_item(item_id, scope, origin, str(exc)) from None
-        return _FilePlace(item_id, root, real_root, relative)
+        return _FilePlace(item_id, root, anchor, relative)
 
     @staticmethod
     async def _file_item(place: _FilePlace) -> context_pb2.ContextItem:
-        text = await asyncio.to_thread(context_files.read_text, place.real_root, place.relative)
+        text = await asyncio.to_thread(context_files.read_text, place.anchor, place.relative)
         if text.content is None:
             raise _invalid("item_id", f"{place.item_id} cannot be context: {text.reason}", reason=text.reason)
         return context_pb2.ContextItem(
@@ -468,9 +474,12 @@ class Context:
         if not isinstance(resource, registry_pb2.Resource) or not self.is_directory(namespace, resource):
             return [_Candidate(resource_id, "resource", None, "no longer a registered directory resource")]
         problem = self._folder_problem(namespace, resource.spec.path)
-        if problem is not None:
-            return [_Candidate(resource_id, "resource", None, problem)]
-        return _SourcePlace(namespace, source.resource, resource.spec.path, list(source.globs))
+        anchor = self.registries.policy.anchor(namespace, resource.spec.path, resolve_local=True)
+        if problem is not None or anchor is None:
+            return [
+                _Candidate(resource_id, "resource", None, problem or "outside the server's resource roots")
+            ]
+        return _SourcePlace(namespace, source.resource, anchor, list(source.globs))
 
     @staticmethod
     async def _source_candidates(found: _SourcePlace | list[_Candidate]) -> list[_Candidate]:
@@ -480,7 +489,7 @@ class Context:
             return found
         resource_id = f"resource:{found.resource}"
         work = caller_work.CALLER_WORK
-        texts, matched = await work.run(found.namespace, _read_source, found.root, found.globs)
+        texts, matched = await work.run(found.namespace, _read_source, found.anchor, found.globs)
         candidates = [
             _Candidate(f"file:{found.resource}/{t.path}", "file", t.content, t.reason) for t in texts
         ]
@@ -502,7 +511,7 @@ class _FilePlace:
 
     item_id: str
     root: str
-    real_root: str
+    anchor: Anchor
     relative: str
 
 
@@ -512,10 +521,10 @@ class _SourcePlace:
 
     namespace: str
     resource: str
-    root: str
+    anchor: Anchor
     globs: list[str]
 
 
-def _read_source(root: str, globs: list[str]) -> tuple[list[FileText], int]:
-    real_root, paths, matched = context_files.matching_files(root, globs)
-    return [context_files.read_text(real_root, path) for path in paths], matched
+def _read_source(anchor: Anchor, globs: list[str]) -> tuple[list[FileText], int]:
+    paths, matched = context_files.matching_files(anchor, globs)
+    return [context_files.read_text(anchor, path) for path in paths], matched

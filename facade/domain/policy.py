@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain.beneath import Anchor, anchor_below
 from cleveragents.acp.facade.domain.models.egress import ModelEgress
 
 NAMESPACE_PLACEHOLDER = "{namespace}"
@@ -120,21 +121,44 @@ class Policy:
     def restricted(self) -> bool:
         return bool(self.resource_roots) or self.roots_required
 
+    def _expanded(self, namespace: str) -> list[str]:
+        """The namespace's roots as configured ({namespace} filled in), not resolved."""
+        expanded = []
+        for root in self.resource_roots:
+            if NAMESPACE_PLACEHOLDER in root:
+                if not _namespace_folder(namespace):
+                    continue
+                root = root.replace(NAMESPACE_PLACEHOLDER, namespace)
+            expanded.append(root)
+        return expanded
+
     def roots(self, namespace: str) -> tuple[str, ...]:
         """The namespace's roots, resolved once (symlinks of the operator's own paths)."""
         found = self._resolved.get(namespace)
         if found is None:
-            resolved = []
-            for root in self.resource_roots:
-                if NAMESPACE_PLACEHOLDER in root:
-                    if not _namespace_folder(namespace):
-                        continue
-                    root = root.replace(NAMESPACE_PLACEHOLDER, namespace)
-                resolved.append(os.path.realpath(root))
+            resolved = [os.path.realpath(root) for root in self._expanded(namespace)]
             if len(self._resolved) >= _CACHED_NAMESPACES:
                 self._resolved.clear()
             found = self._resolved[namespace] = tuple(resolved)
         return found
+
+    def anchor(self, namespace: str, folder: str, *, resolve_local: bool = False) -> Anchor | None:
+        """Where every file operation opens the resource ``folder`` from: the root it lies
+        in (resolved; the folder matched against the root as configured or as resolved),
+        with the path below it walked without following a symlink; None when it lies in
+        none of the namespace's roots. With no root applying (local mode without roots) the
+        folder itself (``resolve_local``: resolved first, for a folder as registered; a
+        checkpoint's folder was recorded resolved): its user is the only one."""
+        if not self.restricted:
+            return Anchor(os.path.realpath(folder) if resolve_local else os.path.normpath(folder))
+        pairs = [(root, root) for root in self.roots(namespace)]
+        pairs += [(root, os.path.realpath(root)) for root in self._expanded(namespace)]
+        for candidate in (folder, os.path.realpath(folder)):
+            for named, base in pairs:
+                found = anchor_below(named, candidate)
+                if found is not None:
+                    return Anchor(base, found.below)
+        return None
 
     def inside_roots(self, namespace: str, real: str) -> bool:
         return any(

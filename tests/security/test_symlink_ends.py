@@ -62,7 +62,7 @@ def test_a_resource_folder_become_a_symlink_gets_no_write_and_no_restore(
         apply.write_all(writes)
     outside_intact(outside)
     with contextlib.suppress(OSError):
-        apply.restore_all([write.entry for write in writes])
+        apply.restore_all([write.entry for write in writes], apply.anchors_of(writes))
     outside_intact(outside)
     assert (root.with_name("repo.moved") / "f.txt").read_bytes() == BEFORE
 
@@ -91,7 +91,7 @@ def test_rollback_puts_the_file_back_over_a_symlink_never_reading_through_it(tmp
     writes = prepared(root, PLANNED)
     apply.write_all(writes)
     swap_for_link(root / "f.txt", outside / "f.txt")
-    outcome = apply.restore_all([write.entry for write in writes])
+    outcome = apply.restore_all([write.entry for write in writes], apply.anchors_of(writes))
     assert outcome.restored == ["f.txt"]
     assert not (root / "f.txt").is_symlink()
     assert (root / "f.txt").read_bytes() == BEFORE

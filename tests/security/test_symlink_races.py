@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -45,26 +46,38 @@ def _outside_intact(outside: pathlib.Path) -> None:
 
 
 @contextlib.contextmanager
-def swapping(folder: pathlib.Path, outside: pathlib.Path) -> Iterator[None]:
-    """Swap ``folder`` for a symlink to ``outside`` and back, as fast as possible."""
+def swapping(
+    folder: pathlib.Path,
+    outside: pathlib.Path,
+    *,
+    linked: float = 0.002,
+    real: float = 0.0005,
+    seed: int = 17,
+) -> Iterator[Callable[[], int]]:
+    """Swap ``folder`` for a symlink to ``outside`` and back until the block ends, staying
+    a random time in each state (``linked`` and ``real`` seconds on average; by default
+    mostly a symlink, the dangerous state); yields how many swaps were made so far."""
     stop = threading.Event()
     aside = folder.with_name(folder.name + ".real")
+    swaps = 0
 
     def swap() -> None:
-        # Mostly a symlink (the dangerous state), briefly the real folder.
+        nonlocal swaps
+        chance = random.Random(seed)
         while not stop.is_set():
             with contextlib.suppress(OSError):
                 os.rename(folder, aside)
                 os.symlink(outside, folder)
-                time.sleep(0.002)
+                swaps += 1
+                time.sleep(chance.uniform(0, 2 * linked))
                 os.unlink(folder)
                 os.rename(aside, folder)
-                time.sleep(0.0005)
+                time.sleep(chance.uniform(0, 2 * real))
 
     thread = threading.Thread(target=swap, daemon=True)
     thread.start()
     try:
-        yield
+        yield lambda: swaps
     finally:
         stop.set()
         thread.join(10)
@@ -96,7 +109,7 @@ def test_apply_and_restore_race_a_symlink_swap(world: tuple[pathlib.Path, pathli
                 continue
             with contextlib.suppress(OSError):
                 apply.write_all(writes)
-            apply.restore([w.entry for w in writes])
+            apply.restore_all([w.entry for w in writes], apply.anchors_of(writes))
             _outside_intact(outside)
     _outside_intact(outside)
     assert rounds > 10
@@ -112,7 +125,7 @@ def test_forty_files_then_zz_f_txt_never_lands_outside(world: tuple[pathlib.Path
             with contextlib.suppress(OSError):
                 apply.write_all(writes)
             _outside_intact(outside)
-            apply.restore([w.entry for w in writes])
+            apply.restore_all([w.entry for w in writes], apply.anchors_of(writes))
         _outside_intact(outside)
         assert not any((root / "a").glob("*.txt"))
 
@@ -125,7 +138,7 @@ def test_recovery_restore_never_deletes_outside(world: tuple[pathlib.Path, pathl
     apply.write_all(writes)
     os.rename(root / "zz", root / "zz.moved")
     (root / "zz").symlink_to(outside)
-    outcome = apply.restore_all([w.entry for w in writes])
+    outcome = apply.restore_all([w.entry for w in writes], apply.anchors_of(writes))
     _outside_intact(outside)
     # The plan's file is still in zz.moved: not restored, and said so (it was listed restored).
     assert outcome.skipped == ["zz/f.txt"]

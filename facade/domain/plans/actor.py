@@ -58,7 +58,7 @@ def _context(setup: PlanSetup, inputs: Mapping[str, Any]) -> str:
         flag = ", read-only" if root.read_only else ""
         lines.append(f"Resource {root.name}: directory {root.root}{flag}")
         try:
-            files, more = paths.first_files(root.root, CONTEXT_WALK_FILES)
+            files, more = paths.first_files(root.root, CONTEXT_WALK_FILES, anchor=root.place)
         except ACPError:
             files, more = [], False
         for path in files[:CONTEXT_FILES]:

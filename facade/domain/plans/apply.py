@@ -3,12 +3,15 @@
 The protocol: (1) one store transaction records the checkpoint (every pre-image, and a
 digest of every post-image) and marks the plan's journal ``applying``; (2) each file is
 written to a temporary file beside it, synced, and renamed over the target (deletes
-unlink), every path walked from a descriptor of the resource folder without following a
-symlink (``fsat``), so a folder swapped for a symlink cannot redirect a write or a delete
-outside the resource; (3) one transaction marks the journal ``applied`` with the plan's new state.
-A server that finds a journal still ``applying`` at start restores every pre-image from
-the checkpoint (``restore``), so the project holds none of the plan's changes, and
-records the apply as failed with reason ``interrupted``.
+unlink), every path resolved from a descriptor of the operator's resource root without
+following a symlink (``fsat``), so a folder swapped for a symlink, above the resource or
+in it, cannot redirect a write or a delete outside; before each file and before each
+rename the plan's lease is checked (``fence``), so a holder that lost it (frozen while
+another process took the plan over and restored it) writes nothing more; (3) one
+transaction marks the journal ``applied`` with the plan's new state. A server that finds
+a journal still ``applying`` at start restores every pre-image from the checkpoint
+(``restore_all``), so the project holds none of the plan's changes, and records the apply as
+failed with reason ``interrupted``.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ import os
 import pathlib
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain.beneath import Anchor
 from cleveragents.acp.facade.domain.plans import fsat, paths
 from cleveragents.acp.facade.domain.plans.paths import ResourceRoot
 from cleveragents.acp.facade.domain.plans.records import CheckpointEntry
@@ -41,6 +45,19 @@ class Write:
     entry: CheckpointEntry
     target: pathlib.Path
     content: bytes | None
+    anchor: Anchor
+
+
+# Where each checkpoint's folder is opened from, looked up again (against the operator's
+# resource roots as they are now) by every operation that touches the files.
+Anchors = Mapping[str, Anchor | None]
+# Raises (the plan's lease is lost) unless the caller may still write the plan's files.
+Fence = Callable[[], None]
+
+
+def anchors_of(writes: Sequence[Write]) -> dict[str, Anchor | None]:
+    """The anchors apply resolved, for undoing its own writes."""
+    return {write.entry.root: write.anchor for write in writes}
 
 
 def _digest(content: bytes | None) -> str:
@@ -77,6 +94,7 @@ def prepare(artifacts: Sequence[StagedArtifact], resources: Mapping[str, Resourc
 
 
 def _prepare_one(artifact: StagedArtifact, root: ResourceRoot) -> Write:
+    anchor = root.place
     base = paths.real_root(root.root)
     target, canonical = paths.resolve(base, artifact.path)
     if canonical != artifact.path:
@@ -85,7 +103,7 @@ def _prepare_one(artifact: StagedArtifact, root: ResourceRoot) -> Write:
             f"{artifact.path!r} now resolves to {canonical!r} (a symlink changed)",
             {"field": "path", "path": artifact.path},
         )
-    with fsat.open_root(str(base)) as root_fd:
+    with fsat.open_root(anchor) as root_fd:
         current = fsat.read(root_fd, canonical)
         created = fsat.missing_dirs(root_fd, canonical) if artifact.content is not None else []
     if current.other:
@@ -96,7 +114,7 @@ def _prepare_one(artifact: StagedArtifact, root: ResourceRoot) -> Write:
         )
     entry = CheckpointEntry(
         resource=root.name,
-        root=str(base),
+        root=anchor.folder,
         path=canonical,
         existed=current.content is not None,
         mode=current.mode,
@@ -105,7 +123,7 @@ def _prepare_one(artifact: StagedArtifact, root: ResourceRoot) -> Write:
         post_sha256=_digest(artifact.content),
         created_dirs=created,
     )
-    return Write(entry, target, artifact.content)
+    return Write(entry, target, artifact.content, anchor)
 
 
 def _read_umask() -> int:
@@ -124,10 +142,12 @@ def _temp_prefix(name: str) -> str:
     return f"{_TEMP_MARK}{hashlib.sha256(name.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}-"
 
 
-def _write(root_fd: int, path: str, content: bytes, mode: int | None) -> None:
+def _write(root_fd: int, path: str, content: bytes, mode: int | None, fence: Fence | None = None) -> None:
     name = path.rsplit("/", 1)[-1]
     temp = f"{_temp_prefix(name)}{secrets.token_hex(4)}"
-    fsat.write_atomic(root_fd, path, content, mode if mode is not None else _DEFAULT_MODE, temp)
+    fsat.write_atomic(
+        root_fd, path, content, mode if mode is not None else _DEFAULT_MODE, temp, before_rename=fence
+    )
 
 
 def _pause(count: int) -> None:
@@ -149,18 +169,25 @@ class CrossedLinkError(OSError):
         self.path = path
 
 
-def write_all(writes: Sequence[Write]) -> None:
-    """Blocking (fsync): run it off the event loop. OSError when a write failed (a
+def _unfenced() -> None:
+    """No lease to check (a caller that holds the files some other way, as tests do)."""
+
+
+def write_all(writes: Sequence[Write], fence: Fence = _unfenced) -> None:
+    """Blocking (fsync): run it off the event loop. ``fence`` runs before each file and
+    before each rename: whatever it raises stops the writes at once, nothing undone (the
+    lease's new holder restores the checkpoint). OSError when a write failed (a
     CrossedLinkError when its path met a symlink or a file where a folder was): the caller
     restores the checkpoint."""
     for count, write in enumerate(writes, start=1):
+        fence()
         try:
-            with fsat.open_root(write.entry.root) as root_fd:
+            with fsat.open_root(write.anchor) as root_fd:
                 if write.content is None:
                     if not fsat.remove(root_fd, write.entry.path):
                         raise OSError(errno.ELOOP, "symlink on the way")
                 else:
-                    _write(root_fd, write.entry.path, write.content, write.entry.mode)
+                    _write(root_fd, write.entry.path, write.content, write.entry.mode, fence)
         except OSError as exc:
             if fsat.crosses_link(exc):
                 raise CrossedLinkError(write.entry.path, exc) from exc
@@ -177,23 +204,27 @@ class Restored:
     skipped: list[str]
 
 
-def restore(entries: Sequence[CheckpointEntry]) -> list[str]:
-    """The paths ``restore_all`` restored."""
-    return restore_all(entries).restored
-
-
-def restore_all(entries: Sequence[CheckpointEntry]) -> Restored:
+def restore_all(entries: Sequence[CheckpointEntry], anchors: Anchors) -> Restored:
     """Put every pre-image back (idempotent: safe to run again after a crash in it). A path
     that now crosses a symlink or a non-folder is left alone (never followed) and reported
-    skipped. Blocking: run it off the event loop."""
+    skipped, as is one whose folder has no anchor (it lies outside the operator's resource
+    roots now). Blocking: run it off the event loop."""
     restored: list[str] = []
     skipped: list[str] = []
     for entry in reversed(entries):
+        anchor = anchors.get(entry.root)
+        if anchor is None:
+            skipped.append(entry.path)
+            continue
         try:
-            with fsat.open_root(entry.root) as root_fd:
+            with fsat.open_root(anchor) as root_fd:
                 (restored if _restore_one(root_fd, entry) else skipped).append(entry.path)
         except FileNotFoundError:
             continue
+        except OSError as exc:
+            if not fsat.crosses_link(exc):
+                raise
+            skipped.append(entry.path)
     return Restored(list(reversed(restored)), list(reversed(skipped)))
 
 

@@ -35,6 +35,7 @@ from ulid import ULID
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import caller_work, json_schemas, paging, roles
+from cleveragents.acp.facade.domain.beneath import Anchor
 from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.plans import (
@@ -53,7 +54,7 @@ from cleveragents.acp.facade.domain.plans import (
     tools,
     validations,
 )
-from cleveragents.acp.facade.domain.plans.apply import Restored, Write
+from cleveragents.acp.facade.domain.plans.apply import Fence, Restored, Write
 from cleveragents.acp.facade.domain.plans.leases import PlanLeases
 from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
 from cleveragents.acp.facade.domain.plans.records import CheckpointEntry, PlanRecords, not_found
@@ -1044,8 +1045,13 @@ class PlanEngine:
             plan.ClearField("last_error")
             self._transition(plan, model.APPLY, model.RUNNING, journal=records.JOURNAL_APPLYING)
 
-        async with self._leased_file_work(plan.meta.id, begin):
-            return await self._write_files(plan, writes, entries)
+        try:
+            async with self._leased_file_work(plan.meta.id, begin):
+                return await self._write_files(plan, writes, entries)
+        except LeaseLostError as exc:
+            # Taken over mid-apply: the new holder restores the checkpoint; nothing is ours.
+            log.warning("plan %s: apply stopped: %s", plan.meta.id, exc)
+            raise leases.lost(plan.meta.id, exc) from None
 
     @contextlib.asynccontextmanager
     async def _leased_file_work(self, plan_id: str, begin: Callable[[], None]) -> AsyncIterator[None]:
@@ -1077,9 +1083,9 @@ class PlanEngine:
         self, plan: plan_pb2.Plan, writes: list[Write], entries: list[CheckpointEntry]
     ) -> list[str]:
         try:
-            await asyncio.to_thread(apply.write_all, writes)
+            await asyncio.to_thread(apply.write_all, writes, self._file_fence(plan.meta.id))
         except OSError as exc:
-            undone = await asyncio.to_thread(apply.restore_all, entries)
+            undone = await asyncio.to_thread(apply.restore_all, entries, apply.anchors_of(writes))
             raise await self._apply_failed(plan, exc, undone) from None
         changed = [e.path for e in entries]
         completed = events_pb2.PlanApplyCompleted(changed_paths=changed, checkpoint_id=plan.meta.id)
@@ -1093,6 +1099,17 @@ class PlanEngine:
             )
         )
         return changed
+
+    def _file_fence(self, plan_id: str) -> Fence:
+        """For the worker thread writing the files: LeaseLostError once this engine no
+        longer holds the plan's lease (asked of the store, through the loop)."""
+        loop = asyncio.get_running_loop()
+
+        def fence() -> None:
+            check = self.store.read(lambda store: self.leases.check(store, plan_id))
+            asyncio.run_coroutine_threadsafe(check, loop).result()
+
+        return fence
 
     async def _apply_failed(self, plan: plan_pb2.Plan, exc: OSError, undone: Restored) -> ACPError:
         """Record the failed apply (undone) on the plan and return the error to raise: a
@@ -1133,14 +1150,15 @@ class PlanEngine:
     ) -> Restored:
         """Off the loop and shielded, like apply."""
         with self._exclusive(plan.meta.id):
-            await asyncio.to_thread(rollback.check, plan.meta.id, entries, force=force)
+            anchors = await asyncio.to_thread(self._anchors, plan.meta.namespace, entries, refuse=True)
+            await asyncio.to_thread(rollback.check, plan.meta.id, entries, anchors, force=force)
 
             def begin() -> None:
                 self._still(plan, "rollback")
                 self.records.save(plan, journal=records.JOURNAL_ROLLING_BACK)
 
             async with self._leased_file_work(plan.meta.id, begin):
-                restored = await asyncio.to_thread(apply.restore_all, entries)
+                restored = await asyncio.to_thread(apply.restore_all, entries, anchors)
                 # Paths never followed through a symlink are not restored: the plan says so.
                 skipped = (
                     common_pb2.ErrorInfo(
@@ -1162,6 +1180,27 @@ class PlanEngine:
                     )
                 )
         return restored
+
+    def _anchors(
+        self, namespace: str, entries: Sequence[CheckpointEntry], *, refuse: bool = False
+    ) -> dict[str, Anchor | None]:
+        """Blocking: where each checkpoint folder is opened from, checked against the
+        operator's resource roots as they are now (None: outside them, never touched). With
+        ``refuse``, INVALID_STATE naming the first such folder instead."""
+        found: dict[str, Anchor | None] = {}
+        for entry in entries:
+            if entry.root in found:
+                continue
+            anchor = self.registries.policy.anchor(namespace, entry.root)
+            if anchor is None and refuse:
+                raise ACPError(
+                    ErrorCode.INVALID_STATE,
+                    f"resource folder {entry.root} lies outside the server's resource roots for "
+                    f"namespace {namespace!r} now; nothing was done",
+                    {"path": entry.root, "resource": entry.resource},
+                )
+            found[entry.root] = anchor
+        return found
 
     # read views -------------------------------------------------------------------------
 
@@ -1238,8 +1277,10 @@ class PlanEngine:
                 continue
             try:
                 entries, finish = self._settlement(record)
-                if entries:
-                    apply.restore(entries)
+                if entries and record is not None:
+                    _log_skipped(
+                        plan_id, apply.restore_all(entries, self._anchors(record.namespace, entries))
+                    )
                 _patiently(self.store, finish, deadline)
             finally:
                 _patiently(self.store, functools.partial(self.leases.release, plan_id), deadline)
@@ -1416,8 +1457,9 @@ class PlanEngine:
         entries, finish = settlement
         self._file_work.add(plan_id)
         try:
-            if entries:
-                await asyncio.to_thread(apply.restore, entries)
+            if entries and record is not None:
+                anchors = await asyncio.to_thread(self._anchors, record.namespace, entries)
+                _log_skipped(plan_id, await asyncio.to_thread(apply.restore_all, entries, anchors))
             await self.store.write(lambda _store: finish())
             log.warning("plan %s: taken over from a stopped process (lease token %d)", plan_id, lease.token)
         finally:
@@ -1441,3 +1483,15 @@ class PlanEngine:
                 with contextlib.suppress(asyncio.CancelledError):
                     await background
         self.leases.close()
+
+
+def _log_skipped(plan_id: str, outcome: Restored) -> None:
+    """Settling a stopped apply restores what it can reach: a path whose folder is now
+    outside the operator's roots, or behind a symlink, is left alone and said here."""
+    if outcome.skipped:
+        log.error(
+            "plan %s: not restored (a folder on the way is a symlink or a file, or lies outside "
+            "the resource roots now; never followed): %s",
+            plan_id,
+            ", ".join(outcome.skipped),
+        )

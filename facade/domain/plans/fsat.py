@@ -1,10 +1,12 @@
 """File operations under a resource folder that no symlink can redirect.
 
-Every path is walked from a file descriptor of the resource folder one name at a time,
-each opened with ``O_NOFOLLOW`` relative to the previous one (``openat``), and files are
-created, renamed and removed with ``dir_fd``. Whatever is swapped for a symlink, at any
-moment, the operation either stays inside the folder or fails with ``OSError`` (ELOOP,
-ENOTDIR): it never reads, writes or deletes outside.
+The resource folder is reached from a descriptor of the operator's resource root (its
+``Anchor``), and every path below it is resolved relative to a descriptor without
+following any symlink (``beneath``: ``openat2`` with ``RESOLVE_BENEATH |
+RESOLVE_NO_SYMLINKS``, else an ``O_NOFOLLOW`` walk); files are created, renamed and
+removed with ``dir_fd``. Whatever is swapped for a symlink, above the resource folder or
+in it, at any moment, the operation either stays inside or fails with ``OSError``
+(ELOOP, ENOTDIR): it never reads, writes or deletes outside.
 """
 
 from __future__ import annotations
@@ -13,20 +15,18 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+from cleveragents.acp.facade.domain import beneath
+from cleveragents.acp.facade.domain.beneath import Anchor
 
 
 @contextlib.contextmanager
-def open_root(root: str) -> Iterator[int]:
-    """A descriptor of the resource folder (itself not followed if it became a symlink)."""
-    fd = os.open(root, _DIR_FLAGS)
-    try:
+def open_root(anchor: Anchor) -> Iterator[int]:
+    """A descriptor of the resource folder, reached from the operator's root."""
+    with beneath.open_anchor(anchor) as fd:
         yield fd
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -34,22 +34,35 @@ def open_parent(root_fd: int, path: str, *, create: bool = False) -> Iterator[tu
     """The folder holding ``path`` (a canonical relative path) and the last name; with
     ``create``, missing folders are made on the way (mode 0777 & ~umask)."""
     *folders, name = path.split("/")
+    try:
+        fd = beneath.open_at(root_fd, "/".join(folders))
+    except FileNotFoundError:
+        if not create:
+            raise
+        fd = _make_folders(root_fd, folders)
+    try:
+        yield fd, name
+    finally:
+        os.close(fd)
+
+
+def _make_folders(root_fd: int, folders: list[str]) -> int:
+    """The folder ``folders`` names, made where missing, one name at a time."""
     fd = os.dup(root_fd)
     try:
         for folder in folders:
             try:
-                next_fd = os.open(folder, _DIR_FLAGS, dir_fd=fd)
+                next_fd = beneath.open_at(fd, folder)
             except FileNotFoundError:
-                if not create:
-                    raise
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(folder, 0o777, dir_fd=fd)
-                next_fd = os.open(folder, _DIR_FLAGS, dir_fd=fd)
+                next_fd = beneath.open_at(fd, folder)
             os.close(fd)
             fd = next_fd
-        yield fd, name
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
 
 
 @dataclass(frozen=True)
@@ -64,8 +77,7 @@ class FileState:
 def read(root_fd: int, path: str) -> FileState:
     """What is at ``path``: a missing file (or folder on the way) is ``FileState(None)``."""
     try:
-        with open_parent(root_fd, path) as (parent, name):
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+        fd = beneath.open_at(root_fd, path, beneath.FILE_FLAGS)
     except FileNotFoundError:
         return FileState(None)
     except OSError as exc:
@@ -81,7 +93,7 @@ def read(root_fd: int, path: str) -> FileState:
 
 def crosses_link(exc: OSError) -> bool:
     """Whether an error means a symlink (or a non-folder) was met where a folder was."""
-    return exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENXIO)
+    return exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENXIO, errno.EXDEV)
 
 
 def missing_dirs(root_fd: int, path: str) -> list[str]:
@@ -92,7 +104,7 @@ def missing_dirs(root_fd: int, path: str) -> list[str]:
     try:
         for depth, folder in enumerate(folders):
             try:
-                next_fd = os.open(folder, _DIR_FLAGS, dir_fd=fd)
+                next_fd = beneath.open_at(fd, folder)
             except FileNotFoundError:
                 missing = ["/".join(folders[: i + 1]) for i in range(depth, len(folders))]
                 break
@@ -108,9 +120,18 @@ def sync_dir(fd: int) -> None:
         os.fsync(fd)
 
 
-def write_atomic(root_fd: int, path: str, content: bytes, mode: int, temp_name: str) -> None:
+def write_atomic(
+    root_fd: int,
+    path: str,
+    content: bytes,
+    mode: int,
+    temp_name: str,
+    *,
+    before_rename: Callable[[], None] | None = None,
+) -> None:
     """``content`` to a temp file beside the target, synced, renamed over it: a reader
-    (or a crash) sees the old file or the new one. Missing folders are created."""
+    (or a crash) sees the old file or the new one. Missing folders are created.
+    ``before_rename`` may raise to leave the target as it is (the temp file is removed)."""
     with open_parent(root_fd, path, create=True) as (parent, name):
         fd = os.open(
             temp_name,
@@ -124,6 +145,8 @@ def write_atomic(root_fd: int, path: str, content: bytes, mode: int, temp_name: 
                 handle.flush()
                 os.fchmod(handle.fileno(), mode)
                 os.fsync(handle.fileno())
+            if before_rename is not None:
+                before_rename()
             os.replace(temp_name, name, src_dir_fd=parent, dst_dir_fd=parent)
         except BaseException:
             with contextlib.suppress(OSError):

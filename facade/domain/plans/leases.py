@@ -123,6 +123,28 @@ def busy(plan_id: str) -> ACPError:
     )
 
 
+def holder(lease: Lease | None) -> str:
+    """Who holds a lease, in words: host, process id and token."""
+    if lease is None or not lease.owner:
+        return "nobody (it was released)"
+    parts = lease.owner.split("|")
+    where = f"{parts[0]} pid {parts[2]}" if len(parts) == 5 else lease.owner
+    return f"{where} (token {lease.token}{'' if lease.live else ', expired'})"
+
+
+def lost(plan_id: str, exc: LeaseLostError) -> ACPError:
+    """What a caller whose apply stopped because the plan was taken over is told: retry
+    once the new holder settled it (the files are then as the new holder left them)."""
+    return ACPError(
+        ErrorCode.INVALID_STATE,
+        f"plan {plan_id}: this server process lost the plan's lease (token {exc.token}) and "
+        f"stopped writing; it is now held by {holder(exc.current)}, which settles the plan; "
+        "retry once it has",
+        {"plan_id": plan_id, "retryable": True, "holder": holder(exc.current)},
+        refinement="LEASE_LOST",
+    )
+
+
 class PlanLeases:
     """This engine's leases: claim, fence, renew, release. The synchronous methods run
     inside a store transaction (on the store's writer thread, or a blocking caller)."""
@@ -165,6 +187,15 @@ class PlanLeases:
             token,
         )
         return True
+
+    def check(self, store: Store, plan_id: str) -> None:
+        """LeaseLostError unless this engine still holds the plan's lease, live, at its
+        token: the fence of work outside the store (file writes), as ``fence`` is of the
+        store's writes, but a read."""
+        token = self.held.get(plan_id, 0)
+        lease = store.get_lease(lease_name(plan_id))
+        if lease is None or lease.owner != self.owner or lease.token != token or not lease.live:
+            raise LeaseLostError(lease_name(plan_id), token, lease)
 
     def claim(self, plan_id: str, *, steal_token: int | None = None) -> bool:
         """Take the plan's lease in the current transaction; False if another holds it. The

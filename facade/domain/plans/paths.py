@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain import beneath
+from cleveragents.acp.facade.domain.beneath import Anchor
 
 # A name longer than this is refused by every common file system (NAME_MAX).
 MAX_COMPONENT_BYTES = 255
@@ -38,11 +40,18 @@ _CONTROL = frozenset(
 
 @dataclass(frozen=True)
 class ResourceRoot:
-    """A project's directory resource: its registry name and its folder."""
+    """A project's directory resource: its registry name, its folder, and where file
+    operations open it from (``anchor``: the operator's root it lies in; without one, the
+    folder itself, as in local mode without roots)."""
 
     name: str
     root: pathlib.Path
     read_only: bool = False
+    anchor: Anchor | None = None
+
+    @property
+    def place(self) -> Anchor:
+        return self.anchor if self.anchor is not None else Anchor(os.path.realpath(self.root))
 
 
 def _invalid(message: str, field: str, path: str) -> ACPError:
@@ -111,28 +120,20 @@ def resolve(
     return target, "" if canonical == "." else canonical
 
 
-def inside(root: pathlib.Path, target: pathlib.Path) -> bool:
-    """Whether an existing ``target`` (symlinks followed) lies in the folder ``root``."""
-    try:
-        resolved = target.resolve(strict=True)
-    except (OSError, RuntimeError):
-        return False
-    return resolved == root or root in resolved.parents
-
-
-def walk_files(root: pathlib.Path, below: str = "") -> list[str]:
+def walk_files(root: pathlib.Path, below: str = "", *, anchor: Anchor | None = None) -> list[str]:
     """Canonical relative paths of the regular files under ``below``, symlinks to files
-    inside the folder resolved, links leading out skipped; sorted."""
-    return sorted({found for found in _walk(root, below) if found is not None})
+    inside the folder resolved, links leading out skipped; sorted. ``anchor``: where the
+    folder is opened from (default: the folder itself)."""
+    return sorted({found for found in _walk(root, below, anchor) if found is not None})
 
 
-def first_files(root: pathlib.Path, limit: int) -> tuple[list[str], bool]:
+def first_files(root: pathlib.Path, limit: int, *, anchor: Anchor | None = None) -> tuple[list[str], bool]:
     """``walk_files`` of the whole folder, but the walk stops after ``limit`` entries
-    (folders, files, links it skips) and then says True: there may be more. Each file costs
-    two realpath calls, so a caller that shows a few (a prompt's context) must not pay for
-    a huge folder. Stopped early, the files are those met first, in the walk's order."""
+    (folders, files, links it skips) and then says True: there may be more. A caller that
+    shows a few (a prompt's context) must not pay for a huge folder. Stopped early, the
+    files are those met first, in the walk's order."""
     found: set[str] = set()
-    for visited, canonical in enumerate(_walk(root, ""), start=1):
+    for visited, canonical in enumerate(_walk(root, "", anchor), start=1):
         if visited > limit:
             return sorted(found), True
         if canonical is not None:
@@ -140,45 +141,35 @@ def first_files(root: pathlib.Path, limit: int) -> tuple[list[str], bool]:
     return sorted(found), False
 
 
-def _walk(root: pathlib.Path, below: str) -> Iterator[str | None]:
+def _walk(root: pathlib.Path, below: str, anchor: Anchor | None) -> Iterator[str | None]:
     """Each entry ``walk_files`` meets, one at a time: a file's canonical path, or None (a
     folder, a link to a folder, a skipped link, anything not a regular file); a linked file
-    may come twice. A folder is read entry by entry (``os.scandir``), never listed whole
-    first as ``os.walk`` does, so a caller that stops early stops inside a folder of a
-    million names too. Links are not walked into; unreadable folders are skipped."""
-    base = real_root(root)
-    start = base / below if below else base
-    if not start.is_dir():
-        return
-    folders = [str(start)]
-    while folders:
-        try:
-            entries = os.scandir(folders.pop())
-        except OSError:
-            continue
-        with entries:
-            for entry in entries:
+    may come twice. Read from a descriptor of the folder reached from ``anchor``, folder by
+    folder (``beneath.walk``: entry by entry, never listed whole first, and a folder swapped
+    for a symlink is never entered), so a caller that stops early stops inside a folder of a
+    million names too, and nothing outside is ever listed."""
+    real_root(root)
+    place = anchor if anchor is not None else Anchor(os.path.realpath(root))
+    prefix = f"{below}/" if below else ""
+    try:
+        with beneath.open_anchor(place) as root_fd:
+            for relative, entry in beneath.walk(root_fd, below):
                 try:
-                    if entry.is_dir(follow_symlinks=False):
-                        folders.append(entry.path)
-                        yield None
-                        continue
-                    if entry.is_dir():
-                        yield None
-                        continue
+                    folder = entry.is_dir(follow_symlinks=False)
                 except OSError:
-                    yield None
-                    continue
-                yield _canonical_file(base, pathlib.Path(entry.path), below)
+                    folder = True
+                yield None if folder else _file_of(root_fd, place, relative, entry, prefix)
+    except OSError:
+        return
 
 
-def _canonical_file(base: pathlib.Path, entry: pathlib.Path, below: str) -> str | None:
-    """A file entry's canonical path when it (or the file it links to) is a regular file
-    inside the folder, and under ``below``."""
-    if not inside(base, entry):
+def _file_of(root_fd: int, place: Anchor, relative: str, entry: os.DirEntry[str], prefix: str) -> str | None:
+    """An entry's canonical path when it (or the file it links to) is a regular file inside
+    the folder, and under ``prefix``."""
+    try:
+        if entry.is_symlink():
+            canonical = beneath.linked_file(root_fd, relative, place.folder)
+            return canonical if canonical is not None and canonical.startswith(prefix) else None
+        return relative if entry.is_file(follow_symlinks=False) else None
+    except OSError:
         return None
-    resolved = entry.resolve()
-    canonical = resolved.relative_to(base).as_posix()
-    if resolved.is_file() and (not below or canonical.startswith(below + "/")):
-        return canonical
-    return None

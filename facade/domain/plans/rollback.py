@@ -7,17 +7,24 @@ from collections.abc import Sequence
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.plans import fsat
+from cleveragents.acp.facade.domain.plans.apply import Anchors
 from cleveragents.acp.facade.domain.plans.records import CheckpointEntry
 
 
-def changed_since(entries: Sequence[CheckpointEntry]) -> list[str]:
-    """Paths whose current content is no longer what apply wrote."""
+def changed_since(entries: Sequence[CheckpointEntry], anchors: Anchors) -> list[str]:
+    """Paths whose current content is no longer what apply wrote (one whose folder cannot
+    be reached from the operator's root, through no symlink, reads as gone)."""
     changed: list[str] = []
     for entry in entries:
+        anchor = anchors.get(entry.root)
         try:
-            with fsat.open_root(entry.root) as root_fd:
+            if anchor is None:
+                raise FileNotFoundError(entry.root)
+            with fsat.open_root(anchor) as root_fd:
                 current = fsat.read(root_fd, entry.path).content
-        except FileNotFoundError:
+        except OSError as exc:
+            if not isinstance(exc, FileNotFoundError) and not fsat.crosses_link(exc):
+                raise
             current = None
         digest = hashlib.sha256(current).hexdigest() if current is not None else ""
         if (current is not None) != entry.post_exists or digest != entry.post_sha256:
@@ -25,9 +32,9 @@ def changed_since(entries: Sequence[CheckpointEntry]) -> list[str]:
     return changed
 
 
-def check(plan_id: str, entries: Sequence[CheckpointEntry], *, force: bool) -> None:
+def check(plan_id: str, entries: Sequence[CheckpointEntry], anchors: Anchors, *, force: bool) -> None:
     """INVALID_STATE listing the paths changed since apply, unless ``force``."""
-    changed = changed_since(entries)
+    changed = changed_since(entries, anchors)
     if changed and not force:
         raise ACPError(
             ErrorCode.INVALID_STATE,

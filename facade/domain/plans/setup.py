@@ -52,13 +52,14 @@ def resources_of(
                 f"resource {name!r} has a relative path {resource.spec.path!r}",
                 {"field": "project", "resource": name},
             )
-        if not registries.policy.allows_folder(namespace, resource.spec.path):
+        anchor = registries.policy.anchor(namespace, resource.spec.path, resolve_local=True)
+        if anchor is None or not registries.policy.allows_folder(namespace, resource.spec.path):
             raise ACPError(
                 ErrorCode.INVALID_PARAMS,
                 f"resource {name!r} lies outside the server's resource roots for namespace {namespace!r}",
                 {"field": "project", "resource": name},
             )
-        roots[name] = ResourceRoot(name, folder, resource.spec.read_only)
+        roots[name] = ResourceRoot(name, folder, resource.spec.read_only, anchor)
     if not roots:
         raise ACPError(
             ErrorCode.INVALID_PARAMS,

@@ -49,11 +49,11 @@ class StagedArtifact:
 
 def read_disk(root: ResourceRoot, path: str) -> bytes | None:
     """A file's bytes in the project, or None when it does not exist. ``path`` is
-    canonical (no symlink on the way), so it is read without following any: a folder
-    swapped for a symlink since it was resolved reads as missing, never as outside."""
-    base = paths.real_root(root.root)
+    canonical (no symlink on the way), so it is read from the operator's root without
+    following any: a folder swapped for a symlink since it was resolved, above the
+    resource or in it, reads as missing, never as outside."""
     try:
-        with fsat.open_root(str(base)) as root_fd:
+        with fsat.open_root(root.place) as root_fd:
             return fsat.read(root_fd, path).content
     except OSError:
         return None
@@ -102,7 +102,7 @@ class Staging:
 
     def files(self, root: ResourceRoot, below: str = "") -> list[str]:
         """Every file of the view under ``below`` (canonical relative paths), sorted."""
-        found = set(paths.walk_files(root.root, below))
+        found = set(paths.walk_files(root.root, below, anchor=root.place))
         prefix = f"{below}/" if below else ""
         for (resource, path), change in self._staged.items():
             if resource != root.name or not path.startswith(prefix):

@@ -13,6 +13,7 @@ import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.facade.domain.beneath import Anchor
 from cleveragents.acp.facade.domain.plans import actor, paths
 from cleveragents.acp.v1 import plan_pb2
 from tests.facade.plans.helpers import (
@@ -237,9 +238,9 @@ async def test_use_checks_the_prompt_template_and_walks_no_folder_on_the_event_l
     walked_on: list[threading.Thread] = []
     walk = paths._walk
 
-    def recorded(root: pathlib.Path, below: str) -> Iterator[str | None]:
+    def recorded(root: pathlib.Path, below: str, anchor: Anchor | None) -> Iterator[str | None]:
         walked_on.append(threading.current_thread())
-        yield from walk(root, below)
+        yield from walk(root, below, anchor)
 
     def assert_walked_on_workers() -> None:
         assert walked_on, "the prompt lists the project's files"
@@ -273,14 +274,16 @@ def test_first_files_walks_at_most_its_limit_and_says_when_it_stopped(
     everything = paths.walk_files(tmp_path)
     assert len(everything) == 30
     assert paths.first_files(tmp_path, 1000) == (everything, False)
-    checked: list[pathlib.Path] = []
-    inside = paths.inside
+    checked: list[str] = []
+    file_of = paths._file_of
 
-    def counted(root: pathlib.Path, target: pathlib.Path) -> bool:
-        checked.append(target)
-        return inside(root, target)
+    def counted(
+        root_fd: int, place: Anchor, relative: str, entry: os.DirEntry[str], prefix: str
+    ) -> str | None:
+        checked.append(relative)
+        return file_of(root_fd, place, relative, entry, prefix)
 
-    monkeypatch.setattr(paths, "inside", counted)
+    monkeypatch.setattr(paths, "_file_of", counted)
     found, more = paths.first_files(tmp_path, 10)
     assert more
     assert len(checked) <= 10

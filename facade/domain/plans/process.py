@@ -30,6 +30,7 @@ import pathlib
 import signal
 import stat
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -41,6 +42,9 @@ DEFAULT_TIMEOUT_SECONDS = 30
 DEFAULT_OUTPUT_LIMIT = 65536
 # How long output pipes may stay open after the process group is gone.
 _DRAIN_SECONDS = 2.0
+# How long a cancel or timeout waits for the killed command to be reaped (by init: it is
+# the supervisor's child) before answering anyway.
+_GONE_SECONDS = 2.0
 # The only variables of the server's environment a command sees.
 ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ", "TERM")
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -193,6 +197,19 @@ def _kill_group(process: asyncio.subprocess.Process) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
+async def _group_gone(pgid: int) -> None:
+    """Wait (bounded) until no process of the killed group is left, zombies included: the
+    command is the supervisor's child, so once both are killed init reaps it, a moment after
+    the supervisor is reaped here. A cancel or timeout answers only when the command is gone."""
+    deadline = time.monotonic() + _GONE_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        await asyncio.sleep(0.005)
+
+
 async def run(
     argv: list[str],
     cwd: pathlib.Path,
@@ -269,6 +286,7 @@ async def _supervised(
         _kill_group(process)
         finished, _ = await asyncio.wait(readers, timeout=_DRAIN_SECONDS)
     finally:
+        killed = timed_out or was_cancelled or process.returncode is None
         if process.returncode is None:
             _kill_group(process)
             with contextlib.suppress(ProcessLookupError):
@@ -277,6 +295,8 @@ async def _supervised(
         for reader in readers:
             reader.cancel()
         await asyncio.gather(waiting, cancelled, *readers, return_exceptions=True)
+        if killed:
+            await _group_gone(process.pid)
     (out, out_cut), (err, err_cut) = (r.result() if r in finished else (b"", True) for r in readers)
     return ProcessResult(
         exit_code=None if timed_out or was_cancelled else process.returncode,

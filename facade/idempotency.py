@@ -69,9 +69,15 @@ _NOT_STORED_CODES = frozenset({"AUTH_REQUIRED", "AUTH_FORBIDDEN", "VERSION_MISMA
 
 def nothing_happened(err: ACPError) -> bool:
     """The error says the call had no effect and may be retried as it was: a retryable
-    error (STORE_BUSY, REQUEST_IN_PROGRESS: ``details.retryable``), an authentication or
-    authorization refusal, a version mismatch, or an internal fault."""
-    return err.code in _NOT_STORED_CODES or err.details.get("retryable") is True
+    error (STORE_BUSY, REQUEST_IN_PROGRESS: ``details.retryable``), one that says so
+    (``details.effect`` ``none``: STORE_DISK_FULL, whose retry succeeds once space is
+    freed), an authentication or authorization refusal, a version mismatch, or an internal
+    fault."""
+    return (
+        err.code in _NOT_STORED_CODES
+        or err.details.get("retryable") is True
+        or err.details.get("effect") == "none"
+    )
 
 
 def digest_of(op: Operation, request: message.Message) -> bytes:

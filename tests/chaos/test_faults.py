@@ -19,6 +19,7 @@ import os
 import pathlib
 import signal
 import sqlite3
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -56,7 +57,7 @@ def load(server: Served, ledger: Ledger, *, grpc: bool = False) -> Load:
     )
 
 
-def progressed(count: int) -> object:
+def progressed(count: int) -> Callable[[Ledger], bool]:
     return lambda ledger: ledger.count("acked") >= count
 
 

@@ -9,7 +9,8 @@ Cases that found a bug on main (9a4ea92) and fail there:
 - disk full: INTERNAL_ERROR and ``/readyz`` 200 (item 7);
 - PostgreSQL restarted / stopped: calls cut got a non-retryable INTERNAL_ERROR, and while down
   STORE_BUSY "locked by another process"; the client gave up after 4-8 s (item 7).
-Cases of faults other helpers fix are marked ``needs(...)`` (see ``NEEDS``) for the integrator.
+Cases of faults other helpers fix are marked ``needs(...)`` (see ``NEEDS``): they skip until
+the fix is merged (the integrator removes the mark), or run with ``ACP_CHAOS_NEEDS=layers,...``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,21 @@ CHAOS_ONLY = pytest.mark.skipif(SCALE == 1, reason="make chaos only (ACP_CHAOS_S
 # How long the "stopped" case keeps PostgreSQL down: the issue's 10 s under ``make chaos``,
 # shorter in ``make test`` (each is within the clients' 20 s retry window).
 OUTAGE_SECONDS = 10.0 if SCALE > 1 else 3.0
+
+
+# The fix each ``needs`` case waits for (issue 30), by the helper making it.
+NEEDS = {
+    "layers": "pg_wire's prepared statements after a rollback (item 1), wal_index's SIGBUS (item 2)",
+    "lease": "idle-in-transaction bounds and the command supervisor (items 4, 5)",
+    "files": "apply fenced between files (item 3)",
+}
+
+
+def needs(helper: str) -> pytest.MarkDecorator:
+    enabled = os.environ.get("ACP_CHAOS_NEEDS", "").split(",")
+    return pytest.mark.skipif(
+        helper not in enabled, reason=f"needs the {helper} fix: {NEEDS[helper]} (ACP_CHAOS_NEEDS={helper})"
+    )
 
 
 def served(tmp_path: pathlib.Path, db: str | None = None, *extra: str) -> Served:
@@ -250,3 +266,65 @@ async def test_postgresql_restarted_or_stopped_under_load_loses_nothing(
             await finish_and_verify(server, work, ledger, all_acked=True)
         finally:
             server.kill()
+
+
+# faults other helpers fix ------------------------------------------------------------------
+
+
+@needs("layers")
+async def test_failed_statements_beside_the_load_break_no_pooled_connection(tmp_path: pathlib.Path) -> None:
+    """Writes that fail (a tell to a missing session rolls back) interleaved with the load on
+    the same pooled PostgreSQL connections: every later call still succeeds (item 1: on main
+    ``prepared statement "acp_N" does not exist``, INTERNAL_ERROR, from then on)."""
+    with own_postgres() as cluster:
+        server = served(tmp_path, cluster.url)
+        await asyncio.to_thread(server.start)
+        ledger = Ledger()
+        work = load(server, ledger)
+        try:
+            await work.start()
+            async with client_for(server.http_url, None, server.token) as failing:
+                for index in range(WRITERS * PER_WRITER):
+                    operation = "session.delete" if index % 2 else "session.tell"
+                    params = {"session_id": f"missing-{index}"}
+                    if operation == "session.tell":
+                        params["content"] = "x"
+                    with pytest.raises(ACPError) as missing:
+                        await failing.call(operation, params)
+                    assert missing.value.code == "NOT_FOUND", missing.value
+            await finish_and_verify(server, work, ledger, all_acked=True)
+        finally:
+            server.kill()
+
+
+@needs("layers")
+async def test_another_process_opening_the_file_in_a_loop_breaks_nothing(tmp_path: pathlib.Path) -> None:
+    """An ``sqlite3`` reader opening the server's file again and again beside the load
+    (item 2: on main the server dies of SIGBUS within seconds)."""
+    db = tmp_path / "acp.db"
+    server = served(tmp_path, str(db))
+    await asyncio.to_thread(server.start)
+    ledger = Ledger()
+    work = load(server, ledger)
+    stop = asyncio.Event()
+
+    def neighbour() -> None:
+        while not stop.is_set():
+            conn = sqlite3.connect(db)
+            try:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            finally:
+                conn.close()
+
+    try:
+        await work.start()
+        opener = asyncio.ensure_future(asyncio.to_thread(neighbour))
+        try:
+            await finish_and_verify(server, work, ledger, all_acked=True)
+        finally:
+            stop.set()
+            await opener
+        assert server.process is not None
+        assert server.process.process.poll() is None, server.process.stderr()
+    finally:
+        server.kill()

@@ -20,7 +20,7 @@ import os
 import pathlib
 import signal
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -93,53 +93,56 @@ async def finish_and_verify(server: Served, work: Load, ledger: Ledger, *, all_a
 # kill -9 ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("grpc", [False, pytest.param(True, marks=CHAOS_ONLY)], ids=["http", "grpc"])
-async def test_kill_9_of_a_server_loses_nothing(tmp_path: pathlib.Path, grpc: bool) -> None:
-    server = served(tmp_path)
+async def under_load(
+    server: Served, fault: Callable[[], Awaitable[None]], *, grpc: bool = False, all_acked: bool = True
+) -> Ledger:
+    """Start ``server``, put the load on it, inject ``fault`` once it has made progress, let
+    the load finish and check the ledger; the server is killed at the end."""
     await asyncio.to_thread(server.start)
     ledger = Ledger()
     work = load(server, ledger, grpc=grpc)
     try:
         await work.start()
         await ledger.reached(progressed(WRITERS * 2))
-        server.kill()
-        await asyncio.to_thread(server.start)
-        await finish_and_verify(server, work, ledger, all_acked=True)
+        await fault()
+        await finish_and_verify(server, work, ledger, all_acked=all_acked)
     finally:
         server.kill()
+    return ledger
+
+
+@pytest.mark.parametrize("grpc", [False, pytest.param(True, marks=CHAOS_ONLY)], ids=["http", "grpc"])
+async def test_kill_9_of_a_server_loses_nothing(tmp_path: pathlib.Path, grpc: bool) -> None:
+    server = served(tmp_path)
+
+    async def kill_and_restart() -> None:
+        server.kill()
+        await asyncio.to_thread(server.start)
+
+    await under_load(server, kill_and_restart, grpc=grpc)
 
 
 @CHAOS_ONLY
 async def test_kill_9_of_one_worker_loses_nothing(tmp_path: pathlib.Path) -> None:
     server = served(tmp_path, None, "--workers", "2")
-    process = await asyncio.to_thread(server.start)
-    ledger = Ledger()
-    work = load(server, ledger)
-    try:
-        await work.start()
-        await ledger.reached(progressed(WRITERS * 2))
-        line = next(line for line in process.stdout if line.startswith("acp-ready "))
-        victim = int(line.split('"workers": [')[1].split(",")[0])
-        os.kill(victim, signal.SIGKILL)
-        await finish_and_verify(server, work, ledger, all_acked=True)
-    finally:
-        server.kill()
+
+    async def kill_a_worker() -> None:
+        assert server.process is not None
+        line = next(line for line in server.process.stdout if line.startswith("acp-ready "))
+        os.kill(int(line.split('"workers": [')[1].split(",")[0]), signal.SIGKILL)
+
+    await under_load(server, kill_a_worker)
 
 
 @CHAOS_ONLY
 async def test_kill_9_of_the_whole_group_loses_nothing(tmp_path: pathlib.Path) -> None:
     server = served(tmp_path, None, "--workers", "2")
-    await asyncio.to_thread(server.start)
-    ledger = Ledger()
-    work = load(server, ledger)
-    try:
-        await work.start()
-        await ledger.reached(progressed(WRITERS * 2))
+
+    async def kill_and_restart() -> None:
         server.kill()
         await asyncio.to_thread(server.start)
-        await finish_and_verify(server, work, ledger, all_acked=True)
-    finally:
-        server.kill()
+
+    await under_load(server, kill_and_restart)
 
 
 # SIGTERM with long calls in flight ----------------------------------------------------------

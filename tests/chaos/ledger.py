@@ -124,6 +124,9 @@ class Load:
         self.http_url, self.grpc_target = http_url, grpc_target
         self.writers, self.per_writer = writers, per_writer
         self.sessions: list[str] = []
+        # Calls sent and not yet answered (a case waits for every writer to have one).
+        self.in_flight = 0
+        self._all_writing = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -141,12 +144,23 @@ class Load:
         async with self._client() as client:
             for n in range(self.per_writer):
                 text = f"w{index}-{n}"
+                self.in_flight += 1
+                if self.in_flight >= self.writers:
+                    self._all_writing.set()
                 try:
                     await client.call("session.tell", session_id=session_id, content=text)
                 except ACPError as err:
                     self.ledger.note(Outcome(text, session_id, classify(err), err))
                 else:
                     self.ledger.note(Outcome(text, session_id, "acked"))
+                finally:
+                    self.in_flight -= 1
+
+    async def all_writing(self) -> None:
+        """Until every writer has a call sent and not answered (bounded)."""
+        self._all_writing.clear()
+        if self.in_flight < self.writers:
+            await asyncio.wait_for(self._all_writing.wait(), 120)
 
     async def finish(self) -> None:
         await asyncio.gather(*self._tasks)

@@ -7,7 +7,7 @@ THIRD_PARTY := .build/third_party
 RELEASED_IMAGE := proto/released/acp-1.1.binpb
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup serve test browser postgres fuzz chaos lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick bench-tools release-image clean
+.PHONY: setup serve test test-loops browser postgres programs newest-protobuf fuzz chaos lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick bench-tools release-image clean
 
 setup: $(STAMP)
 
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/agents serve --state-dir .acp $(SERVE_FLAGS)
 
-test: $(STAMP) browser postgres
+test: $(STAMP) browser postgres programs newest-protobuf
 	$(MAKE) --no-print-directory lint typecheck buf-lint gen-check buf-breaking import-lint pytest
 
 # Debian's Chromium for the console tests (Playwright drives it; `playwright install` is
@@ -34,6 +34,33 @@ browser:
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null \
 		|| echo "!!! test: could not install chromium: the browser tests will skip (fail under CI=true)"; \
 	else echo "!!! test: $(CHROMIUM) is missing and apt-get cannot run here: the browser tests will skip (fail under CI=true)"; fi
+
+# strace (the fsync durability test), curl (foreign clients) and openssl (TLS certificates):
+# installed when missing and apt-get may run (as root); otherwise the tests needing them skip,
+# which the test run's header says loudly, and under CI=true they fail (tests/needs.py).
+PROGRAMS := strace curl openssl
+programs:
+	@missing=""; for p in $(PROGRAMS); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "test: installing$$missing for the tests that drive them"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; } >/dev/null \
+		|| echo "!!! test: could not install$$missing: the tests needing them will skip (fail under CI=true)"; \
+	else echo "!!! test:$$missing missing and apt-get cannot run here: the tests needing them will skip (fail under CI=true)"; fi
+
+# The newest protobuf release pyproject.toml's pin allows, for
+# tests/contract/test_codec_fast_newest_protobuf.py: installed here from the package index,
+# never during a test. Without the index the one there is kept (or the test skips, loudly,
+# and fails under CI=true).
+NEWEST_PROTOBUF := .build/newest-protobuf
+newest-protobuf: $(STAMP)
+	@mkdir -p .build && rm -rf $(NEWEST_PROTOBUF).tmp; \
+	pin=$$($(BIN)/python -c "import re, tomllib; print(next(d for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'] if re.match(r'protobuf\s*[<>=!~]', d)))"); \
+	if $(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --only-binary :all: \
+		--timeout 20 --retries 1 --target $(NEWEST_PROTOBUF).tmp "$$pin" >.build/newest-protobuf.log 2>&1; then \
+		rm -rf $(NEWEST_PROTOBUF) && mv $(NEWEST_PROTOBUF).tmp $(NEWEST_PROTOBUF); \
+	else rm -rf $(NEWEST_PROTOBUF).tmp; \
+		echo "!!! test: could not install $$pin (.build/newest-protobuf.log): the newest-protobuf test uses what $(NEWEST_PROTOBUF) holds, or skips (fails under CI=true)"; fi
 
 # The local PostgreSQL for the PostgreSQL tests (tests/postgres.py): started when it is
 # installed but stopped and we may (root); otherwise those tests skip, which the run says
@@ -91,6 +118,12 @@ import-lint: $(STAMP)
 # pytest exits 5 when it collects nothing: that must fail, never pass as green.
 pytest: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The whole suite the other way round from `make test`: in-process tests on uvloop, the
+# servers tests start (agents serve subprocesses) on asyncio's loop. Together with `make
+# test` every test has run on both loops (docs/testing.md).
+test-loops: $(STAMP) browser postgres programs newest-protobuf
+	ACP_TEST_LOOP=uvloop ACP_LOOP=asyncio $(BIN)/python -m pytest
 
 # The fuzz tests with many more examples than `make test` runs (ACP_FUZZ_EXAMPLES there: 4).
 FUZZ_EXAMPLES ?= 200

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from bench import (
     actors,
     idempotency,
+    layers,
     local,
     memory,
     neighbours,
@@ -24,6 +25,7 @@ from bench import (
     storage,
     streams,
     unary,
+    upstream,
     workers,
 )
 from bench.modes import FULL, QUICK, SMOKE
@@ -32,6 +34,8 @@ from bench.run import Run
 FAMILIES: dict[str, Callable[[Run], None]] = {
     "local": lambda run: asyncio.run(local.run_all(run)),
     "unary": unary.run_all,
+    # agents gateway --upstream in front of agents serve, against its in-process gateway.
+    "upstream": upstream.run_all,
     "streams": streams.run_all,
     "memory": memory.run_all,
     "neighbours": neighbours.run_all,
@@ -45,6 +49,8 @@ FAMILIES: dict[str, Callable[[Run], None]] = {
     "idempotency": idempotency.run_all,
     # agents serve --workers 2 against one worker: event latency across them, CPU per request.
     "workers": workers.run_all,
+    # Each layer written under a library against that library's supported path (bench/layers.py).
+    "layers": layers.run_all,
 }
 
 DEFAULT_OUT = pathlib.Path(__file__).parent / "results.json"

@@ -87,8 +87,9 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-async def serve_asgi(app: Any) -> None:
-    """uvicorn with the settings ``gateway.server.Server`` gives it, on the default loop."""
+async def serve_asgi(app: Any, **settings: Any) -> None:
+    """uvicorn with the settings ``gateway.server.Server`` gives it (and ``settings``), on
+    the running loop."""
     sock = listening_socket()
     config = uvicorn.Config(
         app,
@@ -97,6 +98,7 @@ async def serve_asgi(app: Any) -> None:
         access_log=False,
         server_header=False,
         timeout_graceful_shutdown=1,
+        **settings,
     )
     server = _Uvicorn(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -97,6 +97,12 @@ class CallContext:
                 {"namespace": namespace, "principal": principal.name},
             )
 
+    def may_see(self, namespace: str) -> bool:
+        """Whether an entity the caller found by id lies in a namespace it may use. One it may
+        not use answers as an unknown id does (NOT_FOUND), so ids tell nothing of other
+        namespaces; a namespace the caller names itself is refused by ``authorize``."""
+        return self.require_principal().may_use(namespace)
+
     def namespace(self, requested: str) -> str:
         """The namespace a request names (default ``default``), once authorized."""
         namespace = requested or DEFAULT_NAMESPACE

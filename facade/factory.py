@@ -38,10 +38,14 @@ from cleveragents.acp.facade.handlers.sessions import SessionHandlers
 from cleveragents.acp.facade.idempotency import DEFAULT_RETENTION_SECONDS, Idempotency
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
 from cleveragents.acp.facade.store.base import DEFAULT_WRITE_TIMEOUT, Store, StoreObserver
+from cleveragents.acp.facade.store.pg_urls import db_problem as db_problem
 from cleveragents.acp.facade.store.pg_urls import is_postgres_url, redacted
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, PeerChannel
 from cleveragents.acp.v1 import context_pb2, plan_pb2, session_pb2
+
+# Seconds a PostgreSQL transaction may wait on its replica before the server ends it.
+IDLE_ENV = "ACP_STORE_IDLE_TRANSACTION_SECONDS"
 
 
 def default_db_path() -> str | pathlib.Path:
@@ -97,7 +101,9 @@ def open_store(db: str | pathlib.Path, *, peers: PeerChannel | None = None) -> S
     lock another process (or replica) holds before it fails with STORE_BUSY;
     ``$ACP_EVENT_WAKEUP_MS`` is how often an event follower looks for other processes'
     commits to a SQLite file (default 20; the workers of one server also wake each other at
-    once through ``peers``). PostgreSQL wakes followers by LISTEN/NOTIFY instead."""
+    once through ``peers``). PostgreSQL wakes followers by LISTEN/NOTIFY instead, and
+    ``$ACP_STORE_IDLE_TRANSACTION_SECONDS`` (default 10) bounds how long a replica that
+    stopped answering inside a transaction keeps its locks (pg_settings.py)."""
     write_timeout = _env_number("ACP_STORE_WRITE_TIMEOUT_SECONDS", float)
     if write_timeout is not None and not 0 < write_timeout <= 3600:
         raise ValueError(f"$ACP_STORE_WRITE_TIMEOUT_SECONDS must be in (0, 3600], not {write_timeout}")
@@ -105,11 +111,19 @@ def open_store(db: str | pathlib.Path, *, peers: PeerChannel | None = None) -> S
     if tick is not None and not 0.1 <= tick <= 1000:
         raise ValueError(f"$ACP_EVENT_WAKEUP_MS must be in [0.1, 1000], not {tick}")
     timeout = DEFAULT_WRITE_TIMEOUT if write_timeout is None else write_timeout
+    problem = db_problem(db)
+    if problem is not None:
+        raise ValueError(problem)
     if isinstance(db, str) and is_postgres_url(db):
+        idle = _env_number(IDLE_ENV, float)
+        if idle is not None and not 0 < idle <= 3600:
+            raise ValueError(f"${IDLE_ENV} must be in (0, 3600], not {idle}")
         # Imported here: psycopg costs a server on the SQLite default ~10 MiB it never uses.
         from cleveragents.acp.facade.store.postgres import PostgresStore
 
-        return PostgresStore(db, write_timeout=timeout)
+        if idle is None:
+            return PostgresStore(db, write_timeout=timeout)
+        return PostgresStore(db, write_timeout=timeout, idle_timeout=idle)
     return SQLiteStore(
         db,
         write_timeout=timeout,

@@ -277,19 +277,34 @@ class ServiceFacade:
             await close_iterator(iterator)
 
     def _recheck(self, ctx: CallContext) -> None:
-        """Raise AUTH_REQUIRED when the stream's principal is no longer admitted."""
-        if self.authenticator is None or ctx.principal is None:
+        """Raise AUTH_REQUIRED when the stream's principal is no longer admitted, and
+        AUTH_FORBIDDEN when the operator took a namespace from it: the stream was opened
+        over the namespaces it had, so it ends and a new one sees only what is left."""
+        opened = ctx.principal
+        if self.authenticator is None or opened is None:
             return
+        now: Principal | None
         if ctx.ticket is None:
-            self.authenticator.authenticate(ctx.token)
-            return
-        lookup = self.authenticator
-        if isinstance(lookup, PrincipalLookup) and lookup.principal_named(ctx.principal.name) is None:
+            now = self.authenticator.authenticate(ctx.token)
+        else:
+            lookup = self.authenticator
+            if not isinstance(lookup, PrincipalLookup):
+                return
+            now = lookup.principal_named(opened.name)
+            if now is None:
+                raise ACPError(
+                    ErrorCode.AUTH_REQUIRED,
+                    f"principal {opened.name!r} is no longer known (revoked, removed or expired)",
+                    {"scheme": "Bearer", "principal": opened.name},
+                    refinement="PRINCIPAL_REVOKED",
+                )
+        lost = _lost_namespaces(opened, now)
+        if lost:
             raise ACPError(
-                ErrorCode.AUTH_REQUIRED,
-                f"principal {ctx.principal.name!r} is no longer known (revoked, removed or expired)",
-                {"scheme": "Bearer", "principal": ctx.principal.name},
-                refinement="PRINCIPAL_REVOKED",
+                ErrorCode.AUTH_FORBIDDEN,
+                f"principal {opened.name!r} may no longer use namespaces {lost}",
+                {"principal": opened.name, "namespaces": lost},
+                refinement="PRINCIPAL_NARROWED",
             )
 
     def start(self) -> None:
@@ -305,6 +320,16 @@ class ServiceFacade:
             await self.idempotency.close()
         for resource in reversed(self._resources):
             await resource.close()
+
+
+def _lost_namespaces(opened: Principal, now: Principal) -> list[str]:
+    """The namespaces ``opened`` had and ``now`` lacks (``*``: it had every namespace, and
+    now has only some)."""
+    if now.namespaces is None:
+        return []
+    if opened.namespaces is None:
+        return ["*"]
+    return sorted(opened.namespaces - now.namespaces)
 
 
 class _Watch:

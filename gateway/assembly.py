@@ -10,7 +10,6 @@ comes from the caller (``connect``): the gateway never imports a client.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import logging
@@ -36,6 +35,7 @@ from cleveragents.acp.facade.factory import (
 )
 from cleveragents.acp.facade.handlers.meta import server_build
 from cleveragents.acp.facade.service_facade import ServiceFacade
+from cleveragents.acp.gateway import loops
 from cleveragents.acp.gateway.http.app import GatewaySettings
 from cleveragents.acp.gateway.http.protocol import ConnectionLimits
 from cleveragents.acp.gateway.server import (
@@ -53,6 +53,7 @@ from cleveragents.acp.gateway.settings import (
     SettingsError,
     load,
 )
+from cleveragents.acp.gateway.upstream import unreachable
 
 DEV_PRINCIPAL = "dev"
 DEV_NAMESPACE = "default"
@@ -177,7 +178,8 @@ def prepare(flags: Mapping[str, Any], config: pathlib.Path | None) -> Prepared |
     a refusal (already reported on stderr)."""
     try:
         settings = _settings(flags, config, ServeSettings)
-    except SettingsError as exc:
+        loops.resolve(settings.loop)
+    except (SettingsError, loops.LoopUnavailableError) as exc:
         return _fail("serve", str(exc))
     state_dir: pathlib.Path | None = settings.state_dir
     tokens: pathlib.Path | None = settings.tokens
@@ -248,7 +250,7 @@ def serve(flags: Mapping[str, Any], config: pathlib.Path | None) -> int:
     # load no longer walk it. They had made the envelope's p99 63 ms at p50 5 ms
     # (gateway_envelope_p99_ratio 12, 2.1 with the freeze; docs/benchmarks.md).
     gc.freeze()
-    return asyncio.run(_serve(prepared))
+    return loops.run(_serve(prepared), loops.resolve(prepared.settings.loop))
 
 
 def first_token(prepared: Prepared) -> str | None:
@@ -264,7 +266,9 @@ def banner(
     """What a started server prints before its ready line."""
     config = prepared.config
     lines = [
-        "ACP server listening" + (f" ({workers} workers)" if workers > 1 else ""),
+        "ACP server listening"
+        + (f" ({workers} workers)" if workers > 1 else "")
+        + f" on the {loops.resolve(prepared.settings.loop)} event loop",
         f"  HTTP    {addresses.http_url}   (agents --server {addresses.http_url}; "
         f"envelope: POST {addresses.http_url}/api/v1/acp)",
         f"  console {addresses.http_url}/   (API docs: {addresses.http_url}/api/v1/docs)",
@@ -326,26 +330,40 @@ def gateway(flags: Mapping[str, Any], config: pathlib.Path | None, connect: Conn
         root = settings.upstream_ca.read_bytes() if settings.upstream_ca is not None else None
     except (ValueError, ServeError, OSError) as exc:
         return _fail("gateway", str(exc))
-    return asyncio.run(_gateway(server, settings.upstream, connect, tls, root))
+    try:
+        loop = loops.resolve(settings.loop)
+    except loops.LoopUnavailableError as exc:
+        return _fail("gateway", str(exc))
+    return loops.run(_gateway(server, settings.upstream, connect, tls, root), loop)
 
 
 async def _gateway(
     config: ServerConfig, upstream: str, connect: Connect, tls: bool, root: bytes | None
 ) -> int:
     # Inside the loop: a grpc.aio channel belongs to the loop it is made in.
-    server = Server(config, upstream=connect(upstream, tls, root))
+    transport = connect(upstream, tls, root)
+    server = Server(config, upstream=transport)
     try:
         addresses = await server.start()
     except ServeError as exc:
         return _fail("gateway", str(exc))
     server.install_signal_handlers()
     try:
+        problem = await unreachable(transport)
         print(
-            f"ACP gateway listening\n"
+            f"ACP gateway listening on the {loops.running()} event loop\n"
             f"  HTTP    {addresses.http_url}   (agents --server {addresses.http_url})\n"
-            f"  console {addresses.http_url}/\n  upstream {upstream}",
+            f"  console {addresses.http_url}/\n  upstream {upstream}"
+            + ("   (NOT REACHABLE now)" if problem else ""),
             flush=True,
         )
+        if problem:
+            print(
+                f"agents gateway: warning: the upstream {upstream} cannot be reached ({problem}); "
+                "every call answers INTERNAL_ERROR (grpc_code UNAVAILABLE, retryable) until it can",
+                file=sys.stderr,
+                flush=True,
+            )
         print(ready_line(addresses.http_url, None), flush=True)
         await server.wait()
     finally:

@@ -30,6 +30,7 @@ from grpc_health.v1._async import HealthServicer
 from cleveragents.acp.contract.transport import Service, Transport
 from cleveragents.acp.facade.service_facade import Closeable, ServiceFacade
 from cleveragents.acp.gateway.grpc import server as grpc_server
+from cleveragents.acp.gateway.grpc.connections import ConnectionGuard
 from cleveragents.acp.gateway.http import protocol
 from cleveragents.acp.gateway.http.app import GatewayApp, GatewaySettings, build_app
 from cleveragents.acp.gateway.http.protocol import ConnectionLimits
@@ -192,6 +193,8 @@ class Server:
         self._socket: socket.socket | None = None
         self._metrics_server: _Uvicorn | None = None
         self._metrics_task: asyncio.Task[None] | None = None
+        # The gRPC port's connection sweep (gateway/grpc/connections.py).
+        self._guard_task: asyncio.Task[None] | None = None
         self.app: GatewayApp | None = None
         self.metrics_url: str | None = None
         self.addresses: Addresses | None = None
@@ -308,11 +311,13 @@ class Server:
     async def _start_grpc(self) -> str | None:
         if self.config.grpc_port is None or (self.facade is None and self._stand_in is None):
             return None
+        guard = ConnectionGuard(self.config.connections)
         self._grpc, self._health = grpc_server.build_server(
             self.service,
             closing=self.closing,
             max_message_bytes=self.config.http.max_body_bytes,
             reuse_port=self.config.reuse_port,
+            guard=guard,
         )
         address = f"{_url_host(self.config.host)}:{self.config.grpc_port}"
         try:
@@ -322,6 +327,8 @@ class Server:
         except OSError as exc:
             raise ServeError(str(exc)) from None
         await self._grpc.start()
+        guard.port = port
+        self._guard_task = asyncio.create_task(guard.run())
         health = self._health
         self.observability.readiness.changed.append(lambda ready: grpc_server.mark_serving(health, ready))
         return f"{_url_host(self.config.host)}:{port}"
@@ -394,6 +401,11 @@ class Server:
                 log.warning("grace period over: %d call(s) still running were cut", cut)
 
     async def _close_backend(self) -> None:
+        if self._guard_task is not None:
+            self._guard_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._guard_task
+            self._guard_task = None
         try:
             for resource in reversed(self.resources):
                 await resource.close()

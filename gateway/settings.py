@@ -62,6 +62,8 @@ class HTTPSettings(BaseModel):
     access_log: bool = True
     # None: /metrics on the HTTP port, to loopback clients only.
     metrics_port: Port | None = None
+    # auto: uvloop where it is installed, asyncio's own loop elsewhere (gateway/loops.py).
+    loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
     @field_validator("cors_origins", mode="before")
     @classmethod
@@ -71,7 +73,7 @@ class HTTPSettings(BaseModel):
             return tuple(item.strip() for item in value.split(",") if item.strip())
         return value
 
-    @field_validator("log_level", "log_format", mode="before")
+    @field_validator("log_level", "log_format", "loop", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value

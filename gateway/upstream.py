@@ -14,13 +14,15 @@ attempt may get past it, ``details.retryable``, instead of after the transport's
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from google.protobuf import message
 
+from cleveragents.acp.contract import catalog, envelope
 from cleveragents.acp.contract.call import CallContext, Reply
 from cleveragents.acp.contract.catalog import Operation
-from cleveragents.acp.contract.errors import TransportError
+from cleveragents.acp.contract.errors import ACPError, TransportError
 from cleveragents.acp.contract.retry import RetryPolicy, retryable
 from cleveragents.acp.contract.transport import CallOptions, Transport
 
@@ -72,3 +74,23 @@ class TransportService:
 
     async def close(self) -> None:
         await self.transport.close()
+
+
+async def unreachable(transport: Transport, seconds: float = 5.0) -> str | None:
+    """Why the upstream cannot be reached now (None: it answered, even with an error). The
+    gateway starts anyway, as an upstream may come later, but says so at once rather than
+    at the first caller's INTERNAL_ERROR."""
+    op = catalog.OPERATIONS["meta.version"]
+    options = CallOptions(
+        acp_version=None, token=None, request_id=envelope.new_request_id(), retry=RetryPolicy.OFF
+    )
+    try:
+        async with asyncio.timeout(seconds):
+            await transport.call(op, op.request_type(), options)
+    except TimeoutError:
+        return f"no answer in {seconds:g} s"
+    except TransportError as exc:
+        return exc.message
+    except ACPError:
+        return None
+    return None

@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cleveragents.acp.facade.factory import WorkerSlot
-from cleveragents.acp.gateway import assembly
+from cleveragents.acp.gateway import assembly, loops
 from cleveragents.acp.gateway.server import Addresses, ServeError, Server, ServerConfig, bind_socket
 from cleveragents.acp.gateway.settings import ServeSettings
 
@@ -373,7 +373,8 @@ def worker_main(raw: str) -> int:
         metrics_port=metrics_port + index if metrics_port else metrics_port,
     )
     slot = WorkerSlot(pathlib.Path(spec["directory"]), index, int(spec["count"]))
-    return asyncio.run(_work(prepared, config, slot, ready_fd))
+    # assembly.prepare checked the choice (in the parent, and here again).
+    return loops.run(_work(prepared, config, slot, ready_fd), loops.resolve(prepared.settings.loop))
 
 
 async def _work(prepared: assembly.Prepared, config: ServerConfig, slot: WorkerSlot, ready_fd: int) -> int:

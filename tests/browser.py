@@ -12,6 +12,8 @@ import importlib.util
 import os
 import pathlib
 
+from tests import needs
+
 CHROMIUM = pathlib.Path(os.environ.get("ACP_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
     "--headless",
@@ -31,14 +33,6 @@ def missing() -> str | None:
     return None
 
 
-def required() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
-
-
 def header() -> str | None:
     reason = missing()
-    if reason is None:
-        return None
-    if required():
-        return f"!!! BROWSER TESTS WILL FAIL (CI=true): {reason}"
-    return f"!!! BROWSER TESTS SKIPPED: {reason}"
+    return None if reason is None else needs.loud("BROWSER TESTS", reason)

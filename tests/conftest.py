@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import pathlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
 
@@ -11,15 +14,32 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
-from tests import browser
+from cleveragents.acp.gateway import loops
+from tests import browser, needs
 from tests.server_process import Children
 
 # tests.postgres: the pg_url fixture (a fresh PostgreSQL schema per test) and its header line.
 pytest_plugins = ["tests.hygiene", "tests.postgres"]
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
-    return browser.header()
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Loud lines for the tests that will skip (fail under CI=true) for want of something."""
+    return [line for line in (browser.header(), *needs.header()) if line is not None]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    needs.summary(terminalreporter)
+
+
+# In-process tests run on asyncio's loop unless ACP_TEST_LOOP=uvloop (``make test-loops``,
+# which also serves the subprocess servers on asyncio's: every test then ran on both).
+TEST_LOOP: loops.Loop = "uvloop" if os.environ.get("ACP_TEST_LOOP") == "uvloop" else "asyncio"
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    return {TEST_LOOP: loops.factory(TEST_LOOP)}
 
 
 WEB_TESTS = pathlib.Path(__file__).parent / "gateway" / "web"

@@ -45,6 +45,8 @@ class Stream:
     end: str = "done"
     # Answer only once this is set (a test holds a call in flight for as long as it needs).
     hold: asyncio.Event | None = None
+    # With ``hold``: send this many chunks first, then wait for it (a stream held midway).
+    hold_after: int = 0
 
 
 @dataclass
@@ -301,7 +303,7 @@ class FakeOpenAI:
             await writer.drain()
             self.busy_seconds += time.perf_counter() - started
             return True
-        if answer.hold is not None:
+        if answer.hold is not None and not answer.hold_after:
             await answer.hold.wait()
             started = time.perf_counter()
         writer.write(
@@ -315,6 +317,8 @@ class FakeOpenAI:
         for index, item in enumerate(answer.chunks):
             if index and answer.delay:
                 await asyncio.sleep(answer.delay)
+            if answer.hold is not None and answer.hold_after and index == answer.hold_after:
+                await answer.hold.wait()
             mark = time.perf_counter()
             # Raw chunks may carry {now}: the time they are written (benchmarks).
             data = (

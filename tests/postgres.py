@@ -20,6 +20,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests import needs
+
 URL = os.environ.get("ACP_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 SKIPPED = "PostgreSQL not reachable"
 HOW = (
@@ -40,38 +42,22 @@ def missing() -> str | None:
     return None
 
 
-def required() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
-
-
 def header() -> str | None:
     reason = missing()
     if reason is None:
         return f"postgres: tests use {URL}, one schema per test"
-    if required():
-        return f"!!! POSTGRESQL TESTS WILL FAIL (CI=true): {reason}"
-    return f"!!! POSTGRESQL TESTS SKIPPED: {reason}"
+    return needs.loud("POSTGRESQL TESTS", reason)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     return header()
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The loud line again at the end, where a quiet (``-q``) run shows it, when PostgreSQL
-    tests were skipped."""
-    skipped = terminalreporter.stats.get("skipped", [])
-    if any(SKIPPED in str(getattr(report, "longrepr", "")) for report in skipped):
-        terminalreporter.write_line(f"!!! POSTGRESQL TESTS SKIPPED: {missing()}", red=True, bold=True)
-
-
 def need() -> None:
     """Skip (fail under CI=true) the calling test when no PostgreSQL is reachable."""
     reason = missing()
     if reason is not None:
-        if required():
-            pytest.fail(f"PostgreSQL is required under CI=true: {reason}")
-        pytest.skip(f"{SKIPPED}: {reason}")
+        needs.unavailable(f"{SKIPPED}: {reason}")
 
 
 def with_schema(url: str, schema: str) -> str:

@@ -85,6 +85,9 @@ def test_a_built_wheel_carries_every_package_and_imports(tmp_path: pathlib.Path)
         timeout=300,
     )
     assert built.returncode == 0, built.stderr
+    # setuptools warned three times that a folder of the console's files was "absent from the
+    # `packages` configuration" and would one day be left out (issue 29).
+    assert "Warning" not in built.stderr, built.stderr
     (wheel,) = tmp_path.glob("cleveragents_acp-*.whl")
     unpacked = tmp_path / "site"
     with zipfile.ZipFile(wheel) as archive:

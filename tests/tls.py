@@ -1,25 +1,21 @@
 """A throw-away TLS certificate for 127.0.0.1 and localhost, made with openssl (a test that
-needs one skips when openssl is missing)."""
+needs one skips when openssl is missing, and fails under CI=true: tests/needs.py)."""
 
 from __future__ import annotations
 
 import pathlib
-import shutil
 import subprocess
 
-import pytest
-
-OPENSSL = shutil.which("openssl")
+from tests import needs
 
 
 def make_certificate(directory: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     """``(cert.pem, key.pem)`` in ``directory``: self-signed, one day, EC P-256."""
-    if OPENSSL is None:
-        pytest.skip("openssl is not installed")
+    openssl = needs.program("openssl")
     cert, key = directory / "cert.pem", directory / "key.pem"
     subprocess.run(
         [
-            OPENSSL,
+            openssl,
             "req",
             "-x509",
             "-newkey",

@@ -34,13 +34,14 @@ from cleveragents.acp.client.cli.connect import (
     resolve,
     retry_policy,
 )
-from cleveragents.acp.contract import catalog, codec, envelope, errors, versions
+from cleveragents.acp.contract import catalog, envelope, errors, versions
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, TransportError
 from cleveragents.acp.contract.retry import Retrying, RetryPolicy
 from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.v1 import events_pb2, plan_pb2, session_pb2
 
+EXIT_PLAN_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 12
 EXIT_INTERRUPTED = 130
@@ -108,11 +109,16 @@ class LocalStoreError(Exception):
 def _reason(exc: ACPError) -> str:
     """The short cause of a failed connection: "Connection refused", "Name or service not
     known": the innermost OS error behind the transport's, else the end of its message."""
+    import ssl
+
     reason = ""
     cause: BaseException | None = exc
     for _ in range(10):
         if cause is None:
             break
+        if isinstance(cause, ssl.SSLError):
+            # Its errno is OpenSSL's (1), which strerror would call "Operation not permitted".
+            return _tls_reason(cause)
         if isinstance(cause, OSError) and (cause.strerror or cause.errno):
             reason = os.strerror(cause.errno) if cause.errno and cause.errno > 0 else str(cause.strerror)
         cause = cause.__cause__ or cause.__context__
@@ -120,6 +126,18 @@ def _reason(exc: ACPError) -> str:
         return reason
     text = exc.message.rsplit(": ", 1)[-1]
     return re.sub(r"^\[Errno -?\d+\]\s*", "", text).strip(" []")
+
+
+# What OpenSSL reports when the other end answers a TLS hello with plain text.
+_NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "HTTP_REQUEST", "UNKNOWN_PROTOCOL"})
+
+
+def _tls_reason(exc: OSError) -> str:
+    name = str(getattr(exc, "reason", "") or "")
+    if name in _NOT_TLS:
+        return "TLS handshake failed: the server does not speak TLS; is its URL http:// rather than https://?"
+    detail = getattr(exc, "verify_message", None) or name or exc.strerror or str(exc)
+    return f"TLS handshake failed: {detail}"
 
 
 def call_options(conn: Connection) -> CallOptions:
@@ -182,15 +200,15 @@ class Printer:
 
     def response(self, response: message.Message, request_id: str, started: float) -> None:
         if option(self.args, "value"):
-            value = _pick(codec.to_dict(response), option(self.args, "value"))
+            value = _pick(render.data(response), option(self.args, "value"))
             text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
             self.out.write(f"{text}\n")
         elif option(self.args, "envelope"):
-            data = codec.to_dict(response)
+            data = render.data(response)
             elapsed = (time.monotonic() - started) * 1000
             self.out.write(json.dumps(envelope.ok(self._version(), request_id, data, elapsed)) + "\n")
         elif option(self.args, "json"):
-            self.out.write(json.dumps(codec.to_dict(response), indent=2, ensure_ascii=False) + "\n")
+            self.out.write(json.dumps(render.data(response), indent=2, ensure_ascii=False) + "\n")
         else:
             render.human(response, self.out, color=self.out.isatty())
         self.out.flush()
@@ -198,10 +216,10 @@ class Printer:
     def item(self, item: message.Message) -> None:
         """One item of a stream: a JSON line (``--value``: the value), or a line for people."""
         if option(self.args, "value"):
-            value = _pick(codec.to_dict(item), option(self.args, "value"))
+            value = _pick(render.data(item), option(self.args, "value"))
             self.out.write(f"{value if isinstance(value, str) else json.dumps(value)}\n")
         elif option(self.args, "json") or option(self.args, "envelope"):
-            self.out.write(json.dumps(codec.to_dict(item), ensure_ascii=False) + "\n")
+            self.out.write(json.dumps(render.data(item), ensure_ascii=False) + "\n")
         elif isinstance(item, events_pb2.SubscribeEventsResponse):
             if not self.headed:
                 self.out.write(render.event_header() + "\n")
@@ -210,6 +228,17 @@ class Printer:
         else:
             render.human(item, self.out, color=self.out.isatty())
         self.out.flush()
+
+    def event(self, event: events_pb2.Event) -> None:
+        """One event of ``events watch``: with ``--json`` the event itself, one a line, its
+        sequence a number (proto JSON writes int64 as a string) so ``jq`` compares it."""
+        if option(self.args, "json") and not option(self.args, "value"):
+            data = render.data(event)
+            data["sequence"] = event.sequence
+            self.out.write(json.dumps(data, ensure_ascii=False) + "\n")
+            self.out.flush()
+        else:
+            self.item(events_pb2.SubscribeEventsResponse(event=event))
 
     def error(self, exc: ACPError, request_id: str, started: float) -> None:
         if option(self.args, "envelope"):
@@ -254,6 +283,22 @@ def _wants_progress(op: Operation, request: message.Message, err: TextIO) -> str
     return ""
 
 
+def _waited_outcome(request: message.Message, response: message.Message, err: TextIO) -> int:
+    """A call that waited for a plan's run (``plan execute --wait``) answers with the plan
+    even when the run failed: a script must not read that as success."""
+    if "wait" not in request.DESCRIPTOR.fields_by_name or not request.wait:  # type: ignore[attr-defined]
+        return 0
+    if "plan" not in response.DESCRIPTOR.fields_by_name:
+        return 0
+    plan: plan_pb2.Plan = response.plan  # type: ignore[attr-defined]
+    if plan.state not in (plan_pb2.PLAN_STATE_FAILED, plan_pb2.PLAN_STATE_CANCELLED):
+        return 0
+    state = render.short_enum(plan_pb2.Plan.DESCRIPTOR.fields_by_name["state"], plan.state)
+    why = f": {plan.last_error.code}: {plan.last_error.message}" if plan.last_error.code else ""
+    err.write(f"agents: plan {plan.meta.id} {state}{why}\n")
+    return EXIT_PLAN_FAILED
+
+
 async def _settle(err: TextIO) -> None:
     """Local mode: wait for the background tasks the call started (plan runs)."""
     current = asyncio.current_task()
@@ -293,7 +338,7 @@ async def _call(conn: Connection, op: Operation, request: message.Message, args:
         printer.response(response, options.request_id, started)
         if not (conn.server or conn.grpc):
             await _settle(sys.stderr)
-        return 0
+        return _waited_outcome(request, response, sys.stderr)
     except ACPError as exc:
         printer.error(exc, options.request_id, started)
         raise
@@ -417,7 +462,7 @@ async def watch(client: ACPClient, conn: Connection, args: argparse.Namespace) -
                 if event.sequence <= last:
                     continue
                 last = event.sequence
-                printer.item(events_pb2.SubscribeEventsResponse(event=event))
+                printer.event(event)
                 if done is not None and done(event):
                     return 0
             if not remote:

@@ -164,9 +164,35 @@ def resolve(args: argparse.Namespace) -> Connection:
         raise ConfigError(f"server {server!r}: expected a URL such as http://127.0.0.1:8080")
     if server:
         values["server"] = server_origin(server)
+    _check_grpc(values["grpc"])
+    if values["token"] and not (server or values["grpc"]):
+        raise ConfigError(
+            "a token is for a server, but neither --server URL nor --grpc HOST:PORT is given "
+            "(local mode has no authentication)"
+        )
+    if values["db"] and "://" in values["db"]:
+        # Imported only here: the facade is heavy, and most commands give no URL.
+        from cleveragents.acp.facade.factory import db_problem
+
+        problem = db_problem(values["db"])
+        if problem is not None:
+            raise ConfigError(problem)
     conn = Connection(**values)
     retry_policy(conn)
     return conn
+
+
+# gRPC's own name-resolver schemes (``dns:///host:port``, ``unix:///path``) are targets too.
+_GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:")
+
+
+def _check_grpc(target: str | None) -> None:
+    """``--grpc http://host:port`` is not a gRPC target: refused, rather than retried."""
+    if target and "://" in target and not target.startswith(_GRPC_SCHEMES):
+        raise ConfigError(
+            f"gRPC address {target!r}: expected HOST:PORT such as 127.0.0.1:50051, not a URL "
+            "(an http:// or https:// URL is for --server)"
+        )
 
 
 def retry_policy(conn: Connection, notify: Callable[[Retrying], None] | None = None) -> RetryPolicy:

@@ -44,8 +44,9 @@ examples:
   agents --server http://127.0.0.1:8080 --token TOKEN plan list
   agents serve --state-dir .acp                 run the server, printing a token (docs/server.md)
 
-exit status: 0 success, 2 bad usage, {codes[0]}-{codes[-1]} one per ACP error code,
-{calls.EXIT_UNREACHABLE} server unreachable, {calls.EXIT_INTERRUPTED} interrupted (docs/cli.md)."""
+exit status: 0 success, {calls.EXIT_PLAN_FAILED} the plan a --wait waited for failed or was cancelled,
+2 bad usage, {codes[0]}-{codes[-1]} one per ACP error code, {calls.EXIT_UNREACHABLE} server unreachable,
+{calls.EXIT_INTERRUPTED} interrupted (docs/cli.md)."""
 
 
 class Parser(argparse.ArgumentParser):

@@ -7,6 +7,7 @@ so a new operation renders sensibly with no code here.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from typing import Any, TextIO, cast
@@ -74,6 +75,49 @@ def _columns(item: descriptor.Descriptor) -> list[tuple[str, Callable[[Any], str
     return columns
 
 
+_JSON_VALUES = frozenset({"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"})
+_EXACT = 2**53
+
+
+def _whole(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) < _EXACT:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _whole(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_whole(item) for item in value]
+    return value
+
+
+def _whole_numbers(data: dict[str, Any], desc: descriptor.Descriptor) -> dict[str, Any]:
+    for field in desc.fields:
+        nested = field.message_type
+        if nested is None or field.name not in data:
+            continue
+        value = data[field.name]
+        if nested.full_name in _JSON_VALUES:
+            data[field.name] = _whole(value)
+        elif is_map(field):
+            inner = nested.fields_by_name["value"].message_type
+            if inner is not None and inner.full_name in _JSON_VALUES:
+                data[field.name] = _whole(value)
+            elif inner is not None:
+                data[field.name] = {k: _whole_numbers(v, inner) for k, v in value.items()}
+        elif not nested.full_name.startswith("google.protobuf."):
+            if field.is_repeated:
+                data[field.name] = [_whole_numbers(item, nested) for item in value]
+            else:
+                data[field.name] = _whole_numbers(value, nested)
+    return data
+
+
+def data(msg: message.Message) -> dict[str, Any]:
+    """The message's proto JSON, with the whole numbers of its JSON values (``Struct``,
+    ``Value``) as integers: a Struct holds every number as a double, which Python prints
+    ``2.0`` (an export's ``"message_count": 2.0``, a plan's ``"level": 2.0``)."""
+    return _whole_numbers(codec.to_dict(msg), cast(descriptor.Descriptor, msg.DESCRIPTOR))
+
+
 def table(items: list[message.Message], item_type: descriptor.Descriptor, out: TextIO, style: Style) -> None:
     columns = _columns(item_type)
     rows = [[render_cell(m) for _, render_cell in columns] for m in items]
@@ -112,7 +156,9 @@ def tree(response: plan_pb2.GetPlanTreeResponse, out: TextIO, style: Style) -> N
             last = i == len(nodes) - 1
             branch = "└─ " if last else "├─ "
             mark = style(_DIM, " (superseded)") if node.superseded else ""
-            out.write(f"{indent}{branch}{style(_BOLD, node.question)} -> {node.choice}{mark}\n")
+            # The id is what `plan correct PLAN_ID NODE_ID` takes.
+            node_id = style(_DIM, f" [{node.id}]")
+            out.write(f"{indent}{branch}{style(_BOLD, node.question)} -> {node.choice}{mark}{node_id}\n")
             deeper = indent + ("   " if last else "│  ")
             if node.rationale:
                 out.write(f"{deeper}{style(_DIM, node.rationale)}\n")
@@ -226,7 +272,7 @@ def human(response: message.Message, out: TextIO, *, color: bool) -> None:
         if token:
             out.write(style(_DIM, f"more: --page-token {token}") + "\n")
         return
-    _yaml(readable(codec.to_dict(response), cast(descriptor.Descriptor, response.DESCRIPTOR)), out)
+    _yaml(readable(data(response), cast(descriptor.Descriptor, response.DESCRIPTOR)), out)
 
 
 def _phase(number: int) -> str:
@@ -263,6 +309,10 @@ def detail(event: events_pb2.Event) -> str:
         text = content.splitlines()[0] if content else ""
     elif kind == "plan_error":
         text = f"{event.plan_error.error.code}: {event.plan_error.error.message}"
+    elif kind in ("session_text_delta", "plan_text_delta"):
+        delta: events_pb2.TextDelta = getattr(event, kind)
+        # Quoted, escapes shown: a piece is often a space or a line break.
+        text = f"{delta.actor} turn {delta.turn}: {json.dumps(delta.text, ensure_ascii=False)}"
     return text
 
 

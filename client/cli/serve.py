@@ -30,6 +30,11 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--host", help="address to listen on (ACP_HOST; default 127.0.0.1)")
     parser.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        help="event loop: auto is uvloop where installed, else asyncio's (ACP_LOOP; default auto)",
+    )
+    parser.add_argument(
         "--http-port", metavar="PORT", help="HTTP port, 0 for any (ACP_HTTP_PORT; default 8080)"
     )
     parser.add_argument(

@@ -17,7 +17,7 @@ from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import context_files, globs, session_records
+from cleveragents.acp.facade.domain import caller_work, context_files, globs, session_records
 from cleveragents.acp.facade.domain.context_files import FileText, NotAnItemError, PathEscapeError
 from cleveragents.acp.facade.domain.globs import matches_any
 from cleveragents.acp.facade.domain.registries import Registries
@@ -470,15 +470,17 @@ class Context:
         problem = self._folder_problem(namespace, resource.spec.path)
         if problem is not None:
             return [_Candidate(resource_id, "resource", None, problem)]
-        return _SourcePlace(source.resource, resource.spec.path, list(source.globs))
+        return _SourcePlace(namespace, source.resource, resource.spec.path, list(source.globs))
 
     @staticmethod
     async def _source_candidates(found: _SourcePlace | list[_Candidate]) -> list[_Candidate]:
-        """The source's files as candidates, read (and globbed) on a worker thread."""
+        """The source's files as candidates, read (and globbed: the caller shapes the walk) on
+        the caller-work pool."""
         if not isinstance(found, _SourcePlace):
             return found
         resource_id = f"resource:{found.resource}"
-        texts, matched = await asyncio.to_thread(_read_source, found.root, found.globs)
+        work = caller_work.CALLER_WORK
+        texts, matched = await work.run(found.namespace, _read_source, found.root, found.globs)
         candidates = [
             _Candidate(f"file:{found.resource}/{t.path}", "file", t.content, t.reason) for t in texts
         ]
@@ -508,6 +510,7 @@ class _FilePlace:
 class _SourcePlace:
     """A context source's folder and globs, checked against the registries."""
 
+    namespace: str
     resource: str
     root: str
     globs: list[str]

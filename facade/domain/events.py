@@ -256,6 +256,7 @@ class EventLog:
         what the store holds after the last delivered sequence."""
         wakeups = self._wakeups
         assert wakeups is not None
+        down = False
         try:
             while not self._closed:
                 wakeups.wait(self.poll_interval)
@@ -263,10 +264,24 @@ class EventLog:
                     return
                 try:
                     self._follow_once()
-                except Exception:
-                    # A store error (a locked or vanished file): the next wake-up or poll
-                    # reads again from the same sequence, so nothing is skipped.
-                    log.exception("the event follower could not read the store")
+                except Exception as exc:
+                    # A store error (a locked or vanished file, a database restarting): the
+                    # next wake-up or poll reads again from the same sequence, so nothing is
+                    # skipped. An outage is one line when it starts, not a traceback a poll.
+                    outage = self._store.outage(exc)
+                    if outage is None:
+                        log.exception("the event follower could not read the store")
+                    elif not down:
+                        log.warning(
+                            "the event follower cannot reach the store (%s); retrying every %g s",
+                            outage,
+                            self.poll_interval,
+                        )
+                    down = outage is not None
+                else:
+                    if down:
+                        log.warning("the event follower reaches the store again")
+                    down = False
         finally:
             wakeups.close()
 

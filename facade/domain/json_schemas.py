@@ -6,22 +6,121 @@ The ``jsonschema`` library matches ``pattern`` and ``patternProperties`` (also i
 has no way to swap the engine, so the validator classes here replace those four keywords;
 everything else is the library's. A pattern RE2 cannot run (a backreference, lookaround) is
 refused when the schema is checked, through the metaschema's ``format: regex``.
+
+The library's ``uniqueItems`` compares every pair of items that do not sort (objects, mixed
+types) and its ``enum`` compares the instance with every member: a 49 KiB ``plan.use`` took
+14 CPU-seconds. Here both look items up by a canonical, hashable form (linear). Every keyword
+call also spends one step of a budget per validation (``MAX_STEPS``; the two lookups spend one
+per item), so no schema and document make unbounded work, and each step is a
+``caller_work.checkpoint``: a validation whose caller left stops at its next step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import functools
+import reprlib
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
+import attrs
 import jsonschema
 import referencing.exceptions
 from jsonschema import FormatChecker, ValidationError
 from jsonschema.protocols import Validator
 
-from cleveragents.acp.facade.domain import patterns
+from cleveragents.acp.facade.domain import caller_work, patterns
 
 Schema = Mapping[str, Any]
+Keyword = Callable[[Any, Any, Any, Schema], Iterator[ValidationError] | None]
+
+# Keyword calls (plus items looked up) one validation may make: about 2 CPU-seconds on an idle
+# core, 15 on a 2-core machine loaded five times over; a 100,000-item array under a
+# five-keyword item schema is all of it.
+MAX_STEPS = 500_000
+# What an error message shows of a caller's value (the library's shows all of it).
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlist = _SHORT.maxdict = 6
+
+
+class WorkLimitError(Exception):
+    """The validation reached MAX_STEPS."""
+
+
+class _Budget:
+    __slots__ = ("enums", "left")
+
+    def __init__(self, steps: int) -> None:
+        self.left = steps
+        # The canonical forms of each ``enum`` list met (by identity: the schema outlives it).
+        self.enums: dict[int, frozenset[Any]] = {}
+
+
+_local = threading.local()
+
+
+def _spend(units: int) -> _Budget | None:
+    """Spend ``units`` steps of this thread's validation (none outside ``errors``/``check``)."""
+    budget: _Budget | None = getattr(_local, "budget", None)
+    if budget is not None:
+        budget.left -= units
+        if budget.left < 0:
+            raise WorkLimitError
+        caller_work.checkpoint()
+    return budget
+
+
+def _canonical(value: Any) -> Any:
+    """A hashable form of a JSON value, equal exactly when JSON Schema calls two values equal
+    (``1 == 1.0``, ``true != 1``, objects whatever their key order)."""
+    if value is True or value is False:
+        return ("b", value)
+    if isinstance(value, str) or value is None or isinstance(value, int | float):
+        return value
+    if isinstance(value, Mapping):
+        return ("o", frozenset((key, _canonical(item)) for key, item in value.items()))
+    return ("a", tuple(_canonical(item) for item in value))
+
+
+def _unique_items(validator: Any, unique: Any, instance: Any, schema: Schema) -> Iterator[ValidationError]:
+    if not unique or not validator.is_type(instance, "array"):
+        return
+    _spend(len(instance))
+    seen: dict[Any, int] = {}
+    for index, item in enumerate(instance):
+        key = _canonical(item)
+        first = seen.setdefault(key, index)
+        if first != index:
+            shown = _SHORT.repr(instance)
+            yield ValidationError(f"{shown} has non-unique elements (items {first} and {index})")
+            return
+
+
+def _enum(validator: Any, enums: Any, instance: Any, schema: Schema) -> Iterator[ValidationError]:
+    budget: _Budget | None = getattr(_local, "budget", None)
+    members = None if budget is None else budget.enums.get(id(enums))
+    if members is None:
+        _spend(len(enums))
+        members = frozenset(_canonical(member) for member in enums)
+        if budget is not None:
+            budget.enums[id(enums)] = members
+    if _canonical(instance) not in members:
+        yield ValidationError(f"{_SHORT.repr(instance)} is not one of {_SHORT.repr(enums)}")
+
+
+def _counted(keyword: Keyword) -> Keyword:
+    """``keyword``, spending a step per call."""
+
+    @functools.wraps(keyword)
+    def counted(
+        validator: Any, value: Any, instance: Any, schema: Schema
+    ) -> Iterator[ValidationError] | None:
+        _spend(1)
+        return keyword(validator, value, instance, schema)
+
+    return counted
 
 
 class SchemaError(ValueError):
@@ -173,7 +272,9 @@ def _unevaluated_properties(
             )
 
 
-_KEYWORDS = {
+_KEYWORDS: dict[str, Keyword] = {
+    "uniqueItems": _unique_items,
+    "enum": _enum,
     "pattern": _pattern,
     "patternProperties": _pattern_properties,
     "additionalProperties": _additional_properties,
@@ -183,9 +284,31 @@ _KEYWORDS = {
 
 @cache  # one entry per dialect the library knows: bounded
 def _linear(base: type[Validator]) -> type[Validator]:
-    keywords = {k: v for k, v in _KEYWORDS.items() if k in base.VALIDATORS}
-    extended: type[Validator] = jsonschema.validators.extend(base, keywords)  # type: ignore[no-untyped-call]
-    return extended
+    own: Mapping[str, Keyword] = base.VALIDATORS
+    keywords = {k: _counted(_KEYWORDS.get(k, v)) for k, v in own.items()}
+    extended: Any = jsonschema.validators.extend(base, keywords)  # type: ignore[no-untyped-call]
+    extended.evolve = functools.partialmethod(_evolve, base)
+    return cast("type[Validator]", extended)
+
+
+def _evolve(self: Any, base: type[Validator], **changes: Any) -> Validator:
+    """The library's ``evolve`` (every ``descend`` makes one), except that a subschema naming
+    its own ``$schema`` (each of the metaschema's vocabularies does) gets this module's class
+    for that dialect, not the library's: its keywords stay linear and counted."""
+    schema = changes.setdefault("schema", self.schema)
+    kind: Any = type(self)
+    if isinstance(schema, Mapping) and "$schema" in schema:
+        kind = _linear(jsonschema.validators.validator_for(schema, default=base))
+    for name, alias in _fields(kind):
+        if alias not in changes:
+            changes[alias] = getattr(self, name)
+    evolved: Validator = kind(**changes)
+    return evolved
+
+
+@cache  # one entry per class of _linear: bounded
+def _fields(kind: Any) -> tuple[tuple[str, str], ...]:
+    return tuple((field.name, field.alias) for field in attrs.fields(kind) if field.init)
 
 
 def _ecma_regex(instance: object) -> bool:
@@ -202,13 +325,34 @@ def _format_checker(base: type[Validator]) -> FormatChecker:
     return checker
 
 
+class _Budgeted:
+    """This thread's validations spend one budget of MAX_STEPS while inside."""
+
+    def __enter__(self) -> None:
+        _local.budget = _Budget(MAX_STEPS)
+
+    def __exit__(self, *_: object) -> None:
+        _local.budget = None
+
+
+def _too_much() -> str:
+    return f"checking it takes over {MAX_STEPS} steps of work; send a smaller document or a simpler schema"
+
+
 def check(schema: Schema) -> type[Validator]:
     """The validator class for ``schema`` (its ``$schema`` dialect, 2020-12 when none), or
     SchemaError when the schema is not valid or holds a pattern that cannot run."""
     base = jsonschema.validators.validator_for(schema)
+    # The library's check_schema, with the metaschema's own dialect made linear and bounded.
+    meta = _linear(jsonschema.validators.validator_for(base.META_SCHEMA, default=base))
     try:
-        # The protocol omits check_schema's format_checker; every validator class takes it.
-        base.check_schema(dict(schema), format_checker=_format_checker(base))  # type: ignore[call-arg]
+        with _Budgeted():
+            checker = meta(base.META_SCHEMA, format_checker=_format_checker(base))
+            first = next(checker.iter_errors(dict(schema)), None)
+        if first is not None:
+            raise jsonschema.SchemaError.create_from(first)
+    except WorkLimitError:
+        raise SchemaError(f"the schema cannot be checked: {_too_much()}", "") from None
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path)
         if exc.validator == "format" and exc.cause is not None:
@@ -221,7 +365,10 @@ def errors(validator_class: type[Validator], schema: Schema, instance: Any) -> l
     """``<json path>: <message>`` for each way ``instance`` fails ``schema``, in path order;
     a ``$ref`` that leads nowhere (nothing is fetched) is one such way, not a fault."""
     try:
-        found = sorted(validator_class(schema).iter_errors(instance), key=lambda e: list(e.absolute_path))
+        with _Budgeted():
+            found = sorted(validator_class(schema).iter_errors(instance), key=lambda e: list(e.absolute_path))
     except referencing.exceptions.Unresolvable as exc:
         return [f"$: the schema's $ref {exc.ref!r} cannot be resolved"]
+    except WorkLimitError:
+        return [f"$: {_too_much()}"]
     return [f"{e.json_path}: {e.message}" for e in found]

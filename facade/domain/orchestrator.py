@@ -204,9 +204,14 @@ def started(plan: plan_pb2.Plan) -> Reply:
     """The reply that reports a plan started from a session."""
     phase = _enum_word(plan_pb2.PlanPhase.Name(plan.phase), "PLAN_PHASE_")
     state = _enum_word(plan_pb2.PlanState.Name(plan.state), "PLAN_STATE_")
+    plan_id = plan.meta.id
+    # A pending plan waits for plan.execute: a watch until its run ends would wait for that.
+    if plan.state == plan_pb2.PLAN_STATE_PENDING:
+        follow = f"Run it with `agents plan execute {plan_id} --wait` (it ends when the run does)"
+    else:
+        follow = f"Follow its run with `agents events watch --plan {plan_id} --until-done`"
     return Reply(
-        f"Started plan {plan.meta.id} from action {plan.action!r} on project {plan.project!r} "
-        f"(phase {phase}, state {state}). Follow it with `agents events watch --plan {plan.meta.id} "
-        f"--until-done`, or `agents plan status {plan.meta.id}`.",
-        plan_id=plan.meta.id,
+        f"Started plan {plan_id} from action {plan.action!r} on project {plan.project!r} "
+        f"(phase {phase}, state {state}). {follow}, or see it with `agents plan status {plan_id}`.",
+        plan_id=plan_id,
     )

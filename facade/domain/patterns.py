@@ -30,6 +30,8 @@ MAX_PATTERN_LENGTH = 1000
 MAX_PROGRAM_SIZE = 20_000
 MAX_MEMORY_BYTES = 2 << 20
 CACHE_SIZE = 256
+# What RE2 says when compiling a pattern would take more than ``max_mem``.
+_OVER_MEMORY = "pattern too large - compile failed"
 
 # ECMA-262 WhiteSpace and LineTerminator code points (what ``\s`` matches), and the line
 # terminators ``.`` does not match.
@@ -277,7 +279,12 @@ def _compile(pattern: str, dialect: Dialect, multiline: bool) -> re2._Regexp[str
     try:
         compiled = re2.compile(source, _options())
     except re2.error as exc:
-        raise PatternError(f"it is not a valid {dialect.value} regular expression ({_reason(exc)})") from None
+        reason = _reason(exc)
+        if reason == _OVER_MEMORY:
+            raise PatternError(
+                f"it needs more than the {MAX_MEMORY_BYTES >> 20} MiB of RE2 memory a pattern may use"
+            ) from None
+        raise PatternError(f"it is not a valid {dialect.value} regular expression ({reason})") from None
     if compiled.programsize > MAX_PROGRAM_SIZE:
         raise PatternError(
             f"it compiles to {compiled.programsize} RE2 instructions; at most {MAX_PROGRAM_SIZE} are allowed"

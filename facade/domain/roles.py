@@ -3,8 +3,10 @@
 A reader calls only the operations the proto marks ``NO_SIDE_EFFECTS`` (``Operation.read_only``);
 a writer calls every operation; registering or changing anything that runs a process on the
 server needs an admin: every tool (a tool is a command), a validation with a ``command``
-check, an automation profile that allows a registered (command) tool, and a plan that runs
-under another profile than its action's when that profile allows more commands.
+check, an automation profile that allows a registered (command) tool or lists validations
+in ``allowed_validations`` (the field does one thing: lets command validations run), and a
+plan that runs under another profile than its action's when that profile allows more
+commands.
 """
 
 from __future__ import annotations
@@ -66,6 +68,13 @@ def command_tools(tools: Iterable[str]) -> list[str]:
     return sorted(set(tools) - BUILTIN_TOOLS)
 
 
+def allowed_commands(profile: specs_pb2.AutomationProfileSpec) -> list[str]:
+    """What a profile lets run as a process: its command tools, and every validation it
+    lists (``allowed_validations`` matters to command validations alone; a writer naming an
+    admin's command validation there would run that command on files the writer staged)."""
+    return sorted({*command_tools(profile.allowed_tools), *profile.allowed_validations})
+
+
 def runs_process(kind: str, spec: message.Message | None) -> bool:
     """Whether an entry of ``kind`` with ``spec`` makes the server run a process."""
     if kind in PROCESS_KINDS:
@@ -73,7 +82,7 @@ def runs_process(kind: str, spec: message.Message | None) -> bool:
     if isinstance(spec, specs_pb2.ValidationSpec):
         return spec.WhichOneof("check") == "command"
     if isinstance(spec, specs_pb2.AutomationProfileSpec):
-        return bool(command_tools(spec.allowed_tools))
+        return bool(allowed_commands(spec))
     return False
 
 
@@ -99,7 +108,7 @@ def check_profile_override(
     principal = ctx.require_principal()
     if principal.role is Role.ADMIN:
         return
-    wider = sorted(set(command_tools(chosen.allowed_tools)) - set(own.allowed_tools if own else ()))
+    wider = sorted(set(allowed_commands(chosen)) - set(allowed_commands(own) if own else ()))
     if wider:
         raise forbidden(
             principal,

@@ -117,9 +117,8 @@ def not_found(session_id: str) -> ACPError:
 def load(store: Store, ctx: CallContext, session_id: str) -> tuple[Record, session_pb2.Session]:
     """The session record and message, once the caller may use its namespace."""
     record = store.get(SESSION_KIND, session_id)
-    if record is None:
+    if record is None or not ctx.may_see(record.namespace):
         raise not_found(session_id)
-    ctx.authorize(record.namespace)
     return record, session_pb2.Session.FromString(record.body)
 
 
@@ -143,9 +142,8 @@ def with_messages(
     ctx: CallContext, session_id: str, record: Record | None, items: list[tuple[int, bytes]]
 ) -> tuple[session_pb2.Session, list[session_pb2.Message]]:
     """The session and its messages from its record and items, once the caller may see them."""
-    if record is None:
+    if record is None or not ctx.may_see(record.namespace):
         raise not_found(session_id)
-    ctx.authorize(record.namespace)
     return session_pb2.Session.FromString(record.body), [
         session_pb2.Message.FromString(body) for _, body in items
     ]

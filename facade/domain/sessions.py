@@ -421,9 +421,11 @@ class Sessions:
         # Read in slices: a 30,000-message document held every other call for seconds.
         document = await slices.run_sliced(session_export.from_struct(req.document))
         exported = await slices.run_sliced(session_export.parsing(document))
-        # Checked on a reader thread, so the writer thread only stores it.
+        # Checked on a reader thread, and serialized in slices on the loop, so the writer
+        # thread (every other caller's writes wait for it) only stores it.
         await self.store.read(lambda _store: self._check_import(ctx, req, exported))
-        return await self.store.write(lambda _store: self._store_import(exported))
+        rows = await slices.run_sliced(_serialized(exported.messages))
+        return await self.store.write(lambda _store: self._store_import(exported, rows))
 
     def _check_import(
         self, ctx: CallContext, req: session_pb2.ImportSessionRequest, exported: session_export.Exported
@@ -446,7 +448,7 @@ class Sessions:
                 path = str(exc.details.get("field", "$.context"))
                 raise session_export.invalid(path, exc.message.removeprefix(f"{path}: ")) from None
 
-    def _store_import(self, exported: session_export.Exported) -> session_pb2.Session:
+    def _store_import(self, exported: session_export.Exported, rows: list[bytes]) -> session_pb2.Session:
         session = exported.session
         namespace = session.meta.namespace
         clash = ACPError(
@@ -462,12 +464,18 @@ class Sessions:
                 self.store.insert(to_record(session))
             except StoreConflictError:
                 raise clash from None
-            if exported.messages:
-                self.store.append_items(
-                    MESSAGES,
-                    session.meta.id,
-                    [m.SerializeToString(deterministic=True) for m in exported.messages],
-                )
+            if rows:
+                self.store.append_items(MESSAGES, session.meta.id, rows)
             if exported.context is not None:
                 self.context.configs.put(namespace, session_key(session.meta.id), exported.context)
         return session
+
+
+def _serialized(messages: list[session_pb2.Message]) -> slices.Sliced[list[bytes]]:
+    """The stored form of each message, yielding between slices."""
+    rows: list[bytes] = []
+    for index, item in enumerate(messages):
+        rows.append(item.SerializeToString(deterministic=True))
+        if index % slices.SLICE == slices.SLICE - 1:
+            yield
+    return rows

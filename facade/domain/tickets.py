@@ -335,7 +335,7 @@ class StreamTickets:
         if principal is None:
             raise _refused(
                 "PRINCIPAL_REVOKED",
-                f"principal {name!r} of the stream ticket is no longer known (revoked or removed)",
+                f"principal {name!r} of the stream ticket is no longer known (revoked, removed or expired)",
                 principal=name,
             )
         return principal

@@ -109,18 +109,31 @@ class LeaseLostError(Exception):
     or its lease expired by the store's clock. Nothing of the transaction may be kept."""
 
     def __init__(self, name: str, token: int, current: Lease | None) -> None:
-        holder = "nobody" if current is None or not current.owner else f"token {current.token}"
-        super().__init__(f"lease {name!r} with token {token} is lost (now held by {holder})")
+        super().__init__(f"lease {name!r} with token {token} is lost: {_since(token, current)}")
         self.name = name
         self.token = token
         self.current = current
+
+
+def _since(token: int, current: Lease | None) -> str:
+    """What became of a lease a writer held at ``token``: who holds it now, at which token."""
+    if current is None:
+        return "no such lease"
+    if current.token == token:
+        if not current.owner:
+            return "it was released"
+        return f"it expired unrenewed (holder {current.owner}, token {token}; nobody has claimed it since)"
+    if not current.owner:
+        return f"it was claimed since (token {current.token}) and released; nobody holds it"
+    state = "live" if current.live else "expired"
+    return f"now held by {current.owner} at token {current.token} ({state})"
 
 
 class LeaseHeldError(Exception):
     """A write that holds no lease met a live one held by someone else."""
 
     def __init__(self, lease: Lease) -> None:
-        super().__init__(f"lease {lease.name!r} is held (token {lease.token})")
+        super().__init__(f"lease {lease.name!r} is held by {lease.owner} (token {lease.token})")
         self.lease = lease
 
 
@@ -288,6 +301,14 @@ class Store(abc.ABC):
         """Point reads answered from memory, and those that went to the database, so far
         (a store that keeps no answers: none of either)."""
         return 0, 0
+
+    def outage(self, exc: BaseException) -> str | None:
+        """One line saying the database cannot be reached now (a restart, a lost
+        connection), when ``exc`` means that: background work that retries logs that line
+        instead of a traceback. None for any other failure (a bug deserves the traceback)."""
+        if isinstance(exc, StoreUnavailableError):
+            return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None
 
     # the event loop's interface --------------------------------------------------------
 

@@ -194,6 +194,22 @@ class Wire:
         """The statement's rows ("all"), first row ("one") or row count ("count"); run after
         ``begin`` (a transaction's BEGIN) in the same round trip when given. ``PSYCOPG``,
         with nothing run, when a parameter or a result column is not one this path takes."""
+        fresh = begin is not None or conn.info.transaction_status == pq.TransactionStatus.IDLE
+        try:
+            return self._run(conn, statement, params, fetch, begin)
+        except errors.InvalidSqlStatementName:
+            if not self._lost(conn, fresh):
+                raise
+        return self._run(conn, statement, params, fetch, begin)
+
+    def _run(
+        self,
+        conn: psycopg.Connection[Any],
+        statement: str,
+        params: Sequence[Any],
+        fetch: str,
+        begin: bytes | None,
+    ) -> Any:
         prepared = self._prepare(conn, statement, params)
         if prepared is None:
             return PSYCOPG
@@ -218,6 +234,15 @@ class Wire:
         """Each statement's rows, all sent after ``begin`` in one round trip (a read that
         needs several statements pays one wait, not one each); ``PSYCOPG``, with nothing
         run, when one of them is not one this path takes."""
+        try:
+            return self._run_all(conn, statements, begin)
+        except errors.InvalidSqlStatementName:
+            self._lost(conn, True)
+        return self._run_all(conn, statements, begin)
+
+    def _run_all(
+        self, conn: psycopg.Connection[Any], statements: Sequence[tuple[str, Sequence[Any]]], begin: bytes
+    ) -> list[list[tuple[Any, ...]]] | Fallback:
         prepared = [self._prepare(conn, statement, params) for statement, params in statements]
         sends = []
         for one in prepared:
@@ -226,6 +251,21 @@ class Wire:
             sends.append(one[:3])
         results = _pipelined(conn, begin, sends)
         return [rows(result, cast(_Prepared, one)[3]) for result, one in zip(results, prepared, strict=True)]
+
+    def _lost(self, conn: psycopg.Connection[Any], fresh: bool) -> bool:
+        """The connection's statements were dropped behind this path's back (a ``DEALLOCATE
+        ALL`` or ``DISCARD ALL`` sent on it, a pooler): they are prepared again at its next
+        use. Whether the caller may run the statement again at once: when it was its
+        transaction's first (or ran alone) nothing is lost once the aborted transaction is
+        rolled back; otherwise the failure is the caller's, as any failed statement in a
+        transaction is."""
+        self._prepared.pop(conn, None)
+        log.warning("prepared statements gone from a store connection; preparing them again")
+        if not fresh:
+            return False
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            _check(conn, conn.pgconn.exec_(b"ROLLBACK"))
+        return True
 
     def _prepare(
         self, conn: psycopg.Connection[Any], statement: str, params: Sequence[Any]

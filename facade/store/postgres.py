@@ -11,7 +11,7 @@ group-commit writer thread is needed).
   connections of its own in libpq's nonblocking pipeline mode (pg_loop.py).
 - A write's ``BEGIN`` goes with its first statement, in one round trip.
 - ``write(fn)``: one ``READ COMMITTED`` transaction; the commit is durable
-  (``synchronous_commit`` as the server is configured, on by default) before ``write``
+  (``synchronous_commit`` at least ``on``, whatever the server's default) before ``write``
   returns. Conditional writes lock what they check: ``update``/``delete`` are one
   ``UPDATE``/``DELETE ... WHERE revision = ...``, ``append_items`` takes a per-owner
   advisory lock, ``append_events`` updates the one-row ``event_sequence`` counter, whose
@@ -19,7 +19,9 @@ group-commit writer thread is needed).
   replicas").
 - A lock held elsewhere is waited for at most ``write_timeout`` (``lock_timeout``; a
   deadlock or serialization failure counts the same): then the call fails with the
-  retryable StoreBusyError, having written nothing.
+  retryable StoreBusyError, having written nothing. A transaction left waiting on its
+  replica (frozen, cut off, dead) is ended by the server after ``idle_timeout``, freeing
+  its locks (pg_settings.py).
 - ``after_commit`` callbacks run on the caller's loop in commit order where order exists:
   transactions that appended events commit one at a time (the counter's row lock, and in
   this process a lock around ``COMMIT`` and queueing the callbacks), so their callbacks run
@@ -74,6 +76,7 @@ from cleveragents.acp.facade.store.base import (
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
 from cleveragents.acp.facade.store.pg_loop import CUSTOM_PLANS, LoopReads, LoopWrites, Rows
 from cleveragents.acp.facade.store.pg_migrations import PG_MIGRATIONS
+from cleveragents.acp.facade.store.pg_settings import DEFAULT_IDLE_SECONDS, connection_info
 from cleveragents.acp.facade.store.pg_urls import is_postgres_url, redacted
 from cleveragents.acp.facade.store.pg_wire import PSYCOPG, Fallback, NulInTextError, Wire
 from cleveragents.acp.facade.store.reads import ReadLane
@@ -304,12 +307,21 @@ class _Thread(threading.local):
         self.write_began = False
 
 
+# A write is acknowledged once durable (docs/events.md), whatever default the
+# server, the database or the URL's options set: ``off`` is raised to ``on`` (``local`` and
+# the standby levels flush locally already, and are kept).
+DURABLE_COMMITS = (
+    "SELECT set_config('synchronous_commit', 'on', false) WHERE current_setting('synchronous_commit') = 'off'"
+)
+
+
 class PostgresStore(Store):
     def __init__(
         self,
         url: str,
         *,
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+        idle_timeout: float = DEFAULT_IDLE_SECONDS,
         readers: int = 4,
         writers: int = 4,
         loop_connections: int = 2,
@@ -318,6 +330,10 @@ class PostgresStore(Store):
             raise ValueError(f"not a PostgreSQL URL: {redacted(url)}")
         self.url = url
         self.write_timeout = write_timeout
+        # What every connection is opened with (pg_settings.py): the bound on how long a
+        # replica that stopped answering inside a transaction keeps its locks.
+        self.idle_timeout = idle_timeout
+        self._conninfo = connection_info(url, idle_timeout)
         self._thread = _Thread()
         self._order = CommitOrder()
         # Taken around committing (and queueing the callbacks of) a transaction that appended
@@ -332,7 +348,7 @@ class PostgresStore(Store):
         except psycopg.Error as exc:
             raise StoreUnavailableError(f"cannot open {redacted(url)}: {exc}".strip()) from exc
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            url,
+            self._conninfo,
             min_size=1,
             # Every reader and writer thread, plus callers blocking outside them.
             max_size=readers + writers + 2,
@@ -351,27 +367,44 @@ class PostgresStore(Store):
         self._loops: dict[asyncio.AbstractEventLoop, LoopReads] = {}
         # A record insert with nothing read before it, the same way (``insert_alone``).
         self._loop_writes: dict[asyncio.AbstractEventLoop, LoopWrites] = {}
-        self._write_setup = (f"SET lock_timeout = {_lock_timeout_ms(write_timeout)}", CUSTOM_PLANS)
+        self._write_setup = (
+            f"SET lock_timeout = {_lock_timeout_ms(write_timeout)}",
+            CUSTOM_PLANS,
+            DURABLE_COMMITS,
+        )
         self._loops_lock = threading.Lock()
         self._writers = ThreadPoolExecutor(writers, "acp-store-write", initializer=self._own_thread)
 
     def __repr__(self) -> str:
         return f"PostgresStore({redacted(self.url)!r})"
 
+    def outage(self, exc: BaseException) -> str | None:
+        # A server restarting or gone: the connection refused, shutting down, or lost (libpq's
+        # "server closed the connection unexpectedly": a bare DatabaseError, no SQLSTATE).
+        lost = type(exc) is psycopg.DatabaseError and exc.sqlstate is None
+        if lost or isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | PoolTimeout):
+            text = str(exc).strip().splitlines()
+            return f"{type(exc).__name__}: {text[0] if text else 'the connection was lost'}"
+        return super().outage(exc)
+
     # connections and schema -----------------------------------------------------------
 
     def _connect(self) -> psycopg.Connection[Any]:
         try:
-            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+            conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
         except psycopg.OperationalError as exc:
             raise StoreUnavailableError(f"cannot connect to {redacted(self.url)}: {exc}".strip()) from None
         self._configure(conn)
         return conn
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        # psycopg prepares nothing of its own here: after a rollback on a connection where it
+        # has, it sends DEALLOCATE ALL, which drops the statements pg_wire prepared too.
+        conn.prepare_threshold = None
         # The bound on waiting for a lock another transaction holds (StoreBusyError after).
         conn.execute(f"SET lock_timeout = {_lock_timeout_ms(self.write_timeout)}")
         conn.execute(CUSTOM_PLANS)
+        conn.execute(DURABLE_COMMITS)
         set_json_loads(orjson.loads, conn)
         set_json_dumps(orjson.dumps, conn)
 
@@ -578,7 +611,9 @@ class PostgresStore(Store):
         """This loop's reads, made on its first; those of loops closed meanwhile let go."""
         with self._loops_lock:
             _let_go_of_closed(self._loops)
-            reads = self._loops[loop] = LoopReads(loop, self.url, CONNECT_TIMEOUT, self._loop_connections)
+            reads = self._loops[loop] = LoopReads(
+                loop, self._conninfo, CONNECT_TIMEOUT, self._loop_connections
+            )
             return reads
 
     def _loop_writes_of(self, loop: asyncio.AbstractEventLoop) -> LoopWrites:
@@ -586,7 +621,7 @@ class PostgresStore(Store):
         with self._loops_lock:
             _let_go_of_closed(self._loop_writes)
             writes = self._loop_writes[loop] = LoopWrites(
-                loop, self.url, CONNECT_TIMEOUT, self._loop_connections, self._write_setup
+                loop, self._conninfo, CONNECT_TIMEOUT, self._loop_connections, self._write_setup
             )
             return writes
 
@@ -1277,7 +1312,7 @@ class PostgresStore(Store):
 
     def event_wakeups(self) -> EventWakeups:
         """LISTEN on a connection of its own: woken when an append commits on any replica."""
-        return PostgresWakeups(self.url, self.channel)
+        return PostgresWakeups(self.url, self.channel, self._conninfo)
 
     def close(self) -> None:
         """Finish the calls under way, stop the threads, close every connection."""
@@ -1316,9 +1351,10 @@ class PostgresWakeups(EventWakeups):
     # How long one look at the connection blocks, so a close is noticed soon.
     SLICE = 0.2
 
-    def __init__(self, url: str, channel: str) -> None:
+    def __init__(self, url: str, channel: str, conninfo: str | None = None) -> None:
         super().__init__()
         self._url = url
+        self._conninfo = url if conninfo is None else conninfo
         self._channel = channel
         self._conn: psycopg.Connection[Any] | None = None
         # Held while the connection is in use: close() releases it only between waits.
@@ -1326,7 +1362,7 @@ class PostgresWakeups(EventWakeups):
 
     def _listening(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+            self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
             self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
         return self._conn
 

@@ -336,6 +336,18 @@ def _request_row(entry: RequestEntry, cutoff: float, *, answer: bool) -> tuple[A
     )
 
 
+def _create_private(path: pathlib.Path) -> None:
+    """A new database file readable by the server's user alone (a contained command running
+    as another user must not read sessions or plans); SQLite gives -wal and -shm the file's
+    own mode. Only a file this call creates is opened and closed here: closing a descriptor
+    of a file drops every POSIX lock the process holds on it, SQLite's included."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
+
+
 class SQLiteStore(Store):
     def __init__(
         self,
@@ -355,7 +367,8 @@ class SQLiteStore(Store):
         self.path = pathlib.Path(path)
         if str(path) == ":memory:":
             raise ValueError("SQLiteStore needs a file: its readers open their own connections")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _create_private(self.path)
         self.write_timeout = write_timeout
         self.wakeup_tick = wakeup_tick
         self.peers = peers
@@ -1277,8 +1290,10 @@ class SQLiteStore(Store):
                 db.close()
             if self._cache is not None:
                 self._cache.clear()
+            self._db.close()
+            # After the connections: closing its descriptor first would drop their locks
+            # on -shm while they are open (wal_index.py).
             if self._index is not None:
                 self._index.close()
-            self._db.close()
         if self.peers is not None:
             self.peers.close()

@@ -34,6 +34,8 @@ from cleveragents.acp.contract.catalog import Catalog, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, grpc_code, internal_error
 from cleveragents.acp.contract.transport import TICKET_METADATA, Service
 from cleveragents.acp.gateway import common
+from cleveragents.acp.gateway.grpc import connections
+from cleveragents.acp.gateway.grpc.connections import ConnectionGuard
 from cleveragents.acp.gateway.streams import Tick, until_stopped
 
 Metadata = tuple[tuple[str, str | bytes], ...]
@@ -103,8 +105,10 @@ class GrpcHandlers:
         closing: asyncio.Event,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         contract: Catalog | None = None,
+        guard: ConnectionGuard | None = None,
     ) -> None:
         self._facade = facade
+        self._guard = guard
         self._closing = closing
         self._max_bytes = max_message_bytes
         self._import_bytes = limits.import_limit(max_message_bytes)
@@ -198,6 +202,8 @@ class GrpcHandlers:
     ) -> message.Message:
         """``metadata``: the call's, as gRPC gave it to ``_Routes.service``."""
         ctx: CallContext | None = None
+        if self._guard is not None:
+            self._guard.saw(context.peer())
         try:
             ctx = self._context(metadata)
             response = await self._facade.invoke(op, self._decode(op, data), ctx)
@@ -214,6 +220,8 @@ class GrpcHandlers:
         """Initial metadata goes out once the stream is admitted: clients wait for it to
         tell an admission error from a stream that has no item yet."""
         ctx: CallContext | None = None
+        if self._guard is not None:
+            self._guard.saw(context.peer())
         try:
             ctx = self._context(metadata)
             items = await self._facade.stream(op, self._decode(op, data), ctx)
@@ -338,16 +346,19 @@ def build_server(
     closing: asyncio.Event,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     reuse_port: bool = False,
+    guard: ConnectionGuard | None = None,
 ) -> tuple[grpc.aio.Server, HealthServicer]:
     """A grpc.aio server with the ACP services, reflection and health; no port bound yet.
-    ``reuse_port``: a worker sharing its port with the other workers of one server."""
-    handlers = GrpcHandlers(facade, closing=closing, max_message_bytes=max_message_bytes)
+    ``reuse_port``: a worker sharing its port with the other workers of one server.
+    ``guard``: the connection policy (``connections``), told of every call's peer."""
+    handlers = GrpcHandlers(facade, closing=closing, max_message_bytes=max_message_bytes, guard=guard)
     server = grpc.aio.server(
         options=[
             # A leftover server on the same port must make this one fail, not share its traffic.
             ("grpc.so_reuseport", 1 if reuse_port else 0),
             ("grpc.max_receive_message_length", runtime_cap(max_message_bytes)),
             ("grpc.max_send_message_length", -1),
+            *([] if guard is None else connections.options(guard.bounds)),
         ]
     )
     server.add_generic_rpc_handlers(handlers.generic_handlers())

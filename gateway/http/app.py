@@ -198,7 +198,7 @@ class Gateway:
             data = await binding.bind_rest(
                 route.op, request, variables, self.settings.max_body_bytes, large=large
             )
-            return await self._call(route.op, data, token, exchange)
+            return await self._call(route.op, data, token, exchange, large=large is not None)
         if route.endpoint == "envelope" and route.major is not None:
             return await self._envelope(route.major, request, headers, exchange)
         return await self._health(exchange)
@@ -207,7 +207,7 @@ class Gateway:
         self, major: Major, request: Request, headers: dict[bytes, Any], exchange: Exchange
     ) -> Answer:
         raw = await binding.read_body(request, self.settings.max_body_bytes, self.large)
-        body = binding.parse_json(raw)
+        body = await binding.parse_json_sized(raw, self.settings.max_body_bytes)
         parsed = envelope.parse_request(body)
         if len(raw) > self.settings.max_body_bytes and parsed.operation != limits.IMPORT_OPERATION:
             raise binding.over_limit(self.settings.max_body_bytes)
@@ -227,7 +227,8 @@ class Gateway:
         header_token = _bearer(authorization)
         if parsed.token and authorization is not None:
             raise ambiguous_credentials("auth.token and an Authorization header")
-        return await self._call(op, parsed.params, parsed.token or header_token, exchange)
+        large = op.name == limits.IMPORT_OPERATION
+        return await self._call(op, parsed.params, parsed.token or header_token, exchange, large=large)
 
     @staticmethod
     def _context(token: str | None, exchange: Exchange) -> CallContext:
@@ -241,9 +242,20 @@ class Gateway:
         )
 
     async def _call(
-        self, op: Operation, params: dict[str, Any], token: str | None, exchange: Exchange
+        self,
+        op: Operation,
+        params: dict[str, Any],
+        token: str | None,
+        exchange: Exchange,
+        *,
+        large: bool = False,
     ) -> Answer:
-        request = codec.from_dict(params, op.request_type)
+        """``large``: a session.import, whose document (up to 32 MiB) becomes a protobuf
+        Struct on a worker thread: on the loop it held every other call for seconds."""
+        if large:
+            request = await asyncio.to_thread(codec.from_dict, params, op.request_type)
+        else:
+            request = codec.from_dict(params, op.request_type)
         ctx = self._context(token, exchange)
         try:
             response = await self.service.invoke(op, request, ctx)

@@ -112,6 +112,14 @@ async def read_body(request: Request, limit: int, large: LargeBodies | None = No
             large.slots.release()
 
 
+async def parse_json_sized(body: bytes, limit: int) -> Any:
+    """``parse_json``; a body over ``limit`` (only a session.import may be: up to 32 MiB) on
+    a worker thread, so the loop keeps serving others while it is decoded."""
+    if len(body) > limit:
+        return await asyncio.to_thread(parse_json, body)
+    return parse_json(body)
+
+
 def parse_json(body: bytes) -> Any:
     if not body.strip():
         raise invalid("the request body is empty; send a JSON object", "body")
@@ -237,7 +245,7 @@ async def bind_rest(
                 pairs[0][0],
                 unknown_fields=[key for key, _ in pairs],
             )
-        parsed = parse_json(body) if body.strip() else {}
+        parsed = await parse_json_sized(body, limit) if body.strip() else {}
         if rule.body == "*":
             if not isinstance(parsed, dict):
                 raise invalid(f"the request body must be a JSON object, not {type(parsed).__name__}", "body")

@@ -11,8 +11,13 @@ no request reaches the application:
 - a request whose headers are not complete within ``header_timeout`` seconds of the
   connection (or of the previous response), or whose body is not complete within
   ``body_timeout`` more: INVALID_PARAMS (refinement ``REQUEST_TIMEOUT``), then closed;
-- a connection over ``max_connections``, or over ``max_connections_per_client`` from one
-  address: BUDGET_EXCEEDED (refinement ``TOO_MANY_CONNECTIONS``), then closed.
+- a connection over ``max_connections_per_client`` from one address: BUDGET_EXCEEDED
+  (refinement ``TOO_MANY_CONNECTIONS``), then closed;
+- a connection over ``max_connections`` in all makes room instead: the oldest idle
+  connection (no request under way: never sent one, or between two) of the address with
+  the most connections is closed (``Clients.evictable``). Only when every connection is in
+  a request is the newcomer refused as above. 2,100 slow connections from 9 addresses once
+  got 20 of 25 legitimate newcomers refused; now they lose their own connections first.
 
 After a refusal the connection reads and drops what the client still sends for a moment
 before closing, so the client sees the answer instead of a reset. So does any close while the
@@ -34,7 +39,6 @@ HEAD, a closing connection, headers h11 would refuse) goes through uvicorn's ``s
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import re
 from collections.abc import Callable
@@ -271,9 +275,44 @@ class _Answering:
         return True
 
 
+class Clients:
+    """One server's open connections by client address, each address's oldest first."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._by_address: dict[str, dict[GuardedH11Protocol, None]] = {}
+
+    def add(self, address: str, connection: GuardedH11Protocol) -> int:
+        """Count ``connection``; how many ``address`` has now."""
+        mine = self._by_address.setdefault(address, {})
+        mine[connection] = None
+        self.total += 1
+        return len(mine)
+
+    def remove(self, address: str, connection: GuardedH11Protocol) -> None:
+        mine = self._by_address.get(address)
+        if mine is not None and mine.pop(connection, False) is None:
+            self.total -= 1
+            if not mine:
+                del self._by_address[address]
+
+    def count(self, address: str) -> int:
+        return len(self._by_address.get(address, ()))
+
+    def evictable(self, newcomer: GuardedH11Protocol) -> GuardedH11Protocol | None:
+        """The oldest idle connection but ``newcomer`` of the address with the most
+        connections (the next address when that one has none idle); None when every
+        connection is in a request."""
+        for address in sorted(self._by_address, key=lambda a: len(self._by_address[a]), reverse=True):
+            for connection in self._by_address[address]:
+                if connection is not newcomer and connection.idle():
+                    return connection
+        return None
+
+
 def protocol_factory(bounds: ConnectionLimits) -> Callable[..., GuardedH11Protocol]:
-    """What uvicorn's ``http`` setting takes: one shared count of connections per client."""
-    return functools.partial(GuardedH11Protocol, bounds=bounds, per_client=collections.Counter())
+    """What uvicorn's ``http`` setting takes: one shared table of connections per client."""
+    return functools.partial(GuardedH11Protocol, bounds=bounds, clients=Clients())
 
 
 def refusal(err: ACPError) -> bytes:
@@ -304,11 +343,11 @@ class GuardedH11Protocol(H11Protocol):
         _loop: asyncio.AbstractEventLoop | None = None,
         *,
         bounds: ConnectionLimits,
-        per_client: collections.Counter[str],
+        clients: Clients,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.bounds = bounds
-        self.per_client = per_client
+        self.clients = clients
         self._client_key: str | None = None
         # The deadline (loop time) and the one timer that checks it: re-arming per request
         # only moves ``_due``; the timer, when it fires early, waits again for the rest.
@@ -335,14 +374,39 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(cast(asyncio.Transport, _Lingering(transport, self)))
-        self._client_key = self.client[0] if self.client else ""
-        self.per_client[self._client_key] += 1
-        if len(self.connections) > self.bounds.max_connections:
-            self._refuse(self._too_many("the server", self.bounds.max_connections))
-        elif self.per_client[self._client_key] > self.bounds.max_connections_per_client:
+        self._client_key = key = self.client[0] if self.client else ""
+        clients = self.clients
+        # A refused newcomer never holds a place, not even while it lingers.
+        if clients.add(key, self) > self.bounds.max_connections_per_client:
+            self._forget()
             self._refuse(self._too_many("one client address", self.bounds.max_connections_per_client))
-        else:
-            self._arm(self.bounds.header_timeout)
+            return
+        if clients.total > self.bounds.max_connections:
+            evicted = clients.evictable(self)
+            if evicted is None:
+                self._forget()
+                self._refuse(self._too_many("the server", self.bounds.max_connections))
+                return
+            evicted.evict()
+        self._arm(self.bounds.header_timeout)
+
+    def idle(self) -> bool:
+        """No request under way (none sent yet, or between two): closing loses nothing."""
+        return (
+            self._app_task is None
+            and self.conn.their_state is h11.IDLE
+            and not (self._draining or self._lost or self.transport.is_closing())
+        )
+
+    def evict(self) -> None:
+        """Close, to make room for a newcomer: uncounted at once (the close may take a turn)."""
+        self._forget()
+        self.transport.close()
+
+    def _forget(self) -> None:
+        if self._client_key is not None:
+            self.clients.remove(self._client_key, self)
+            self._client_key = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
@@ -350,11 +414,7 @@ class GuardedH11Protocol(H11Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._client_key is not None:
-            self.per_client[self._client_key] -= 1
-            if self.per_client[self._client_key] <= 0:
-                del self.per_client[self._client_key]
-            self._client_key = None
+        self._forget()
         super().connection_lost(exc)
         task = self._app_task
         if task is not None and self.cycle is not None and not self.cycle.response_started:

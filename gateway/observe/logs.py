@@ -85,18 +85,48 @@ def _json_call(created: float, values: Call) -> str:
     ).decode()
 
 
+def _escapes() -> dict[int, str]:
+    """Characters a terminal or a log reader would act on: C0 and C1 controls (newlines forge
+    lines, ESC starts ANSI sequences), DEL, the line and paragraph separators and the
+    bidirectional overrides and isolates (U+202E turns text around)."""
+    points = [
+        *range(0x20),
+        *range(0x7F, 0xA0),
+        0x2028,
+        0x2029,
+        *range(0x202A, 0x202F),
+        *range(0x2066, 0x206A),
+    ]
+    return {point: f"\\x{point:02x}" if point < 0x100 else f"\\u{point:04x}" for point in points}
+
+
+_ESCAPES = _escapes()
+# A message's own line breaks (a traceback's) stay, each continuation indented, so no text
+# in it can start a line of its own.
+_MESSAGE_ESCAPES = {**_ESCAPES, ord("\n"): "\n    "}
+
+
+def escape(value: object) -> str:
+    """A field of a text line as it reads, never as a terminal would act on it."""
+    return str(value).translate(_ESCAPES)
+
+
 def _text_call(created: float, values: Call) -> str:
     return _text_access(created, _call_fields(values))
 
 
 def _text_access(created: float, fields: dict[str, Any]) -> str:
-    parts = [_iso(created), f"{fields.get('operation', '-'):<18}", f"{fields.get('transport', '-'):<8}"]
-    parts.append(f"{fields.get('code', '-'):<16}")
+    parts = [
+        _iso(created),
+        f"{escape(fields.get('operation', '-')):<18}",
+        f"{escape(fields.get('transport', '-')):<8}",
+        f"{escape(fields.get('code', '-')):<16}",
+    ]
     if "duration_ms" in fields:
         parts.append(f"{fields['duration_ms']:>9.3f} ms")
     for key in ("event", "reason", "principal", "namespace", "request_id", "trace_id"):
         if fields.get(key):
-            parts.append(f"{key}={fields[key]}")
+            parts.append(f"{key}={escape(fields[key])}")
     return " ".join(parts)
 
 
@@ -113,7 +143,8 @@ class JSONFormatter(logging.Formatter):
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return f"{_iso(record.created)} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        message = record.getMessage().translate(_MESSAGE_ESCAPES)
+        return f"{_iso(record.created)} {record.levelname:<7} {record.name}: {message}"
 
 
 class _Sink:

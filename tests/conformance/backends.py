@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import pathlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from cleveragents.acp.gateway.server import Server, ServerConfig
 from tests.conformance import logged
 from tests.conformance.envelopes import EnvelopeChecker
 from tests.conformance.rest import RESTTransport
+from tests.conformance.times import now
 from tests.server_process import Tokens
 
 # http: the envelope endpoint; rest: the REST routes; gateway: the envelope through a
@@ -46,6 +48,8 @@ class Backend:
     http_url: str = ""
     grpc_target: str = ""
     envelopes: EnvelopeChecker = field(default_factory=EnvelopeChecker)
+    # When the backend was opened: every time it answers is at or after it.
+    opened: datetime.datetime = field(default_factory=now)
 
     def token(self, principal: str | None) -> str | None:
         """A principal's token; ``None`` for none; any other string is sent as it is."""
@@ -83,11 +87,12 @@ async def open_backend(
 ) -> AsyncIterator[Backend]:
     """A fresh backend in ``directory`` reached over ``kind``; stopped cleanly on exit."""
     root = scratch(directory)
+    opened = now()
     facade = open_facade(directory / "acp.db", authenticator=TokenAuthenticator(tokens.path))
     if kind == "local":
         transport: Transport = LocalTransport(facade)
         try:
-            yield Backend(kind, root, tokens, transport)
+            yield Backend(kind, root, tokens, transport, opened=opened)
         finally:
             await facade.close()
         return
@@ -101,7 +106,9 @@ async def open_backend(
     server = Server(config, facade=facade, observability=logged.observability())
     addresses = await server.start()
     assert addresses.grpc_target is not None
-    backend = Backend(kind, root, tokens, LocalTransport(facade), addresses.http_url, addresses.grpc_target)
+    backend = Backend(
+        kind, root, tokens, LocalTransport(facade), addresses.http_url, addresses.grpc_target, opened=opened
+    )
     gateway: Server | None = None
     if kind == "http":
         backend.transport = HTTPTransport(backend.http_client(), owns_client=True)

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from cleveragents.acp.contract.call import Role
+from cleveragents.acp.facade import auth
 from tests.server_process import Tokens
 
 
 @pytest.fixture(scope="session")
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> Tokens:
-    return Tokens.create(tmp_path_factory.mktemp("contract-tokens"))
+    """The suite's principals, and a ``reader`` of ``default``: an operation reached by id
+    names no namespace, so refusing it for its role is how it answers AUTH_FORBIDDEN."""
+    made = Tokens.create(tmp_path_factory.mktemp("contract-tokens"))
+    made.tokens["reader"] = auth.create_token(made.path, "reader", ["default"], role=Role.READER)
+    return made
 
 
 def pytest_configure(config: pytest.Config) -> None:

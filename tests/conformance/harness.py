@@ -2,16 +2,21 @@
 
 A ``RecordingTransport`` wraps the backend's transport and writes every call (operation,
 request, version, who called, and the response or error) and every stream item into the
-run's trace; ``run_everywhere`` runs one scenario on the three transports, each over a fresh
-backend, canonicalizes the traces and asserts they are identical. ``COVERAGE`` keeps which
-operations and which errors the whole suite exercised.
+run's trace, and checks every time an answer carries against the wall clock around the call
+(``times.py``); ``run_everywhere`` runs one scenario on every transport, each over a fresh
+backend, canonicalizes the traces and asserts they are identical.
+
+``COVERAGE`` keeps which operations and which errors the whole suite exercised, counting
+only outcomes a test asserted: an error once ``Run.fails`` checked its code, a success once
+its answer was checked (``Run.answered``). A call whose answer nobody checked covers nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import pathlib
-from collections import Counter
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,13 +25,14 @@ import pytest
 from google.protobuf import message
 
 from cleveragents.acp.client.acp_client import ACPClient
-from cleveragents.acp.contract import codec
+from cleveragents.acp.contract import catalog, codec
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, grpc_code
 from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.v1 import events_pb2
 from tests.conformance.backends import KINDS, Backend, open_backend
 from tests.conformance.canonical import Canonicalizer
+from tests.conformance.times import Window, now
 from tests.server_process import Tokens
 
 Entry = dict[str, Any]
@@ -34,26 +40,21 @@ Entry = dict[str, Any]
 
 @dataclass
 class Coverage:
-    """Operations called and errors seen, per transport, over the whole test session."""
+    """Outcomes a test asserted, per transport, over the whole test session: successes whose
+    answer was checked, errors whose code was."""
 
-    calls: Counter[tuple[str, str]] = field(default_factory=Counter)
-    # (kind, operation) of the calls that succeeded.
+    # (kind, operation) of the checked successes.
     succeeded: set[tuple[str, str]] = field(default_factory=set)
     errors: set[tuple[str, str, str, str]] = field(default_factory=set)
     # Tests whose recordings the coverage checks rely on, once they passed.
     passed: set[str] = field(default_factory=set)
 
     def record(self, kind: str, op: Operation, error: ACPError | None) -> None:
-        self.calls[(kind, op.name)] += 1
         if error is None:
             self.succeeded.add((kind, op.name))
         else:
             refinement = str(error.details.get("refinement", ""))
             self.errors.add((kind, op.name, error.code, refinement))
-
-    def operations(self, kind: str) -> set[str]:
-        """Operations called at all (any answer, auth refusals included)."""
-        return {name for (k, name) in self.calls if k == kind}
 
     def successes(self, kind: str) -> set[str]:
         return {name for (k, name) in self.succeeded if k == kind}
@@ -63,6 +64,9 @@ class Coverage:
 
 
 COVERAGE = Coverage()
+# Which transport and operation each error raised through a recording transport came from,
+# so ``Run.fails`` can count it once it checked it.
+ORIGINS: weakref.WeakKeyDictionary[ACPError, tuple[str, Operation]] = weakref.WeakKeyDictionary()
 
 
 def error_json(err: ACPError) -> Entry:
@@ -76,11 +80,14 @@ def error_json(err: ACPError) -> Entry:
 class RecordingTransport:
     """A transport that writes what passes through it into a trace."""
 
-    def __init__(self, inner: Transport, kind: str, trace: list[Entry], who: str) -> None:
+    def __init__(
+        self, inner: Transport, kind: str, trace: list[Entry], who: str, opened: datetime.datetime
+    ) -> None:
         self.inner = inner
         self.kind = kind
         self.trace = trace
         self.who = who
+        self.opened = opened
 
     def _entry(self, op: Operation, request: message.Message, options: CallOptions) -> Entry:
         entry: Entry = {"op": op.name, "who": self.who, "request": codec.to_dict(request)}
@@ -91,14 +98,15 @@ class RecordingTransport:
 
     async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:
         entry = self._entry(op, request, options)
+        sent = now()
         try:
             response = await self.inner.call(op, request, options)
         except ACPError as err:
             entry["error"] = error_json(err)
-            COVERAGE.record(self.kind, op, err)
+            ORIGINS[err] = (self.kind, op)
             raise
         entry["data"] = codec.to_dict(response)
-        COVERAGE.record(self.kind, op, None)
+        Window(self.opened, sent, now()).check(entry["data"])
         return response
 
     async def open_stream(
@@ -109,11 +117,10 @@ class RecordingTransport:
             items = await self.inner.open_stream(op, request, options)
         except ACPError as err:
             entry["error"] = error_json(err)
-            COVERAGE.record(self.kind, op, err)
+            ORIGINS[err] = (self.kind, op)
             raise
-        COVERAGE.record(self.kind, op, None)
         entry["items"] = []
-        return RecordedStream(self.kind, op, items, entry)
+        return RecordedStream(self.kind, op, items, entry, self.opened)
 
     async def close(self) -> None:
         """The backend owns the inner transport."""
@@ -124,23 +131,35 @@ class RecordedStream:
 
     ``aclose`` closes the transport's stream even when no item was read."""
 
-    def __init__(self, kind: str, op: Operation, items: AsyncIterator[message.Message], entry: Entry) -> None:
+    def __init__(
+        self,
+        kind: str,
+        op: Operation,
+        items: AsyncIterator[message.Message],
+        entry: Entry,
+        opened: datetime.datetime,
+    ) -> None:
         self.kind = kind
         self.op = op
         self.items = items
         self.entry = entry
+        self.opened = opened
 
     def __aiter__(self) -> RecordedStream:
         return self
 
     async def __anext__(self) -> message.Message:
+        # An event is stamped when it happens, so no later than it arrives; it may be
+        # older than the read (a backlog), never older than the backend.
         try:
             item = await anext(self.items)
         except ACPError as err:
             self.entry["error"] = error_json(err)
-            COVERAGE.record(self.kind, self.op, err)
+            ORIGINS[err] = (self.kind, self.op)
             raise
-        self.entry["items"].append(codec.to_dict(item))
+        data = codec.to_dict(item)
+        Window(self.opened, self.opened, now()).check(data)
+        self.entry["items"].append(data)
         return item
 
     async def aclose(self) -> None:
@@ -166,7 +185,9 @@ class Run:
 
     def client(self, principal: str | None = "alice", *, acp_version: str | None = None) -> ACPClient:
         who = principal if principal is None or principal in self.backend.tokens.tokens else "<other>"
-        transport = RecordingTransport(self.backend.transport, self.kind, self.trace, str(who))
+        transport = RecordingTransport(
+            self.backend.transport, self.kind, self.trace, str(who), self.backend.opened
+        )
         return ACPClient(transport, token=self.backend.token(principal), acp_version=acp_version)
 
     def note(self, label: str, value: Any) -> None:
@@ -175,14 +196,24 @@ class Run:
             value = codec.to_dict(value)
         self.trace.append({"note": label, "value": value})
 
+    def answered(self, op: str | Operation) -> None:
+        """Count a success of ``op`` on this run's transport as covered: call it only once
+        the answer was checked for what the call must say."""
+        operation = op if isinstance(op, Operation) else catalog.OPERATIONS[op]
+        COVERAGE.record(self.kind, operation, None)
+
     @staticmethod
     async def fails(action: Awaitable[Any], code: str, refinement: str | None = None) -> ACPError:
-        """The ACPError ``action`` raises, after checking its code (and refinement)."""
+        """The ACPError ``action`` raises, after checking its code (and refinement). Once
+        checked, the error counts as covered for the call that answered it."""
         with pytest.raises(ACPError) as info:
             await action
         assert info.value.code == code, info.value
         if refinement is not None:
             assert info.value.details.get("refinement") == refinement, info.value
+        origin = ORIGINS.get(info.value)
+        if origin is not None:
+            COVERAGE.record(origin[0], origin[1], info.value)
         return info.value
 
     @staticmethod

@@ -28,7 +28,12 @@ Params = dict[str, Any]
 Data = dict[str, Any]
 World = dict[str, Any]
 # Imported sessions keep the document's id: one per principal (ULIDs, not of this run).
-IMPORTED_IDS = {"alice": "01HZZZZZZZZZZZZZZZZZZZZZZA", "root": "01HZZZZZZZZZZZZZZZZZZZZZZB"}
+IMPORTED_IDS = {
+    "alice": "01HZZZZZZZZZZZZZZZZZZZZZZA",
+    "root": "01HZZZZZZZZZZZZZZZZZZZZZZB",
+    "prior": "01HZZZZZZZZZZZZZZZZZZZZZZC",
+    "current": "01HZZZZZZZZZZZZZZZZZZZZZZD",
+}
 
 
 async def own_subjects(run: Run, world: dict[str, Any], who: str) -> dict[str, Params]:
@@ -73,9 +78,11 @@ async def own_subjects(run: Run, world: dict[str, Any], who: str) -> dict[str, P
     return own
 
 
-async def answer(run: Run, op: Operation, params: Params, principal: str) -> Data:
+async def answer(
+    run: Run, op: Operation, params: Params, principal: str | None, acp_version: str | None = None
+) -> Data:
     """The successful answer of a call as JSON; of a stream, its first item."""
-    c = run.client(principal)
+    c = run.client(principal, acp_version=acp_version)
     if op.server_streaming:
         options = CallOptions(acp_version=c.acp_version, token=c.token, request_id=new_request_id())
         items = await c.transport.open_stream(op, request_for(op, params, {}), options)
@@ -173,3 +180,4 @@ async def check_answer(run: Run, op: Operation, params: Params, data: Data, worl
         shown = f"{op.group}.show"
         subject: dict[str, Any] = {key: params[key] for key in ("name", "session_id") if key in params}
         await run.fails(run.client().call(shown, subject), "NOT_FOUND")
+    run.answered(op)

@@ -1,5 +1,6 @@
-"""The suite covers the catalog: every operation called, every error it can answer provoked,
-on every transport. Runs after the rest of the contract suite (see conftest)."""
+"""The suite covers the catalog: every operation exercised, every error it can answer
+provoked, on every transport, counting only outcomes a test asserted (``harness.COVERAGE``).
+Runs after the rest of the contract suite (see conftest)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ GATES = frozenset({"AUTH_REQUIRED", "AUTH_FORBIDDEN", "VERSION_MISMATCH"})
 
 
 def exercised(kind: str) -> set[str]:
-    """Operations that succeeded, or answered an error the expectations name for them
-    past the gate: a call refused for its token does not exercise the operation."""
+    """Operations whose checked answer was a success, or an asserted error the expectations
+    name for them past the gate: a call refused for its token does not exercise the operation."""
     expected = expected_errors()
     reached = {
         name

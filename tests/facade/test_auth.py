@@ -156,3 +156,73 @@ def test_unknown_tokens_look_at_the_file_at_most_once_per_interval(
     # The first unknown token after the interval looks at once.
     assert authenticator.authenticate(late).name == "late"
     assert auth.NEW_TOKEN_SECONDS <= 1.0
+
+
+def _flip(digest: str, index: int) -> str:
+    """``digest`` with its hex character at ``index`` changed (and nothing else)."""
+    return digest[:index] + ("0" if digest[index] != "0" else "1") + digest[index + 1 :]
+
+
+def test_a_digest_matches_only_in_all_its_64_characters(tmp_path: pathlib.Path) -> None:
+    """Principals whose current or previous digest differs from the token's in one hex
+    character, at every position: none of them is the token's (a comparison of a prefix,
+    a suffix or any 8 characters would let one in)."""
+    token = auth.new_token()
+    digest = auth.hash_token(token)
+    never = time.time() + 3600
+    near = [
+        auth.TokenEntry(f"p{index}", _flip(digest, index), frozenset({"default"}))
+        for index in range(len(digest))
+    ]
+    previous = [
+        auth.TokenEntry(
+            f"q{index}",
+            auth.hash_token(auth.new_token()),
+            frozenset({"default"}),
+            previous_sha256=_flip(digest, index),
+            previous_expires=never,
+        )
+        for index in range(len(digest))
+    ]
+    path = tmp_path / "tokens.toml"
+    auth.write(path, [*near, *previous])
+    authenticator = auth.TokenAuthenticator(path, check_seconds=0)
+    assert refused(authenticator, token).message == "unknown or revoked token"
+    auth.write(path, [*near, auth.TokenEntry("exact", digest, frozenset({"default"})), *previous])
+    authenticator.reload()
+    assert authenticator.authenticate(token).name == "exact"
+
+
+def test_after_rotate_the_old_token_ends_with_its_own_expiry_at_the_latest(tmp_path: pathlib.Path) -> None:
+    """A grace longer than the old token had left is cut to its expiry: rotating never
+    lengthens the life of a token (even when the new one gets a longer life)."""
+    path = tmp_path / "tokens.toml"
+    auth.create_token(path, "a", ["default"], expires_in=120)
+    (before,) = auth.load(path)
+    auth.rotate_token(path, "a", grace_seconds=3600, expires_in=30 * 86400)
+    (after,) = auth.load(path)
+    assert after.previous_sha256 == before.token_sha256
+    assert before.expires is not None
+    assert after.expires is not None
+    assert after.previous_expires == before.expires
+    assert after.expires > before.expires
+    # A grace shorter than the old token's life is kept as asked.
+    auth.rotate_token(path, "a", grace_seconds=60)
+    (again,) = auth.load(path)
+    assert again.previous_expires is not None
+    assert again.previous_expires < after.expires
+    assert again.previous_expires <= time.time() + 61
+
+
+def test_an_expired_principal_is_no_longer_known_by_name(tmp_path: pathlib.Path) -> None:
+    """What stream tickets and open ticket streams ask (``principal_named``): an expired
+    principal is gone there too, not only for its token."""
+    path = tmp_path / "tokens.toml"
+    auth.create_token(path, "a", ["default"], expires_in=3600)
+    authenticator = auth.TokenAuthenticator(path, check_seconds=0)
+    assert authenticator.principal_named("a") == Principal("a", frozenset({"default"}))
+    (entry,) = auth.load(path)
+    auth.write(
+        path, [auth.TokenEntry(entry.name, entry.token_sha256, entry.namespaces, expires=time.time() - 1)]
+    )
+    assert authenticator.principal_named("a") is None

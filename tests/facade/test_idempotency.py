@@ -13,8 +13,8 @@ import pytest
 
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract import catalog
-from cleveragents.acp.contract.call import CallContext, Reply
-from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.contract.call import CallContext, Principal, Reply
+from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.idempotency import Idempotency, nothing_happened
@@ -289,3 +289,96 @@ async def test_a_told_message_is_stored_once(facade: ServiceFacade, tmp_path: pa
     shown, _ = await call(facade, show, session_pb2.GetSessionRequest(session_id=session_id), "show-1")
     assert [m.content for m in shown.messages].count("hello") == 1  # type: ignore[attr-defined]
     assert ("tell-1", "session.tell", 1, 0) in rows(tmp_path / "acp.db")
+
+
+# driven below the facade, each run frozen at a known point --------------------------------
+
+
+def caller(name: str, request_id: str) -> CallContext:
+    return CallContext(principal=Principal(name, None), request_id=request_id, request_id_given=True)
+
+
+def made_by(name: str) -> session_pb2.CreateSessionResponse:
+    return session_pb2.CreateSessionResponse(session=session_pb2.Session(title=f"made for {name}"))
+
+
+class Held:
+    """A handler that holds ``alice``'s run inside it until ``release`` is set; every
+    other principal's run answers at once. ``ran`` lists who ran, in order."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.ran: list[str] = []
+
+    async def __call__(self, request: object, ctx: CallContext) -> session_pb2.CreateSessionResponse:
+        name = ctx.require_principal().name
+        self.ran.append(name)
+        if name == "alice":
+            self.entered.set()
+            await self.release.wait()
+        return made_by(name)
+
+
+@pytest.mark.parametrize("bobs_title", ["same", "other"])
+async def test_two_principals_with_one_request_id_at_once_each_run_their_own(
+    facade: ServiceFacade, bobs_title: str
+) -> None:
+    """Request ids are per principal, in the runs under way as in the store: bob's call with
+    the id alice's running call has is bob's own call, whatever its parameters (not a
+    duplicate to join, not REQUEST_ID_REUSED)."""
+    idempotency = facade.idempotency
+    assert idempotency is not None
+    # A hang guard only: bob's run never waits for alice's (a joined run would, this long).
+    idempotency.wait_seconds = 5.0
+    handler = Held()
+    alices = asyncio.ensure_future(
+        idempotency.run(
+            CREATE, session_pb2.CreateSessionRequest(title="same"), caller("alice", "r-1"), handler
+        )
+    )
+    await handler.entered.wait()
+    bob = caller("bob", "r-1")
+    answer = await idempotency.run(CREATE, session_pb2.CreateSessionRequest(title=bobs_title), bob, handler)
+    assert answer == made_by("bob")
+    assert not bob.replayed
+    assert handler.ran == ["alice", "bob"]
+    handler.release.set()
+    assert await alices == made_by("alice")
+    # Each one's retry is answered from its own stored answer (session.create's handler
+    # runs again to its first write, where the stored row is found: the design).
+    for name, title in (("alice", "same"), ("bob", bobs_title)):
+        retry = caller(name, "r-1")
+        again = await idempotency.run(CREATE, session_pb2.CreateSessionRequest(title=title), retry, handler)
+        assert (again, retry.replayed) == (made_by(name), True)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [RuntimeError("a bug"), ACPError(ErrorCode.INTERNAL_ERROR, "a fault the handler reported")],
+    ids=["exception", "acp-error"],
+)
+async def test_an_internal_error_is_not_stored_so_its_retry_runs_again(
+    facade: ServiceFacade, tmp_path: pathlib.Path, fault: Exception
+) -> None:
+    """INTERNAL_ERROR says nothing about the call's effect and a retry may succeed: it is
+    never replayed (as long as the run wrote nothing)."""
+    idempotency = facade.idempotency
+    assert idempotency is not None
+    runs: list[str] = []
+
+    async def failing_once(request: object, ctx: CallContext) -> session_pb2.CreateSessionResponse:
+        runs.append(ctx.request_id)
+        if len(runs) == 1:
+            raise fault
+        return made_by("alice")
+
+    request = session_pb2.CreateSessionRequest(title="retried")
+    with pytest.raises(ACPError) as failed:
+        await idempotency.run(CREATE, request, caller("alice", "ie-1"), failing_once)
+    assert failed.value.code == "INTERNAL_ERROR"
+    assert rows(tmp_path / "acp.db") == []
+    retry = caller("alice", "ie-1")
+    assert await idempotency.run(CREATE, request, retry, failing_once) == made_by("alice")
+    assert not retry.replayed
+    assert runs == ["ie-1", "ie-1"]

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import pathlib
-import shutil
 import subprocess
 import sys
 from typing import Any
 
 import pytest
 
+from tests import needs
 from tests.gateway.conftest import Served
 
-CURL = shutil.which("curl")
 BUF = pathlib.Path(sys.executable).parent / "buf"
 
 
@@ -24,16 +23,14 @@ def run(*args: str, timeout: float = 15) -> subprocess.CompletedProcess[str]:
 
 
 def curl(*args: str) -> subprocess.CompletedProcess[str]:
-    if CURL is None:
-        pytest.skip("curl is not installed")
-    return run(CURL, "-sS", *args)
+    return run(needs.program("curl"), "-sS", *args)
 
 
 def buf_curl(
     served: Served, method: str, *args: str, timeout: float = 15
 ) -> subprocess.CompletedProcess[str]:
     if not BUF.exists():
-        pytest.skip("buf is not installed")
+        needs.unavailable(f"buf curl needs {BUF} (pip install -e '.[dev]')")
     url = f"http://{served.server.grpc_target}/{method}"
     return run(str(BUF), "curl", "--protocol", "grpc", "--http2-prior-knowledge", *args, url, timeout=timeout)
 

@@ -142,7 +142,9 @@ def test_namespaces(channel: Any, served: Served) -> None:
     session_id = session_pb2.CreateSessionResponse.FromString(raw).session.meta.id
     show = catalog.OPERATIONS["session.show"]
     shown = session_pb2.GetSessionRequest(session_id=session_id).SerializeToString()
-    assert fails(channel, show, shown, token=served.token("bob"))[0] == "AUTH_FORBIDDEN"
+    reason, metadata, _ = fails(channel, show, shown, token=served.token("bob"))
+    assert (reason, metadata.get("refinement")) == ("NOT_FOUND", "SESSION_NOT_FOUND")
+    assert "namespace" not in metadata
     listing = catalog.OPERATIONS["session.list"]
     raw, _ = call(
         channel,

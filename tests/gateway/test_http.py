@@ -212,7 +212,11 @@ def test_namespaces_are_enforced(http: httpx.Client, served: Served) -> None:
     )
     assert error_of(forbidden, "AUTH_FORBIDDEN")["namespace"] == "default"
     show = {"operation": "session.show", "params": {"session_id": session_id}}
-    error_of(envelope(http, show, served.token("bob")), "AUTH_FORBIDDEN")
+    # Another namespace's session by id answers as an unknown id (issue 31, finding 9).
+    assert error_of(envelope(http, show, served.token("bob")), "NOT_FOUND") == {
+        "session_id": session_id,
+        "refinement": "SESSION_NOT_FOUND",
+    }
     assert data_of(envelope(http, show, served.token("root")))["session"]["meta"]["id"] == session_id
     listing = {"operation": "session.list", "params": {"page_size": 500}}
     bob_ids = [s["meta"]["id"] for s in data_of(envelope(http, listing, served.token("bob")))["sessions"]]
@@ -222,7 +226,8 @@ def test_namespaces_are_enforced(http: httpx.Client, served: Served) -> None:
     rest = http.get(
         f"/api/v1/sessions/{session_id}", headers={"Authorization": f"Bearer {served.token('bob')}"}
     )
-    error_of(rest, "AUTH_FORBIDDEN")
+    assert rest.status_code == 404
+    error_of(rest, "NOT_FOUND")
 
 
 # -- versions ----------------------------------------------------------------------------------

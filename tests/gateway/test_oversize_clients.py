@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import http.client
 import pathlib
-import shutil
 import ssl
 import subprocess
 import urllib.error
@@ -27,6 +26,7 @@ import httpx
 import orjson
 import pytest
 
+from tests import needs
 from tests.gateway.conftest import MAX_BODY, Served
 from tests.server_process import Tokens, start_server
 from tests.tls import make_certificate
@@ -102,9 +102,7 @@ def with_httpx(target: Target) -> tuple[int, bytes]:
 
 
 def with_curl(target: Target, directory: pathlib.Path) -> tuple[int, bytes]:
-    curl = shutil.which("curl")
-    if curl is None:
-        pytest.skip("curl is not installed")
+    curl = needs.program("curl")
     body = directory / "body.json"
     body.write_bytes(BODY)
     answer = directory / "answer.json"

@@ -7,7 +7,6 @@ same h11 state as uvicorn's own ``send`` (plain ``H11Protocol``) would."""
 from __future__ import annotations
 
 import asyncio
-import collections
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-from cleveragents.acp.gateway.http.protocol import ConnectionLimits, GuardedH11Protocol
+from cleveragents.acp.gateway.http.protocol import Clients, ConnectionLimits, GuardedH11Protocol
 
 REQUEST = b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n"
 
@@ -58,9 +57,7 @@ def _connect(
     if plain:
         protocol = H11Protocol(config, state, {})
     else:
-        protocol = GuardedH11Protocol(
-            config, state, {}, bounds=ConnectionLimits(), per_client=collections.Counter()
-        )
+        protocol = GuardedH11Protocol(config, state, {}, bounds=ConnectionLimits(), clients=Clients())
     transport = _Transport()
     protocol.connection_made(transport)
     return protocol, transport

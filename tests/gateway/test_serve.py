@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
-import shutil
 import socket
 import ssl
 import stat
@@ -23,6 +22,7 @@ from cleveragents.acp.client.grpc_transport import GrpcTransport
 from cleveragents.acp.client.http_transport import HTTPTransport
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.contract.retry import RetryPolicy
+from tests import needs
 from tests.gateway.conftest import Served
 from tests.gateway.test_http import data_of, envelope, error_of
 from tests.server_process import (
@@ -65,8 +65,7 @@ def test_first_start_prints_a_token_and_a_working_curl_line(
         assert server.grpc is not None
         assert server.grpc in output
         assert server.http in output
-        if shutil.which("curl") is None:
-            pytest.skip("curl is not installed")
+        needs.program("curl")
         answer = subprocess.run(
             curl_line, shell=True, capture_output=True, text=True, timeout=15, check=False
         )
@@ -213,6 +212,8 @@ def test_gateway_only_mode(tmp_path: pathlib.Path, served: Served, children: Chi
     gateway = children.server(start_gateway(tmp_path, served.server.grpc_target))
     try:
         assert gateway.grpc is None
+        assert "warning" not in gateway.stderr()
+        assert not any("NOT REACHABLE" in line for line in gateway.stdout)
         with httpx.Client(base_url=gateway.http, timeout=10) as client:
             version = client.get("/api/v1/version", headers={"X-Request-ID": "through-gw"})
             assert data_of(version)["supported_versions"] == ["1.2", "1.1"]
@@ -222,10 +223,10 @@ def test_gateway_only_mode(tmp_path: pathlib.Path, served: Served, children: Chi
             error_of(envelope(client, {"operation": "session.list"}, "acp_bogus"), "AUTH_REQUIRED")
             created = data_of(envelope(client, {"operation": "session.create"}, served.token()))
             show = {"operation": "session.show", "params": {"session_id": created["session"]["meta"]["id"]}}
-            assert (
-                error_of(envelope(client, show, served.token("bob")), "AUTH_FORBIDDEN")["namespace"]
-                == "default"
-            )
+            # Another namespace's session answers as an unknown id, naming no namespace.
+            refused = error_of(envelope(client, show, served.token("bob")), "NOT_FOUND")
+            assert refused["refinement"] == "SESSION_NOT_FOUND"
+            assert "namespace" not in refused
             error_of(
                 envelope(client, {"operation": "meta.version", "acp_version": "1.0"}), "VERSION_MISMATCH"
             )
@@ -258,6 +259,11 @@ def test_gateway_without_upstream_answers_envelopes(tmp_path: pathlib.Path, chil
         port = unused.getsockname()[1]
     gateway = children.server(start_gateway(tmp_path, f"127.0.0.1:{port}"))
     try:
+        # It starts (the upstream may come later) but says at once that it cannot reach it.
+        assert f"  upstream 127.0.0.1:{port}   (NOT REACHABLE now)" in gateway.stdout
+        assert (
+            f"agents gateway: warning: the upstream 127.0.0.1:{port} cannot be reached (" in gateway.stderr()
+        )
         with httpx.Client(base_url=gateway.http, timeout=30) as client:
             for answer in (
                 client.get("/api/v1/version"),

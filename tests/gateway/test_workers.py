@@ -220,6 +220,18 @@ def test_the_stream_ticket_cap_holds_across_workers(
         assert refused["refinement"] == "TOO_MANY_TICKETS"
 
 
+def restarted_worker(server: ServerProcess) -> dict[str, int]:
+    """The ``acp-worker`` line of a worker the parent started again (waited for, bounded)."""
+    deadline = time.monotonic() + TIMEOUT * 2
+    while time.monotonic() < deadline:
+        lines = [line for line in list(server.stdout) if line.startswith("acp-worker ")]
+        if lines:
+            restarted: dict[str, int] = json.loads(lines[-1].removeprefix("acp-worker "))
+            return restarted
+        time.sleep(0.1)
+    raise AssertionError(f"no worker was started again: {server.stderr()}")
+
+
 def test_a_killed_worker_is_started_again(workers: ServerProcess, tokens: Tokens, metrics_port: int) -> None:
     token = tokens.tokens["alice"]
     pids = ready_info(workers)["workers"]
@@ -227,15 +239,7 @@ def test_a_killed_worker_is_started_again(workers: ServerProcess, tokens: Tokens
     victim = int(pids[0])
     started = metric(metrics_port, "process_start_time_seconds")
     os.kill(victim, signal.SIGKILL)
-    restarted = None
-    deadline = time.monotonic() + TIMEOUT * 2
-    while restarted is None and time.monotonic() < deadline:
-        lines = [line for line in list(workers.stdout) if line.startswith("acp-worker ")]
-        if lines:
-            restarted = json.loads(lines[-1].removeprefix("acp-worker "))
-        else:
-            time.sleep(0.1)
-    assert restarted is not None, workers.stderr()
+    restarted = restarted_worker(workers)
     assert restarted["index"] == 0
     assert restarted["pid"] != victim
     assert "worker 0" in workers.stderr()

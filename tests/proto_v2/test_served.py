@@ -193,7 +193,8 @@ async def test_clients_speaking_2_0_over_each_transport(
         bob = ACPClient(transport, acp_version="2.0", token=served.tokens.tokens["bob"], contract=v1_and_v2)
         with pytest.raises(ACPError) as caught:
             await bob.call("session.show", session_id=served.session_id)
-        assert caught.value.code == "AUTH_FORBIDDEN"
+        assert caught.value.code == "NOT_FOUND"
+        assert caught.value.details["refinement"] == "SESSION_NOT_FOUND"
     finally:
         await transport.close()
 

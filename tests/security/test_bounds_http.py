@@ -174,8 +174,17 @@ def test_hundreds_of_slowloris_connections_do_not_stay_open(timeouts: ServerProc
             sock.close()
 
 
-def _refused_over(server: ServerProcess, cap: int, scope: bytes) -> None:
+def _refused_over(server: ServerProcess, cap: int, scope: bytes, *, busy: bool = False) -> None:
+    """``cap`` connections held (``busy``: each in a request whose body the server is
+    reading: it said ``100 Continue``), then one more is refused."""
     held = [_connect(server) for _ in range(cap)]
+    if busy:
+        for sock in held:
+            sock.sendall(
+                b"POST /api/v1/acp HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n"
+            )
+        for sock in held:
+            assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n")
     try:
         with _connect(server) as sock:
             answer = _read_all(sock)
@@ -187,8 +196,14 @@ def _refused_over(server: ServerProcess, cap: int, scope: bytes) -> None:
             sock.close()
 
 
-def test_connections_over_the_server_cap_are_refused(timeouts: ServerProcess) -> None:
-    _refused_over(timeouts, CAP, b"to the server")
+def test_connections_over_the_server_cap_are_refused_when_none_is_idle(tmp_path: pathlib.Path) -> None:
+    """Idle ones make room instead (tests/security/test_slow_clients.py). The default
+    timeouts: every held request stays under way for the whole test."""
+    server = _server(tmp_path, "--max-connections", "20", "--max-connections-per-client", "30")
+    try:
+        _refused_over(server, 20, b"to the server", busy=True)
+    finally:
+        assert server.stop() == 0, server.stderr()
 
 
 def test_connections_over_the_per_client_cap_are_refused(tmp_path: pathlib.Path) -> None:

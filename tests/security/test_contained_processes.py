@@ -5,18 +5,32 @@ unprivileged user when the server runs as root."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pathlib
 import pwd
 import resource
+import signal
+import subprocess
+import time
 
 import pytest
 
 from cleveragents.acp.facade.domain.plans import process
 from cleveragents.acp.facade.domain.policy import CommandUser, Policy, ProcessLimits
-from tests.facade.plans.helpers import PY
+from tests.facade.plans.helpers import PY, gone
+from tests.facade.plans.plan_child import FAMILY
 
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# A server's part in a command: process.run in a process of its own (argv: folder, command...).
+SERVER = (
+    "import asyncio, pathlib, sys\n"
+    "from cleveragents.acp.facade.domain.plans import process\n"
+    "from cleveragents.acp.facade.domain.policy import Policy\n"
+    "asyncio.run(process.run(sys.argv[2:], pathlib.Path(sys.argv[1]), seconds=600, output_limit=1024,\n"
+    "                        cancel=asyncio.Event(), policy=Policy()))\n"
+)
 LIMITS = ProcessLimits(cpu_seconds=30, memory_bytes=2 * 1024**3, file_bytes=1024**2, processes=4096)
 
 
@@ -134,3 +148,33 @@ async def test_a_program_the_command_user_cannot_run_is_an_os_error(tmp_path: pa
     user = CommandUser("nobody", account.pw_uid, account.pw_gid)
     with pytest.raises(PermissionError):
         await _run([str(program)], scratch, Policy(command_user=user))
+
+
+def test_a_command_dies_with_the_server_that_started_it(tmp_path: pathlib.Path) -> None:
+    """Issue 30 item 5: the server is killed with SIGKILL (it can clean nothing up) while a
+    command runs in its own session; the command's whole group goes with it."""
+    pids = tmp_path / "pids"
+    server = subprocess.Popen(
+        [PY, "-c", SERVER, str(tmp_path), PY, "-c", FAMILY, str(pids)], cwd=REPO, start_new_session=True
+    )
+    family: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not pids.exists():
+            assert server.poll() is None, "the server ended before the command ran"
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.02)
+        family = [int(pid) for pid in pids.read_text().split()]
+        assert not any(map(gone, family))
+        server.send_signal(signal.SIGKILL)
+        server.wait(30)
+        deadline = time.monotonic() + 30
+        while not all(map(gone, family)):
+            assert time.monotonic() < deadline, f"the command's group {family} outlived the server"
+            time.sleep(0.02)
+    finally:
+        server.kill()
+        server.wait(30)
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

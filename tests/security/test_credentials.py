@@ -47,6 +47,14 @@ def expire(path: pathlib.Path, name: str, *, previous: bool = False) -> None:
     auth.write(path, entries)
 
 
+def narrow(path: pathlib.Path, name: str, namespaces: frozenset[str]) -> None:
+    """What an operator does by editing the token file: keep the principal, fewer namespaces."""
+    entries = [
+        dataclasses.replace(e, namespaces=namespaces) if e.name == name else e for e in auth.load(path)
+    ]
+    auth.write(path, entries)
+
+
 @pytest.fixture(scope="module")
 def lifetimes(tmp_path_factory: pytest.TempPathFactory) -> Tokens:
     """alice (contract suite), ``expired``, ``rotated`` (old and new token, in grace) and
@@ -145,12 +153,14 @@ async def stream_ends(backend: Backend, change: Any) -> ACPError:
 
 
 @pytest.mark.parametrize("kind", ["http", "grpc", "local"])
-@pytest.mark.parametrize("how", ["revoke", "expire"])
+@pytest.mark.parametrize("how", ["revoke", "expire", "narrow"])
 async def test_open_streams_end_when_the_principal_goes(kind: str, how: str, tmp_path: pathlib.Path) -> None:
     """Finding 5: the stream received 6 more events after revocation; now it ends with
-    AUTH_REQUIRED (SSE's error frame, gRPC's UNAUTHENTICATED) within 1.5 s by design."""
+    AUTH_REQUIRED (SSE's error frame, gRPC's UNAUTHENTICATED) within 1.5 s by design.
+    Issue 31, finding 6: a namespace taken from the principal in the token file ends its
+    open streams too, with AUTH_FORBIDDEN (they kept delivering that namespace's events)."""
     tokens = Tokens.create(tmp_path)
-    tokens.tokens["victim"] = auth.create_token(tokens.path, "victim", ["default"], role="reader")
+    tokens.tokens["victim"] = auth.create_token(tokens.path, "victim", ["default", "team"], role="reader")
     async with open_backend(kind, tmp_path / "backend", tokens, keepalive_seconds=0.2) as backend:
         started = time.monotonic()
 
@@ -159,11 +169,18 @@ async def test_open_streams_end_when_the_principal_goes(kind: str, how: str, tmp
             started = time.monotonic()
             if how == "revoke":
                 auth.revoke_token(tokens.path, "victim")
+            elif how == "narrow":
+                narrow(tokens.path, "victim", frozenset({"team"}))
             else:
                 expire(tokens.path, "victim")
 
         err = await stream_ends(backend, change)
         took = time.monotonic() - started
+    if how == "narrow":
+        assert err.code == "AUTH_FORBIDDEN", err
+        assert err.details.get("refinement") == "PRINCIPAL_NARROWED", err
+        assert err.details.get("namespaces") == ["default"], err
+        return
     assert err.code == "AUTH_REQUIRED", err
     if how == "expire":
         assert err.details.get("refinement") == "TOKEN_EXPIRED", err

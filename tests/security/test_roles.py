@@ -79,6 +79,18 @@ async def command_specs(run: Run) -> None:
     assert err.details["field"] == "automation_profile"
     await use(writer, automation_profile="narrow")
     await use(admin, automation_profile="wide")
+    # Issue 31, finding 5: a writer's profile naming the admin's command validation "v" in
+    # allowed_validations would run that command on files the writer staged.
+    checks = {"allowed_tools": ["fs.read"], "allowed_validations": ["v"]}
+    err = await run.fails(writer.call("automation_profile.add", name="checks", spec=checks), "AUTH_FORBIDDEN")
+    assert err.details["refinement"] == "ROLE_FORBIDDEN"
+    await run.fails(
+        writer.call("automation_profile.update", name="narrow", revision=1, spec=checks), "AUTH_FORBIDDEN"
+    )
+    await admin.call("automation_profile.add", name="checks", spec=checks)
+    err = await run.fails(use(writer, automation_profile="checks"), "AUTH_FORBIDDEN")
+    assert "v" in err.message
+    await use(admin, automation_profile="checks")
 
 
 async def readers_follow_events(run: Run) -> None:

@@ -219,3 +219,28 @@ def test_settings_and_policy_of_agents_serve() -> None:
     assert policy.command_user.uid != 0
     assert not server_policy([], allow_commands=False, command_user=None, euid=1000).allow_commands
     assert json.dumps(policy.resource_roots) == '["/srv/{namespace}"]'
+
+
+async def test_a_root_is_a_folder_not_a_prefix_of_names(tmp_path: pathlib.Path) -> None:
+    """Root ``…/team`` holds ``…/team/x``, never its neighbour ``…/team-evil`` (whose name
+    starts with the root's), nor the neighbour of a per-namespace root."""
+    base = tmp_path / "roots"
+    for folder in ("team/repo", "team-evil/repo", "teamx/repo", "a/team/repo", "a/team-evil/repo"):
+        (base / folder).mkdir(parents=True)
+    for index, roots in enumerate(([f"{base}/team"], [f"{base}/a/{{namespace}}"], [f"{base}/team/"])):
+        facade = open_facade(tmp_path / f"acp-{index}.db", policy=Policy.server(roots))
+        client = ACPClient(LocalTransport(facade))
+        try:
+            inside = base / ("a/team/repo" if "{namespace}" in roots[0] else "team/repo")
+            await _add_resource(client, "team", inside)
+            for neighbour in ("team-evil/repo", "teamx/repo", "a/team-evil/repo", "team-evil", "a/team-evil"):
+                refused = await _refusal(client, "team", base / neighbour)
+                assert "inside the server's resource roots" in refused.message
+        finally:
+            await client.close()
+            await facade.close()
+    policy = Policy.server([f"{base}/team"])
+    assert policy.allows_folder("team", f"{base}/team")
+    assert policy.allows_folder("team", f"{base}/team/repo")
+    assert not policy.allows_folder("team", f"{base}/team-evil")
+    assert not policy.allows_folder("team", f"{base}/teamx/repo")

@@ -33,6 +33,7 @@ from cleveragents.acp.contract.recent import Recent
 from cleveragents.acp.facade.domain.models.deltas import DeltaPump, Emit
 from cleveragents.acp.facade.domain.models.egress import ModelEgress
 from cleveragents.acp.facade.domain.models.failures import ModelCancelledError, ModelError
+from cleveragents.acp.facade.domain.models.secret_mask import SecretMask
 from cleveragents.acp.facade.domain.models.settings import ModelSettings
 from cleveragents.acp.facade.domain.models.wire import SSEReader, StreamEndError, Turn, TurnBuilder
 from cleveragents.acp.facade.domain.tracing import traced
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 NO_KEY = "no-key"
 # Upstream error text quoted in our messages, at most.
 QUOTED_CHARS = 300
+# Upstream text looked at for an echoed key: a quote is cut to QUOTED_CHARS after masking,
+# and an error message longer than this is cut here.
+MASKED_CHARS = 4096
 # What a stream may still send after ``data: [DONE]`` is read, at most, for its connection to
 # go back to the pool (a well-behaved server sends only the end of the body, at once).
 DRAIN_LINES = 64
@@ -184,13 +188,15 @@ class _Call:
         self.hold = hold
         self.where = f"the model server of actor {actor_name!r} ({spec.base_url})"
         self.key = ""
+        self._masker = SecretMask("")
 
     def _details(self, **more: object) -> dict[str, object]:
         return {"actor": self.actor, "base_url": self.spec.base_url, **more}
 
     def _mask(self, text: str) -> str:
-        """The text with the key, if the server echoed it, masked."""
-        return text.replace(self.key, "***") if self.key and self.key != NO_KEY else text
+        """The text with the key masked, if the server echoed it, part of it or an encoding
+        of it (``secret_mask``); bounded first, so a huge body costs no more than a quote."""
+        return self._masker(text[:MASKED_CHARS])
 
     def _quote(self, text: object) -> str:
         """Upstream text fit to quote: bounded, and with the key masked."""
@@ -199,6 +205,7 @@ class _Call:
     @traced("model.call", lambda self: {"acp.model": self.spec.model})
     async def run(self) -> Turn:
         self.key = self.models._key(self.actor, self.spec)
+        self._masker = SecretMask(self.key if self.key != NO_KEY else "")
         try:
             return await self._attempts()
         finally:

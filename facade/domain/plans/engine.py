@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -33,7 +34,7 @@ from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import json_schemas, paging, roles
+from cleveragents.acp.facade.domain import caller_work, json_schemas, paging, roles
 from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.plans import (
@@ -55,13 +56,13 @@ from cleveragents.acp.facade.domain.plans import (
 from cleveragents.acp.facade.domain.plans.apply import Restored, Write
 from cleveragents.acp.facade.domain.plans.leases import PlanLeases
 from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
-from cleveragents.acp.facade.domain.plans.records import CheckpointEntry, PlanRecords
+from cleveragents.acp.facade.domain.plans.records import CheckpointEntry, PlanRecords, not_found
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
 from cleveragents.acp.facade.domain.policy import HOW_TO_ALLOW_COMMANDS
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.specs import DEFAULT_MAX_STEPS
 from cleveragents.acp.facade.domain.tracing import traced
-from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, Store
+from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, Store, StoreBusyError
 from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2, registry_pb2, specs_pb2
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,10 @@ T = TypeVar("T")
 CANCEL_WAIT_SECONDS = 10.0
 # What a plan left running by a process that stopped is failed with.
 STOPPED_RUNNING = "the server stopped while the plan was running"
+# How long ``recover`` waits out the locks of a process that stopped inside a transaction
+# (a PostgreSQL replica frozen there keeps them at most $ACP_STORE_IDLE_TRANSACTION_SECONDS,
+# 10 by default: pg_settings.py); then STORE_BUSY, as before it waited.
+RECOVERY_PATIENCE = 60.0
 STOPPED_APPLYING = "the server stopped during apply; every file was restored"
 # A cross-process cancel, left on the plan's lease for its holder (leases.py).
 CANCEL_REQUEST = "cancel:"
@@ -118,6 +123,28 @@ def _inputs(schema: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
             {"field": "inputs", "errors": problems},
         )
     return inputs
+
+
+def _patiently(store: Store, work: Callable[[], T], deadline: float) -> T:
+    """``work`` in a transaction of its own, blocking, tried again (backing off) while a
+    lock another process holds makes it STORE_BUSY, until ``deadline`` (monotonic)."""
+    delay = 0.05
+    while True:
+        try:
+            with store.transaction():
+                return work()
+        except StoreBusyError as exc:
+            if time.monotonic() + delay >= deadline:
+                raise
+            log.warning(
+                "plan recovery waits for a lock another process holds (%s); again in %.2f s", exc, delay
+            )
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def _lease_of(name: str, store: Store) -> Lease | None:
+    return store.get_lease(name)
 
 
 def _index_of(steps: Sequence[plan_pb2.PlanStep], step: plan_pb2.PlanStep) -> int:
@@ -191,9 +218,11 @@ class PlanEngine:
     # loading ----------------------------------------------------------------------------
 
     def load(self, ctx: CallContext, plan_id: str) -> plan_pb2.Plan:
-        """The plan, once the caller may use its namespace."""
+        """The plan, once the caller may use its namespace (else, as for an unknown id,
+        PLAN_NOT_FOUND: ids tell nothing of other namespaces)."""
         plan = self.records.load(plan_id)
-        ctx.authorize(plan.meta.namespace)
+        if not ctx.may_see(plan.meta.namespace):
+            raise not_found(plan_id)
         return plan
 
     def list_plans(self, ctx: CallContext, request: plan_pb2.ListPlansRequest) -> plan_pb2.ListPlansResponse:
@@ -374,8 +403,10 @@ class PlanEngine:
             return action_entry, profile_name, plan_setup
 
         action_entry, profile_name, plan_setup = await self._read(resolve)
-        # RE2 matches without the GIL: a pattern slow on a long input holds no other call.
-        values = await asyncio.to_thread(_inputs, actor.as_dict(action_entry.spec.inputs_schema), inputs)
+        # On the caller-work pool: bounded, shared fairly between namespaces, and stopped if
+        # the caller leaves (RE2 matches without the GIL: a long input holds no other call).
+        schema = actor.as_dict(action_entry.spec.inputs_schema)
+        values = await caller_work.CALLER_WORK.run(namespace, _inputs, schema, inputs)
         steps = actor.declared_steps(action_entry.spec, values)
         await self._read(lambda: [setup.tool_spec(self.registries, namespace, step.tool) for step in steps])
         # A model chooses its own steps: the declared ones are the scripted actor's.
@@ -790,7 +821,9 @@ class PlanEngine:
             self._check_cancel(plan.meta.id, cancel)
             result = validations.refused(
                 name, spec, self.registries.policy, plan_setup.profile
-            ) or await validations.run(name, spec, staging, artifacts, cancel, self.registries.policy)
+            ) or await validations.run(
+                plan.meta.namespace, name, spec, staging, artifacts, cancel, self.registries.policy
+            )
             results.append(result)
             await self._write(lambda: self._record_validation(plan, results))
         failed = [r for r in results if not r.passed]
@@ -1178,7 +1211,9 @@ class PlanEngine:
     def recover(self) -> None:
         """At start, before any call (blocking): settle what stopped processes left, the
         plans in flight whose lease is free, expired, or held by a process that is gone.
-        A live holder's plans are its own business; the scanner takes them if it dies."""
+        A live holder's plans are its own business; the scanner takes them if it dies. A
+        lock a stalled process holds (STORE_BUSY) is waited out, up to RECOVERY_PATIENCE."""
+        deadline = time.monotonic() + RECOVERY_PATIENCE
         candidates = {r.id for r in self.records.in_flight()}
         candidates.update(leases.plan_of(lease.name) for lease in self.leases.takeable(self.store))
         for plan_id in sorted(candidates):
@@ -1188,19 +1223,26 @@ class PlanEngine:
             record = self.store.get(records.KIND, plan_id)
             if record is not None and self._unseen_folder(record) is not None:
                 continue
-            with self.store.transaction():
+
+            def claim(plan_id: str = plan_id, lease: Lease | None = lease) -> tuple[bool, Record | None]:
                 if not self.leases.claim(plan_id, steal_token=leases.steal_token(lease)):
-                    continue
-                record = self.store.get(records.KIND, plan_id)
+                    return False, None
+                return True, self.store.get(records.KIND, plan_id)
+
+            try:
+                claimed, record = _patiently(self.store, claim, deadline)
+            except BaseException:
+                self.leases.forget(plan_id)
+                raise
+            if not claimed:
+                continue
             try:
                 entries, finish = self._settlement(record)
                 if entries:
                     apply.restore(entries)
-                with self.store.transaction():
-                    finish()
+                _patiently(self.store, finish, deadline)
             finally:
-                with self.store.transaction():
-                    self.leases.release(plan_id)
+                _patiently(self.store, functools.partial(self.leases.release, plan_id), deadline)
 
     def _settlement(self, record: Record | None) -> Settlement:
         """What settling a plan whose holder stopped takes: the pre-images to restore first
@@ -1281,19 +1323,40 @@ class PlanEngine:
             self._heartbeat_task.cancel()
             self._heartbeat_task = None
 
-    @staticmethod
     async def _every(
-        interval: float, work: Callable[[], Awaitable[None]], *, first_wait: bool = False
+        self, interval: float, work: Callable[[], Awaitable[None]], *, first_wait: bool = False
     ) -> None:
+        """``work`` every ``interval``; a store outage is one line when it starts (and one
+        when it ends), not a traceback each time."""
         if first_wait:
             await asyncio.sleep(interval)
+        down = False
         while True:
             try:
                 await work()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("plan leases: %s failed; trying again", work.__name__)
+            except Exception as exc:
+                outage = self.store.outage(exc)
+                if outage is not None:
+                    if not down:
+                        log.warning(
+                            "plan leases: %s cannot reach the store (%s); retrying every %g s",
+                            work.__name__,
+                            outage,
+                            interval,
+                        )
+                elif isinstance(exc, StoreBusyError):
+                    # Another process's lock (one frozen inside a transaction, until the store
+                    # ends it): expected while it lasts, not a fault of this process.
+                    log.warning("plan leases: %s waits for a lock (%s); trying again", work.__name__, exc)
+                else:
+                    log.exception("plan leases: %s failed; trying again", work.__name__)
+                down = outage is not None
+            else:
+                if down:
+                    log.warning("plan leases: %s reaches the store again", work.__name__)
+                down = False
             await asyncio.sleep(interval)
 
     async def _heartbeat(self) -> None:
@@ -1301,7 +1364,9 @@ class PlanEngine:
             return
         lost, requests = await self.store.write(self.leases.renew)
         for plan_id in lost:
-            log.warning("plan %s: this process lost its lease; the plan stops here", plan_id)
+            name, token = leases.lease_name(plan_id), self.leases.held.get(plan_id, 0)
+            current = await self.store.read(functools.partial(_lease_of, name))
+            log.warning("plan %s stops here: %s", plan_id, LeaseLostError(name, token, current))
             self._stop_local(plan_id, "the plan's lease was lost")
         for plan_id, request in requests.items():
             self._requested(plan_id, request)

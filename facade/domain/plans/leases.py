@@ -5,7 +5,8 @@ A process claims a plan's lease (a conditional update in the store, on the store
 clock) in the same transaction that marks the plan running, renews it by heartbeat, and
 releases it once the plan has settled. Each claim gets the next fencing token, and every
 write made for the plan checks it inside the write's own transaction (``fence``): a
-process whose lease expired, or was taken, can write nothing more for the plan. A write
+process whose lease was taken can write nothing more for the plan; one whose lease
+merely expired, nobody having claimed it since, renews it in the write and goes on. A write
 made by a process that holds no lease (a ``plan.cancel`` or ``plan.correct`` call) is
 refused while another process holds one.
 
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from ulid import ULID
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.store.base import Lease, LeaseHeldError, Store
+from cleveragents.acp.facade.store.base import Lease, LeaseHeldError, LeaseLostError, Store
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,27 @@ class PlanLeases:
             self.store.check_lease(lease_name(plan_id), token)
         except LeaseHeldError:
             raise busy(plan_id) from None
+        except LeaseLostError as lost:
+            if token is None or not self._reclaim(plan_id, token, lost.current):
+                raise
+
+    def _reclaim(self, plan_id: str, token: int, current: Lease | None) -> bool:
+        """A lease of ours that expired (a heartbeat late: a busy process, a long write) but
+        that nobody claimed since is still ours to write under: the transaction holds off
+        every claim until it ends, so renewing it here, at the same token, fences exactly as
+        a heartbeat on time would have."""
+        if current is None or current.owner != self.owner or current.token != token:
+            return False
+        name = lease_name(plan_id)
+        if name not in self.store.renew_leases(self.owner, {name: token}, self.ttl):
+            return False
+        log.warning(
+            "plan %s: this process's lease (token %d) had expired unrenewed and nobody had "
+            "claimed it; renewed, the plan goes on",
+            plan_id,
+            token,
+        )
+        return True
 
     def claim(self, plan_id: str, *, steal_token: int | None = None) -> bool:
         """Take the plan's lease in the current transaction; False if another holds it. The

@@ -20,8 +20,20 @@ MAX_COMPONENT_BYTES = 255
 # A relative path longer than this is refused: with the resource folder in front it
 # stays well under PATH_MAX (4096), and no diff header or listing grows without bound.
 MAX_PATH_BYTES = 1024
-# C0 controls and DEL: a newline in a name would forge diff headers and listings.
-_CONTROL = frozenset(chr(code) for code in (*range(0x20), 0x7F))
+# C0 and C1 controls and DEL: a newline in a name would forge diff headers and listings;
+# the line and paragraph separators break lines too, and the bidirectional overrides and
+# isolates (U+202E) show a name reversed in a reviewer's diff ("txt.exe" as "exe.txt").
+_CONTROL = frozenset(
+    chr(code)
+    for code in (
+        *range(0x20),
+        *range(0x7F, 0xA0),
+        0x2028,
+        0x2029,
+        *range(0x202A, 0x202F),
+        *range(0x2066, 0x206A),
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -43,7 +55,9 @@ def normalize(path: str, *, field: str = "path", allow_root: bool = False) -> st
     Refused (INVALID_PARAMS): control characters, backslashes (a Windows separator that
     POSIX keeps in a name), a name over 255 bytes, a path over 1024 bytes."""
     if not _CONTROL.isdisjoint(path):
-        raise _invalid("path contains a control character", field, path)
+        raise _invalid(
+            "path contains a control character (or a line separator or bidi override)", field, path
+        )
     if "\\" in path:
         raise _invalid("path contains a backslash; separate folders with '/'", field, path)
     if len(path.encode("utf-8", errors="surrogatepass")) > MAX_PATH_BYTES:

@@ -6,12 +6,15 @@ Containment (docs/security.md says what it does not cover):
 - environment: an allow-list (``ENV_ALLOWED``), so no secret of the server's environment
   (model keys, database URLs) reaches the command;
 - resource limits: CPU seconds, address space, file size, process count (``Policy.limits``);
-- its own session and process group, killed as a whole on timeout or cancel;
+- its own session and process group, killed as a whole on timeout or cancel, and by its
+  supervisor (``CONTAIN``) when the server dies: a command never outlives the server process
+  that started it, so a plan taken over after a crash has no command of the dead one's left
+  making side effects (a lost lease cancels the step, which kills the group too);
 - when the server runs as root, the operator's unprivileged ``--command-user`` (uid, gid,
   no supplementary groups), owning the scratch folder.
 
-The user switch and the limits are made by a small wrapper (``CONTAIN``: this interpreter,
-isolated, no site) that then execs the command; subprocess only starts it in a new session.
+The user switch and the limits are made by a small supervisor (``CONTAIN``: this interpreter,
+isolated, no site) that forks and execs the command; subprocess only starts it in a new session.
 A ``preexec_fn`` or subprocess's ``user``/``group`` arguments would make CPython start the
 child with ``fork()``, which runs gRPC's fork handlers in the child of a server whose gRPC
 threads are busy, and the child then died of SIGABRT or SIGSEGV before its exec; without
@@ -51,39 +54,69 @@ def environment(source: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-# Run as ``python -I -S -c CONTAIN REPORT CPU AS FSIZE NPROC UID GID ARGV...`` (UID -1: no
-# switch): drops to the command user, lowers soft and hard limits (so the command cannot
-# raise them) and execs ARGV; an OSError is written to the REPORT pipe, which otherwise
-# closes at the exec. What execvp imports is imported first: the command user may not be
-# able to read this interpreter's library.
+# Run as ``python -I -S -c CONTAIN REPORT WATCH CPU AS FSIZE NPROC UID GID ARGV...`` (UID -1:
+# no switch), in a new session. It forks the command: the child drops to the command user,
+# lowers soft and hard limits (so the command cannot raise them) and execs ARGV; an OSError
+# is written to the REPORT pipe, which otherwise closes at the exec. What execvp imports is
+# imported first: the command user may not be able to read this interpreter's library.
+# The parent stays, as the server's user, the command's supervisor: it exits as the command
+# does (its status passed on), and when the WATCH pipe reads end-of-file (the server closed
+# it, or died: a kill -9 too) it kills the whole process group, the command's and its own.
 CONTAIN = """\
-import os, resource, sys, warnings
-report, cpu, memory, size, count, uid, gid = map(int, sys.argv[1:8])
-argv = sys.argv[8:]
+import os, resource, select, signal, sys, warnings
+report, watch, cpu, memory, size, count, uid, gid = map(int, sys.argv[1:9])
+argv = sys.argv[9:]
 limits = ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, memory),
           (resource.RLIMIT_FSIZE, size), (resource.RLIMIT_NPROC, count))
-try:
-    if uid >= 0:
-        os.setgroups([])
-        os.setgid(gid)
-        os.setuid(uid)
-    for which, value in limits:
-        hard = resource.getrlimit(which)[1]
-        cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        resource.setrlimit(which, (cap, cap))
-    os.set_inheritable(report, False)
-    os.execvp(argv[0], argv)
-except OSError as exc:
-    os.write(report, f"{exc.errno or 0} {exc.strerror or exc}".encode())
+command = os.fork()
+if command == 0:
+    try:
+        os.close(watch)
+        if uid >= 0:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+        for which, value in limits:
+            hard = resource.getrlimit(which)[1]
+            cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(which, (cap, cap))
+        os.set_inheritable(report, False)
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        os.write(report, f"{exc.errno or 0} {exc.strerror or exc}".encode())
     os._exit(127)
+os.close(report)
+done = os.pidfd_open(command)
+while True:
+    ready = select.select([done, watch], [], [])[0]
+    if done in ready:
+        status = os.waitpid(command, 0)[1]
+        if os.WIFSIGNALED(status):
+            signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+            os.kill(os.getpid(), os.WTERMSIG(status))
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    if not os.read(watch, 64):
+        os.killpg(0, signal.SIGKILL)
 """
 
 
-def contained(argv: list[str], report: int, limits: ProcessLimits, user: CommandUser | None) -> list[str]:
-    """The wrapper's command line for ``argv`` (``CONTAIN``)."""
+def contained(
+    argv: list[str], report: int, watch: int, limits: ProcessLimits, user: CommandUser | None
+) -> list[str]:
+    """The supervisor's command line for ``argv`` (``CONTAIN``)."""
     sizes = (limits.cpu_seconds, limits.memory_bytes, limits.file_bytes, limits.processes)
     ids = (user.uid, user.gid) if user is not None else (-1, -1)
-    return [sys.executable, "-I", "-S", "-c", CONTAIN, str(report), *map(str, (*sizes, *ids)), *argv]
+    return [
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        CONTAIN,
+        str(report),
+        str(watch),
+        *map(str, (*sizes, *ids)),
+        *argv,
+    ]
 
 
 async def _exec_report(fd: int) -> bytes:
@@ -174,22 +207,41 @@ async def run(
     user = policy.command_user
     await asyncio.to_thread(hand_over, cwd, user)
     report, report_end = os.pipe()
+    # Held open (never inherited: os.pipe's ends close at any exec) while the command may
+    # run; its end-of-file, at close or at this process's death, kills the command's group.
+    watch_end, watch = os.pipe()
     try:
         process = await asyncio.create_subprocess_exec(
-            *contained(argv, report_end, policy.limits, user),
+            *contained(argv, report_end, watch_end, policy.limits, user),
             cwd=str(cwd),
             env=environment(),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
-            pass_fds=(report_end,),
+            pass_fds=(report_end, watch_end),
         )
     except BaseException:
         os.close(report)
+        os.close(watch)
         raise
     finally:
         os.close(report_end)
+        os.close(watch_end)
+    try:
+        return await _supervised(process, report, argv[0], seconds, output_limit, cancel)
+    finally:
+        os.close(watch)
+
+
+async def _supervised(
+    process: asyncio.subprocess.Process,
+    report: int,
+    program: str,
+    seconds: float,
+    output_limit: int,
+    cancel: asyncio.Event,
+) -> ProcessResult:
     try:
         failure = await _exec_report(report)
     except BaseException:
@@ -197,7 +249,7 @@ async def run(
         raise
     if failure:
         await process.wait()
-        raise _start_error(failure, argv[0])
+        raise _start_error(failure, program)
     readers = [
         asyncio.ensure_future(_read_capped(process.stdout, output_limit)),
         asyncio.ensure_future(_read_capped(process.stderr, output_limit)),

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from google.protobuf import json_format
 
-from cleveragents.acp.facade.domain import globs, json_schemas, patterns
+from cleveragents.acp.facade.domain import caller_work, globs, json_schemas, patterns
 from cleveragents.acp.facade.domain.plans import process
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
 from cleveragents.acp.facade.domain.policy import HOW_TO_ALLOW_COMMANDS, Policy
@@ -115,6 +115,7 @@ def refused(
 
 
 async def run(
+    namespace: str,
     name: str,
     spec: specs_pb2.ValidationSpec,
     staging: Staging,
@@ -124,11 +125,12 @@ async def run(
 ) -> events_pb2.ValidationCompleted:
     checked = [a for a in artifacts if a.content is not None and globs.matches_any(a.path, list(spec.paths))]
     check = spec.WhichOneof("check")
-    # Off the event loop: RE2 is linear in the artifacts' size but they may be large.
+    # Off the event loop, on the caller-work pool: RE2 and the schemas are linear in the
+    # artifacts' size (the schemas bounded too), but the artifacts may be large.
     if check == "regex":
-        messages = await asyncio.to_thread(_regex, spec.regex, checked)
+        messages = await caller_work.CALLER_WORK.run(namespace, _regex, spec.regex, checked)
     elif check == "json_schema":
-        messages = await asyncio.to_thread(_json_schema, spec.json_schema, checked)
+        messages = await caller_work.CALLER_WORK.run(namespace, _json_schema, spec.json_schema, checked)
     elif check == "command":
         messages = await _command(spec.command, staging, cancel, policy)
     else:

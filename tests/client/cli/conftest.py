@@ -15,6 +15,9 @@ from tests.server_process import ServerProcess, Tokens, agents_command, start_se
 
 CLI_TIMEOUT = 60.0
 MODES = ["local", "http", "grpc"]
+# How `agents` says it retries a call the server left unanswered (client/cli/calls.py): under
+# load such a notice may come before the call's own answer on stderr.
+RETRY_NOTICE = "agents: no answer from the server ("
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,14 @@ class Result:
 
     def __str__(self) -> str:
         return f"exit {self.status}\n--- stdout\n{self.out}\n--- stderr\n{self.err}"
+
+    @property
+    def error(self) -> str:
+        """The call's error: the last line of stderr, every line before it a retry notice."""
+        lines = self.err.splitlines()
+        assert lines, f"nothing on stderr\n{self}"
+        assert all(line.startswith(RETRY_NOTICE) for line in lines[:-1]), self
+        return lines[-1]
 
 
 def clean_env(home: pathlib.Path) -> dict[str, str]:

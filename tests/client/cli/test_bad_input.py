@@ -10,6 +10,7 @@ import pytest
 
 from cleveragents.acp.client.cli.calls import EXIT_UNREACHABLE
 from tests.client.cli.conftest import Cli, make_cli
+from tests.server_process import ServerProcess, Tokens
 
 SPEC_FILES = {
     "bad.json": '{"actor": "scripted", ',
@@ -146,14 +147,40 @@ def test_bad_input_is_usage_and_exit_2(
         ({"ACP_SERVER": "localhost:8080"}, "expected a URL such as http://127.0.0.1:8080"),
         ({"ACP_SERVER": "http://127.0.0.1:1", "ACP_GRPC": "127.0.0.1:1"}, "either a server URL or a gRPC"),
         ({"ACP_PROFILE": "missing"}, "profile 'missing' asked for"),
+        # A mistyped scheme is no SQLite file name: nothing is created, the password not shown.
+        (
+            {"ACP_DB": "postgressql://me:secret@127.0.0.1/acp"},
+            "database 'postgressql://me:***@127.0.0.1/acp': unknown URL scheme 'postgressql://'",
+        ),
+        # A token with no server would be ignored by local mode: the server was forgotten.
+        ({"ACP_TOKEN": "acp_x"}, "a token is for a server, but neither --server URL nor --grpc"),
+        ({"ACP_GRPC": "http://127.0.0.1:1", "ACP_TOKEN": "t"}, "expected HOST:PORT such as 127.0.0.1:50051"),
     ],
 )
 def test_bad_connection_settings_are_exit_2(local_cli: Cli, env: dict[str, str], message: str) -> None:
+    local_cli.env.pop("ACP_DB")
     local_cli.env.update(env)
     result = local_cli("session", "list", expect=2)
     assert result.err.startswith("agents: error: ")
     assert message in result.err
+    assert "secret" not in result.err
     assert len(result.err.splitlines()) == 1
+    assert sorted(p.name for p in local_cli.cwd.iterdir()) == [], "nothing is created"
+
+
+def test_https_to_a_plain_http_server_says_it_does_not_speak_tls(
+    tmp_path: pathlib.Path, cli_server: tuple[ServerProcess, Tokens]
+) -> None:
+    server, tokens = cli_server
+    cli = make_cli("local", tmp_path, None)
+    url = server.http.replace("http://", "https://")
+    result = cli(
+        "session", "list", "--server", url, "--token", tokens.tokens["root"], expect=EXIT_UNREACHABLE
+    )
+    assert result.err == (
+        f"UNAVAILABLE: cannot reach the ACP server at {url} (TLS handshake failed: the server does not "
+        "speak TLS; is its URL http:// rather than https://?)\n"
+    )
 
 
 def _free_port() -> int:

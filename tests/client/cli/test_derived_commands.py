@@ -186,7 +186,8 @@ def test_top_level_help_has_examples_and_exit_codes() -> None:
     done = subprocess.run(agents_command("--help"), capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.startswith("usage: agents [options] COMMAND ...")
     assert "examples:\n  agents session create --title demo" in done.stdout
-    assert "exit status: 0 success, 2 bad usage, 3-11 one per ACP error code" in done.stdout
+    assert "exit status: 0 success, 1 the plan a --wait waited for failed" in done.stdout
+    assert "2 bad usage, 3-11 one per ACP error code" in done.stdout
     for group in sorted({op.group for op in catalog.OPERATIONS.values()}):
         assert (
             f"\n    {operations.cli_name(group)} " in done.stdout

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from cleveragents.acp.client.cli.calls import EXIT_INTERRUPTED, EXIT_UNREACHABLE, EXIT_USAGE
+from cleveragents.acp.client.cli.calls import EXIT_INTERRUPTED, EXIT_PLAN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE
 from cleveragents.acp.contract.errors import TABLE
 from tests.client.cli.conftest import CLI_TIMEOUT, Cli, clean_env
 
@@ -23,7 +23,7 @@ def test_exit_status_table_is_the_errors_table() -> None:
     codes = {int(status): meaning.strip("`") for status, meaning in rows.items() if meaning.startswith("`")}
     assert codes == {mapping.exit_code: code for code, mapping in TABLE.items()}
     others = {int(status) for status, meaning in rows.items() if not meaning.startswith("`")}
-    assert others == {0, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED}
+    assert others == {0, EXIT_PLAN_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED}
 
 
 def _tour() -> str:
@@ -64,3 +64,13 @@ def test_readme_tour_runs_as_printed(tmp_path: pathlib.Path) -> None:
     assert (tmp_path / "acp-tour" / "site" / "hello.txt").read_text() == "Hello, World!\n"
     cli("plan", "rollback", plan_id)
     assert not (tmp_path / "acp-tour" / "site" / "hello.txt").exists()
+
+
+def test_readme_leads_to_every_doc_and_says_what_a_newcomer_asks() -> None:
+    """Issue 29: the README linked neither actors, plans, sessions nor events, nor said how
+    long ``make test`` runs or how to serve on other ports."""
+    readme = (ROOT / "README.md").read_text()
+    unlinked = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if f"](docs/{p.name})" not in readme]
+    assert unlinked == []
+    assert "`make test` takes about 13 minutes on 2 cores" in readme
+    assert 'make serve SERVE_FLAGS="--http-port 9080 --grpc-port 0"' in readme

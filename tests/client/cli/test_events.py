@@ -110,8 +110,8 @@ def test_watch_resumes_after_the_server_is_killed_and_restarted(
         )
         remote("session", "tell", session_id, "three")
         for reader, name in zip(readers, ("http", "grpc"), strict=True):
-            events = [json.loads(line)["event"] for line in reader.until(6)]
-            assert [int(e["sequence"]) for e in events] == [1, 2, 3, 4, 5, 6], name
+            events = [json.loads(line) for line in reader.until(6)]
+            assert [e["sequence"] for e in events] == [1, 2, 3, 4, 5, 6], name
             said = [e["session_message"]["message"]["content"] for e in events[::2]]
             assert said == ["one", "two", "three"], name
     finally:
@@ -289,7 +289,7 @@ def test_ctrl_c_interrupts_a_local_run(local_cli: Cli, children: Children) -> No
 
 
 def _ends_the_run(line: str) -> bool:
-    changed: dict[str, str] = json.loads(line)["event"].get("plan_state_changed", {})
+    changed: dict[str, str] = json.loads(line).get("plan_state_changed", {})
     return changed.get("phase") == "PLAN_PHASE_EXECUTE" and changed.get("to_state") == "PLAN_STATE_SUCCEEDED"
 
 
@@ -317,8 +317,8 @@ def test_watch_resumes_after_the_server_ends_it_as_too_slow(
             reader = Lines(watcher)
             while not _ends_the_run(reader.until(len(reader.lines) + 1)[-1]):
                 assert len(reader.lines) < 100, reader.lines
-            events = [json.loads(line)["event"] for line in reader.lines]
-            assert [int(e["sequence"]) for e in events] == list(range(1, len(events) + 1))
+            events = [json.loads(line) for line in reader.lines]
+            assert [e["sequence"] for e in events] == list(range(1, len(events) + 1))
     finally:
         statuses = [_stop(w) for w in watchers]
         assert server.stop() == 0, server.stderr()
@@ -326,3 +326,17 @@ def test_watch_resumes_after_the_server_ends_it_as_too_slow(
     errs = [(tmp_path / f"{name}.err").read_text() for name in ("http", "grpc")]
     assert all("Traceback" not in err for err in errs), errs
     assert all("fell behind; reconnecting to resume after sequence" in err for err in errs), errs
+
+
+def test_watch_json_prints_each_event_with_its_sequence_a_number(local_cli: Cli) -> None:
+    """One event a line, the shape of an Event (not wrapped in ``{"event": ...}``), its
+    sequence a number a script can compare (proto JSON writes int64 as a string)."""
+    plan_id = _plan(local_cli)
+    local_cli("plan", "execute", plan_id, "--wait")
+    out = local_cli("events", "watch", "--plan", plan_id, "--until-done", "--json").out
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[0]["type"] == "plan.created"
+    assert events[0]["plan_id"] == plan_id
+    sequences = [event["sequence"] for event in events]
+    assert all(isinstance(s, int) for s in sequences), sequences
+    assert sequences == sorted(set(sequences))

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shlex
 
+import pytest
+
+from cleveragents.acp.client.cli.calls import EXIT_PLAN_FAILED
 from cleveragents.acp.contract.errors import exit_code
 from cleveragents.acp.facade.domain.models.functions import BUILTIN as FILE_TOOLS
-from tests.client.cli.conftest import Cli
+from tests.client.cli.conftest import RETRY_NOTICE, Cli, Result
 
 ACTION_SPEC = """\
 actor: scripted
@@ -58,13 +62,18 @@ def test_plan_flow(cli: Cli, tmp_path: pathlib.Path) -> None:
     tree = cli("plan", "tree", plan_id).out
     assert "greet fs.write [succeeded]" in tree
     assert "└─" in tree
+    # Each decision shows the id `plan correct PLAN_ID NODE_ID` needs.
+    nodes = json.loads(cli("plan", "tree", plan_id, "--json").out)["nodes"]
+    assert nodes
+    for node in nodes:
+        assert f"{node['question']} -> {node['choice']} [{node['id']}]" in tree, tree
 
     applied = json.loads(cli("plan", "apply", plan_id, "--json").out)
     assert sorted(applied["changed_paths"]) == ["hello.txt", "notes.txt"]
     assert (site / "hello.txt").read_text() == "Hello, World!\n"
     assert (site / "notes.txt").read_text() == "a final\n"
     again = cli("plan", "apply", plan_id, expect=exit_code("INVALID_STATE"))
-    assert again.err.startswith("INVALID_STATE: ")
+    assert again.error.startswith("INVALID_STATE: ")
     assert again.out == ""
 
     rolled = cli("plan", "rollback", plan_id, "--value", "plan.state")
@@ -91,6 +100,15 @@ def test_plan_input_errors_name_the_field(local_cli: Cli, tmp_path: pathlib.Path
     assert missing.err.startswith("NOT_FOUND: ")
 
 
+def test_a_calls_error_is_the_last_line_after_any_retry_notices() -> None:
+    """Under load a gRPC call may be retried: its notice comes first, the answer last."""
+    notice = f"{RETRY_NOTICE}Deadline Exceeded); retrying in 0.5 s (attempt 1 of 6)"
+    assert Result(5, "", f"{notice}\nNOT_FOUND: no skill 'x'\n").error == "NOT_FOUND: no skill 'x'"
+    for wrong in ("", "NOT_FOUND: no skill 'x'\nsomething after\n", "a warning\nNOT_FOUND: no skill 'x'\n"):
+        with pytest.raises(AssertionError):
+            _ = Result(5, "", wrong).error
+
+
 def test_registry_crud(cli: Cli) -> None:
     name = f"tone-{cli.mode}"
     added = cli(
@@ -100,7 +118,7 @@ def test_registry_crud(cli: Cli) -> None:
     assert skill["name"] == name
     assert skill["revision"] == 1
     assert skill["labels"] == {"team": "a"}
-    assert cli("skill", "add", name, "--spec", "{}", expect=exit_code("ALREADY_EXISTS")).err.startswith(
+    assert cli("skill", "add", name, "--spec", "{}", expect=exit_code("ALREADY_EXISTS")).error.startswith(
         "ALREADY_EXISTS: "
     )
 
@@ -117,7 +135,7 @@ def test_registry_crud(cli: Cli) -> None:
     stale = cli(
         "skill", "update", name, "--revision", "7", "--description", "x", expect=exit_code("INVALID_STATE")
     )
-    assert "revision" in stale.err
+    assert "revision" in stale.error
     updated = cli(
         "skill",
         "update",
@@ -135,8 +153,8 @@ def test_registry_crud(cli: Cli) -> None:
 
     cli("skill", "remove", name)
     gone = cli("skill", "show", name, expect=exit_code("NOT_FOUND"))
-    assert gone.err.startswith("NOT_FOUND: ")
-    assert name in gone.err
+    assert gone.error.startswith("NOT_FOUND: ")
+    assert name in gone.error
 
 
 def test_tool_list_shows_the_built_in_file_tools(local_cli: Cli) -> None:
@@ -163,6 +181,10 @@ def test_session_tell_export_import_and_chat(cli: Cli, tmp_path: pathlib.Path) -
     exported = cli("session", "export", session_id, "--json")
     (tmp_path / "session.json").write_text(exported.out)
     assert json.loads(exported.out)["document"]["format"] == "cleveragents.acp.session"
+    # A Struct holds numbers as doubles; whole ones print as integers, not 2.0 (issue 29).
+    assert '"message_count": 2,' in exported.out
+    assert '"version": 1,' in exported.out
+    assert "message_count: 2\n" in cli("session", "export", session_id).out
     new_id = cli("session", "import", "--document", "session.json", "--new-id", "--value", "session.meta.id")
     new_id_text = new_id.out.strip()
     assert new_id_text
@@ -174,7 +196,7 @@ def test_session_tell_export_import_and_chat(cli: Cli, tmp_path: pathlib.Path) -
     same_id = cli(
         "session", "import", "--document", "-", stdin=exported.out, expect=exit_code("ALREADY_EXISTS")
     )
-    assert same_id.err.startswith("ALREADY_EXISTS: ")
+    assert same_id.error.startswith("ALREADY_EXISTS: ")
 
     chat = cli("session", "chat", new_id_text, stdin="/help\n\nhello there\n/quit\nnot sent\n")
     assert chat.out.count("I am the built-in orchestrator") == 2
@@ -183,6 +205,58 @@ def test_session_tell_export_import_and_chat(cli: Cli, tmp_path: pathlib.Path) -
         "/help",
         "hello there",
     ]
-    assert cli("session", "chat", "nope", stdin="hi\n", expect=exit_code("NOT_FOUND")).err.startswith(
+    assert cli("session", "chat", "nope", stdin="hi\n", expect=exit_code("NOT_FOUND")).error.startswith(
         "NOT_FOUND"
+    )
+
+
+def test_execute_wait_on_a_plan_that_fails_exits_1(cli: Cli, tmp_path: pathlib.Path) -> None:
+    """The response is the failed plan, not an error: a script must still see the failure."""
+    n = cli.mode
+    (tmp_path / "site").mkdir()
+    cli(
+        "resource",
+        "add",
+        f"fail-{n}",
+        "--spec",
+        json.dumps({"type": "directory", "path": str(tmp_path / "site")}),
+    )
+    cli("project", "add", f"fail-{n}", "--spec", json.dumps({"resources": [f"fail-{n}"]}))
+    cli("tool", "add", f"false-{n}", "--spec", '{"argv": ["false"]}')
+    cli("automation-profile", "add", f"fail-{n}", "--spec", json.dumps({"allowed_tools": [f"false-{n}"]}))
+    spec = {
+        "actor": "scripted",
+        "automation_profile": f"fail-{n}",
+        "steps": [{"id": "no", "tool": f"false-{n}"}],
+    }
+    cli("action", "add", f"fail-{n}", "--spec", json.dumps(spec))
+    plan_id = cli("plan", "use", f"fail-{n}", f"fail-{n}", "--value", "plan.meta.id").out.strip()
+    failed = cli("plan", "execute", plan_id, "--wait", "--value", "plan.state", expect=EXIT_PLAN_FAILED)
+    assert failed.out == "PLAN_STATE_FAILED\n"
+    assert failed.err.startswith(f"agents: plan {plan_id} failed: "), failed
+
+
+@pytest.mark.parametrize("auto_execute", [False, True])
+def test_the_command_use_recommends_ends_with_the_run(
+    local_cli: Cli, tmp_path: pathlib.Path, auto_execute: bool
+) -> None:
+    """``/use``'s reply names a command to follow the plan; run as printed, it ends once the
+    run does (a watch ``--until-done`` on a plan nobody executes would wait for ever)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "notes.txt").write_text("a draft\n")
+    local_cli(
+        "resource", "add", "site", "--spec", json.dumps({"type": "directory", "path": str(tmp_path / "site")})
+    )
+    local_cli("project", "add", "demo", "--spec", '{"resources": ["site"]}')
+    local_cli("automation-profile", "add", "auto", "--spec", json.dumps({"auto_execute": auto_execute}))
+    (tmp_path / "action.yaml").write_text(ACTION_SPEC + "automation_profile: auto\n")
+    local_cli("action", "add", "greet", "--spec", "action.yaml")
+    session = local_cli("session", "create", "--project", "demo", "--value", "session.meta.id").out.strip()
+    reply = local_cli("session", "tell", session, "/use greet name=Ada").out
+    command = reply.split("`")[1]
+    assert command.startswith("agents "), reply
+    followed = local_cli(*shlex.split(command)[1:])
+    assert "succeeded" in followed.out, followed
+    assert (
+        local_cli("plan", "status", reply.split()[2], "--value", "plan.state").out == "PLAN_STATE_SUCCEEDED\n"
     )

@@ -6,7 +6,9 @@ tests/gateway/test_workers.py."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import pathlib
+import threading
 import time
 from collections.abc import Iterator
 
@@ -14,7 +16,7 @@ import pytest
 
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.domain.events import EventLog, Subscription
-from cleveragents.acp.facade.store.base import EventWakeups
+from cleveragents.acp.facade.store.base import EventWakeups, StoreUnavailableError
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.facade.store.wakeups import DataVersionWakeups, PeerChannel
 from cleveragents.acp.v1 import events_pb2
@@ -208,3 +210,51 @@ def test_close_stops_the_follower_thread(stores: tuple[SQLiteStore, SQLiteStore]
     assert follower.is_alive()
     log.close()
     assert not follower.is_alive()
+
+
+async def test_a_store_outage_is_one_line_not_a_traceback_a_poll(
+    stores: tuple[SQLiteStore, SQLiteStore], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database restarting fails every poll until it is back: the follower said so with a
+    40-line traceback each time; now one line when it starts and one when it ends (issue 29)."""
+    first, second = stores
+    failures = 5
+    failed = threading.Event()
+    real = second.last_sequence
+
+    def restarting() -> int:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            if not failures:
+                failed.set()
+            raise StoreUnavailableError(
+                "cannot connect to postgresql://db/acp: the database system is starting up"
+            )
+        return real()
+
+    writer = EventLog(first)
+    with caplog.at_level(logging.WARNING, logger="cleveragents.acp.facade.domain.events"):
+        follower = EventLog(second, follow=True, poll_interval=0.01)
+        monkeypatch.setattr(second, "last_sequence", restarting)
+        try:
+            await asyncio.to_thread(failed.wait, TIMEOUT)
+            await writer.append([state_changed("p")])
+            for _ in range(int(TIMEOUT / 0.01)):
+                if follower.delivered_sequence == 1:
+                    break
+                await asyncio.sleep(0.01)
+            assert follower.delivered_sequence == 1
+        finally:
+            follower.close()
+            writer.close()
+    said = [(r.levelname, r.getMessage(), r.exc_info) for r in caplog.records]
+    assert said == [
+        (
+            "WARNING",
+            "the event follower cannot reach the store (cannot connect to postgresql://db/acp: the database "
+            "system is starting up); retrying every 0.01 s",
+            None,
+        ),
+        ("WARNING", "the event follower reaches the store again", None),
+    ]

@@ -150,7 +150,7 @@ async def test_use_starts_a_plan(
     (reply,) = told.replies
     assert reply.plan_id
     assert reply.content.startswith(f"Started plan {reply.plan_id} from action 'bump' on project 'web'")
-    assert f"agents events watch --plan {reply.plan_id} --until-done" in reply.content
+    assert f"Run it with `agents plan execute {reply.plan_id} --wait`" in reply.content
     assert "phase strategize, state pending" in reply.content
     assert starter.calls == [
         {

@@ -117,6 +117,15 @@ def test_length_and_program_size_are_bounded() -> None:
         patterns.compiled("\\p{L}{20}", Dialect.ECMA)
 
 
+def test_a_pattern_needing_more_than_the_memory_cap_is_refused_for_it() -> None:
+    """Every pattern compiles (and its DFA runs) within ``MAX_MEMORY_BYTES``; one that needs
+    more is refused for that, before any program size is known (RE2's own default, 8 MiB,
+    would compile it: 239,204 instructions)."""
+    assert patterns.compiled("a+b", Dialect.RE2).options.max_mem == patterns.MAX_MEMORY_BYTES
+    with pytest.raises(PatternError, match="needs more than the 2 MiB of RE2 memory"):
+        patterns.compiled("\\p{L}{200}", Dialect.ECMA)
+
+
 def test_compiled_patterns_are_cached_and_the_cache_is_bounded() -> None:
     first = patterns.compiled("cache-me", Dialect.ECMA)
     assert patterns.compiled("cache-me", Dialect.ECMA) is first

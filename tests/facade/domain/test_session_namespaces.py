@@ -16,6 +16,8 @@ from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.v1 import session_pb2
 from tests.facade.domain.session_helpers import add_project, create, error_of, tell
 
+UNKNOWN_SESSION = "01KC0000000000000000000000"
+
 
 class TwoTokens:
     """``admin`` may use every namespace, ``team`` only the namespace ``team``."""
@@ -53,8 +55,12 @@ async def test_a_principal_is_held_to_its_namespaces(
         ("context.show", {}),
         ("context.simulate", {}),
     ]:
+        # Issue 31, finding 9: as an unknown id answers, naming no namespace.
         err = await error_of(team, operation, session_id=theirs.meta.id, **extra)
-        assert err.code == "AUTH_FORBIDDEN", operation
+        unknown = await error_of(team, operation, session_id=UNKNOWN_SESSION, **extra)
+        assert err.code == "NOT_FOUND", operation
+        assert err.details == {**unknown.details, "session_id": theirs.meta.id}, operation
+        assert err.message == unknown.message.replace(UNKNOWN_SESSION, theirs.meta.id), operation
     assert (await error_of(team, "context.show", project="web")).code == "AUTH_FORBIDDEN"
     assert (await error_of(team, "session.list", namespace="default")).code == "AUTH_FORBIDDEN"
 

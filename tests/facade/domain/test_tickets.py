@@ -3,6 +3,7 @@ transport, over real SQLite files; two stores over one file stand for two replic
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import pathlib
 import threading
@@ -22,6 +23,7 @@ from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import events_pb2, session_pb2
+from tests.security.test_credentials import STREAM_GUARD_SECONDS, expire
 
 SUBSCRIBE = catalog.OPERATIONS["events.subscribe"]
 TICKET = catalog.OPERATIONS["events.ticket"]
@@ -309,3 +311,50 @@ async def test_a_client_of_the_prior_version_has_no_tickets(served: Served) -> N
             TICKET, events_pb2.CreateStreamTicketRequest(), options(served.tokens["alice"], version="1.1")
         )
     assert older.value.code == "VERSION_MISMATCH"
+
+
+async def test_an_expired_principal_is_refused_at_redemption(served: Served) -> None:
+    """Expired, not removed: the principal is still in the file, its token past ``expires``."""
+    bob = served.tokens["bob"]
+    ticket = (
+        await served.transport.call(TICKET, events_pb2.CreateStreamTicketRequest(), options(bob))
+    ).ticket  # type: ignore[attr-defined]
+    expire(served.path, "bob")
+    assert [entry.name for entry in auth.load(served.path)] == ["alice", "bob"]
+    with pytest.raises(ACPError) as expired:
+        await served.transport.open_stream(
+            SUBSCRIBE, events_pb2.SubscribeEventsRequest(), options(ticket=ticket)
+        )
+    assert expired.value.code == "AUTH_REQUIRED"
+    assert expired.value.details["refinement"] == "PRINCIPAL_REVOKED"
+    assert "expired" in expired.value.message
+
+
+@pytest.mark.parametrize("how", ["expire", "revoke"])
+async def test_a_ticket_stream_ends_when_its_principal_expires_or_goes(served: Served, how: str) -> None:
+    """The stream a ticket opened is checked against the file while it runs, as a token's
+    is: it ends with AUTH_REQUIRED (within RECHECK_SECONDS; the guard only stops a hang)."""
+    alice = served.tokens["alice"]
+    ticket = (
+        await served.transport.call(TICKET, events_pb2.CreateStreamTicketRequest(), options(alice))
+    ).ticket  # type: ignore[attr-defined]
+    items = await served.transport.open_stream(
+        SUBSCRIBE, events_pb2.SubscribeEventsRequest(), options(ticket=ticket)
+    )
+    try:
+        if how == "expire":
+            expire(served.path, "alice")
+        else:
+            auth.revoke_token(served.path, "alice")
+
+        async def drain() -> None:
+            async with asyncio.timeout(STREAM_GUARD_SECONDS):
+                async for _ in items:
+                    pass
+
+        with pytest.raises(ACPError) as ended:
+            await drain()
+    finally:
+        await items.aclose()  # type: ignore[attr-defined]
+    assert ended.value.code == "AUTH_REQUIRED"
+    assert ended.value.details["refinement"] == "PRINCIPAL_REVOKED"

@@ -152,3 +152,12 @@ async def plan_events(client: ACPClient, plan_id: str) -> list[events_pb2.Event]
     finally:
         if isinstance(stream, AsyncGenerator):
             await stream.aclose()
+
+
+def gone(pid: int) -> bool:
+    """No such process, or a zombie (dead, waiting for a parent to reap it)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")

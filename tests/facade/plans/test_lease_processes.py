@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import pathlib
+import secrets
 import shutil
 import signal
 import subprocess
@@ -20,13 +21,14 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
+import psycopg
 import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.http_transport import HTTPTransport
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.facade.domain.plans import leases, model
-from cleveragents.acp.facade.factory import open_facade
+from cleveragents.acp.facade.factory import IDLE_ENV, open_facade
 from cleveragents.acp.v1 import plan_pb2, session_pb2
 from tests import postgres
 from tests.facade.plans.helpers import (
@@ -37,6 +39,7 @@ from tests.facade.plans.helpers import (
     add_profile,
     add_project,
     eventually,
+    gone,
     plan_events,
     run,
     snapshot,
@@ -45,7 +48,7 @@ from tests.facade.plans.helpers import (
     wait_for,
     write_tree,
 )
-from tests.facade.plans.plan_child import GATED
+from tests.facade.plans.plan_child import FREEZE_ENV, GATED
 from tests.server_process import ServerProcess, Tokens, kill_group, start_server
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -129,6 +132,84 @@ async def test_a_frozen_runner_is_taken_over_and_writes_nothing_when_it_wakes(
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(command, signal.SIGKILL)
+
+
+def _stopped(child: subprocess.Popen[bytes]) -> None:
+    """Blocks until the child has stopped itself (SIGSTOP)."""
+    _, how = os.waitpid(child.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(how), how
+
+
+def _idle_holding_a_lease_row(application: str) -> bool:
+    """Whether the connection named ``application`` sits idle in a transaction that has
+    updated a row of ``leases`` (its lock held until that transaction ends)."""
+    with postgres.admin() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
+            "JOIN pg_class c ON c.oid = l.relation WHERE a.application_name = %s "
+            "AND a.state = 'idle in transaction' AND c.relname = 'leases' "
+            "AND l.mode = 'RowExclusiveLock' AND l.granted",
+            (application,),
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def _lease_expired(url: str) -> None:
+    """Blocks until the one lease of the schema ``url`` names has expired (as committed, on
+    the database's clock), so the taker's start-up recovery, not its scanner, claims it."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            row = conn.execute(
+                "SELECT expires > extract(epoch FROM clock_timestamp()) FROM leases"
+            ).fetchone()
+            if row is not None and not row[0]:
+                return
+            assert time.monotonic() < deadline, "the lease never expired"
+            time.sleep(0.02)
+
+
+async def test_a_replica_frozen_inside_its_lease_renewal_is_taken_over_and_writes_nothing(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL: a replica stopped inside its renewal's transaction keeps the lease row
+    locked; the server ends that transaction after $ACP_STORE_IDLE_TRANSACTION_SECONDS and
+    the taker's recovery, which gives up on a lock after 0.5 s, waits it out instead of
+    failing with STORE_BUSY. Woken, the frozen replica writes nothing."""
+    folder = tmp_path / "repo"
+    write_tree(folder)
+    pid_file, gate, stderr = tmp_path / "pid", tmp_path / "gate", tmp_path / "child.stderr"
+    application = f"acp_frozen_{secrets.token_hex(4)}"
+    with postgres.fresh_schema("frozen") as url:
+        env = {leases.TTL_ENV: "1", FREEZE_ENV: "1", IDLE_ENV: "8"}
+        db = f"{url}&application_name={application}"
+        with _child("gated", db, str(folder), str(pid_file), str(gate), stderr=stderr, env=env) as child:
+            command = _pid(pid_file)
+            try:
+                await asyncio.to_thread(_stopped, child)
+                assert _idle_holding_a_lease_row(application)
+                await asyncio.to_thread(_lease_expired, url)
+                monkeypatch.setenv(leases.TTL_ENV, "1")
+                monkeypatch.setenv("ACP_STORE_WRITE_TIMEOUT_SECONDS", "0.5")
+                client = ACPClient(LocalTransport(open_facade(url, takeover=True), owns_facade=True))
+                try:
+                    assert any("plan recovery waits for a lock" in r.getMessage() for r in caplog.records)
+                    listed = await client.call("plan.list")
+                    assert isinstance(listed, plan_pb2.ListPlansResponse)
+                    (plan_id,) = [p.meta.id for p in listed.plans]
+                    failed = await wait_for(client, plan_id, model.FAILED, seconds=TIMEOUT)
+                    assert (failed.phase, failed.last_error.code) == (model.EXECUTE, model.INTERRUPTED)
+                    settled = await plan_events(client, plan_id)
+                    gate.touch()
+                    child.send_signal(signal.SIGCONT)
+                    await asyncio.to_thread(_wait_for_text, stderr, "stopped without writing", child)
+                    assert await status(client, plan_id) == failed
+                    assert await plan_events(client, plan_id) == settled
+                finally:
+                    await client.close()
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(command, signal.SIGKILL)
 
 
 # two `agents serve` on one database --------------------------------------------------------
@@ -241,6 +322,12 @@ async def test_sigkill_mid_plan_another_server_takes_it_over(
     acknowledged = await plan_events(through_b, plan_id)
     try:
         kill_group(a.process)
+
+        async def command_gone() -> bool:
+            return gone(command)
+
+        # The command (its own session, run as another user) dies with its server.
+        await eventually(command_gone, seconds=TIMEOUT)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(command, signal.SIGKILL)

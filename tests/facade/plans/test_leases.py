@@ -7,6 +7,8 @@ test_lease_processes.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import pathlib
 import secrets
@@ -29,7 +31,7 @@ from cleveragents.acp.facade.domain.plans.leases import PlanLeases
 from cleveragents.acp.facade.domain.plans.records import Change, CheckpointEntry, PlanRecords
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
-from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, Store
+from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, Store, StoreUnavailableError
 from cleveragents.acp.facade.store.postgres import PostgresStore
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2
@@ -41,13 +43,14 @@ from tests.facade.plans.helpers import (
     add_profile,
     add_project,
     eventually,
+    gone,
     plan_events,
     status,
     use,
     wait_for,
     write_tree,
 )
-from tests.facade.plans.plan_child import GATED
+from tests.facade.plans.plan_child import FAMILY, GATED
 from tests.facade.store.test_postgres_store import waiting_on_a_lock
 
 
@@ -296,8 +299,9 @@ async def test_a_live_holders_plan_is_left_alone(tmp_path: pathlib.Path, two: Pa
     done = await wait_for(first, plan_id, model.SUCCEEDED)
     assert done.phase == model.EXECUTE
     assert "plan.error" not in [e.type for e in await plan_events(second, plan_id)]
-    lease = await _lease(two.facades[1], plan_id)
-    assert (lease.owner, lease.token) == ("", 1)
+    # Released once the run has settled (just after its last state is written).
+    await eventually(lambda: _released(two.facades[1], plan_id))
+    assert (await _lease(two.facades[1], plan_id)).token == 1
 
 
 async def test_an_expired_holder_is_taken_over_and_its_late_writes_refused(
@@ -337,7 +341,153 @@ async def test_cancel_reaches_a_plan_another_engine_runs(tmp_path: pathlib.Path,
     assert changed[-1].plan_state_changed.reason == "enough"
 
 
+async def _released(facade: ServiceFacade, plan_id: str) -> bool:
+    return not (await _lease(facade, plan_id)).owner
+
+
 async def _lease(facade: ServiceFacade, plan_id: str) -> Lease:
     found = await _engine(facade).store.read(lambda store: store.get_lease(leases.lease_name(plan_id)))
     assert found is not None
     return found
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, db_path: pathlib.Path) -> Iterator[str]:
+    """A SQLite file, or a fresh PostgreSQL schema (skipped loudly without one)."""
+    if request.param == "sqlite":
+        yield str(db_path)
+        return
+    with postgres.fresh_schema("reclaim") as url:
+        yield url
+
+
+async def test_a_holder_whose_lease_expired_unclaimed_renews_it_and_goes_on(
+    tmp_path: pathlib.Path, database: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A busy process (here: its heartbeat stopped) finds at its next write that its lease
+    expired, nobody having claimed it (one process, no takeover scanner): it renews it at
+    the same token and the plan completes, instead of stopping silently at RUNNING."""
+    monkeypatch.setenv(leases.TTL_ENV, "0.5")
+    facade = open_facade(database)
+    client = ACPClient(LocalTransport(facade, owns_facade=True))
+    try:
+        engine = _engine(facade)
+        plan_id = await _gated_plan(client, tmp_path / "repo", tmp_path)
+        token = engine.leases.held[plan_id]
+        assert engine._heartbeat_task is not None
+        engine._heartbeat_task.cancel()
+
+        async def expired() -> bool:
+            return not (await _lease(facade, plan_id)).live
+
+        await eventually(expired)
+        (tmp_path / "gate").touch()
+        done = await wait_for(client, plan_id, model.SUCCEEDED)
+        assert done.progress.done == 1
+        assert any(
+            "had expired unrenewed and nobody had claimed it" in r.getMessage() for r in caplog.records
+        )
+        assert not any("stopped without writing" in r.getMessage() for r in caplog.records)
+        await eventually(lambda: _released(facade, plan_id))
+        assert (await _lease(facade, plan_id)).token == token
+    finally:
+        await client.close()
+
+
+def test_a_lost_lease_says_who_holds_it_now(store: Store) -> None:
+    a, b = PlanLeases(store, 30), PlanLeases(store, 30)
+    with store.transaction():
+        assert a.claim("01PLAN")
+    token = a.held["01PLAN"]
+    with store.transaction():
+        assert b.claim("01PLAN", steal_token=token)
+    with pytest.raises(LeaseLostError) as lost, store.transaction():
+        a.fence("01PLAN")
+    message = str(lost.value)
+    assert f"with token {token} is lost: now held by {b.owner} at token {token + 1} (live)" in message
+    expired = Lease("plan:01PLAN", a.owner, token, 1.0, live=False)
+    assert f"expired unrenewed (holder {a.owner}, token {token};" in str(
+        LeaseLostError("plan:01PLAN", token, expired)
+    )
+    released = Lease("plan:01PLAN", "", token, 0.0, live=False)
+    assert str(LeaseLostError("plan:01PLAN", token, released)).endswith("is lost: it was released")
+
+
+async def test_a_lost_lease_kills_the_steps_whole_process_group(tmp_path: pathlib.Path, two: Pair) -> None:
+    """Issue 30 item 5: another engine takes the lease while a step's command (and its own
+    child) runs; the holder's heartbeat finds it lost and the command's group is killed."""
+    first, _ = two.clients
+    holder, taker = _engine(two.facades[0]), _engine(two.facades[1])
+    write_tree(tmp_path / "repo")
+    await add_project(first, tmp_path / "repo")
+    await add_command_tool(first, "family", [PY, "-c", FAMILY, "{{pids}}"])
+    await add_profile(first, "family", allowed_tools=["family"])
+    pids = tmp_path / "pids"
+    await add_action(first, steps=[{"tool": "family", "args": {"pids": str(pids)}}], profile="family")
+    plan_id = (await use(first, {})).meta.id
+    await first.call("plan.execute", plan_id=plan_id)
+
+    async def started() -> bool:
+        return pids.exists()
+
+    await eventually(started)
+    family = [int(pid) for pid in pids.read_text().split()]
+    token = holder.leases.held[plan_id]
+    try:
+        assert await taker.store.write(lambda _store: taker.leases.claim(plan_id, steal_token=token))
+
+        async def killed() -> bool:
+            return all(map(gone, family))
+
+        await eventually(killed)
+    finally:
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await taker.store.write(lambda _store: taker.leases.release(plan_id))
+
+
+async def test_a_store_outage_is_one_line_for_the_lease_scanner(
+    db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database restarting fails the takeover scan every tick: one line when it starts and
+    one when it ends, not a traceback a tick (issue 29)."""
+    monkeypatch.setenv(leases.TTL_ENV, "1")
+    failures = 3
+    successes = 0
+    recovered = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with caplog.at_level(logging.WARNING, logger="cleveragents.acp.facade.domain.plans.engine"):
+        facade = open_facade(db_path, takeover=True)
+        store = _engine(facade).store
+        real = store.held_leases
+
+        def restarting(prefix: str, limit: int) -> list[Lease]:
+            nonlocal failures
+            if failures:
+                failures -= 1
+                raise StoreUnavailableError(
+                    "cannot connect to postgresql://db/acp: the database system is starting up"
+                )
+            nonlocal successes
+            successes += 1
+            if successes == 2:  # the first success was logged before this second scan
+                loop.call_soon_threadsafe(recovered.set)
+            return real(prefix, limit)
+
+        monkeypatch.setattr(store, "held_leases", restarting)
+        try:
+            await asyncio.wait_for(recovered.wait(), 20)
+        finally:
+            await facade.close()
+    said = [(r.levelname, r.getMessage(), r.exc_info) for r in caplog.records]
+    assert said[:2] == [
+        (
+            "WARNING",
+            "plan leases: _scan cannot reach the store (cannot connect to postgresql://db/acp: the database "
+            "system is starting up); retrying every 0.25 s",
+            None,
+        ),
+        ("WARNING", "plan leases: _scan reaches the store again", None),
+    ]
+    assert len(said) == 2, said

@@ -14,6 +14,8 @@ from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.v1 import plan_pb2
 from tests.facade.plans.helpers import add_action, add_project, write_tree
 
+UNKNOWN_PLAN = "01KC0000000000000000000000"
+
 
 async def test_another_namespace_is_forbidden(tmp_path: pathlib.Path) -> None:
     tokens = tmp_path / "tokens.toml"
@@ -40,9 +42,15 @@ async def test_another_namespace_is_forbidden(tmp_path: pathlib.Path) -> None:
             "plan.cancel",
             "plan.apply",
         ):
+            # Issue 31, finding 9: as an unknown id answers, naming no namespace.
             with pytest.raises(ACPError) as info:
                 await member.call(operation, plan_id=plan_id)
-            assert info.value.code == "AUTH_FORBIDDEN", operation
+            with pytest.raises(ACPError) as unknown:
+                await member.call(operation, plan_id=UNKNOWN_PLAN)
+            assert info.value.code == "NOT_FOUND", operation
+            assert info.value.details == {**unknown.value.details, "plan_id": plan_id}, operation
+            assert info.value.message == unknown.value.message.replace(UNKNOWN_PLAN, plan_id), operation
+            assert "default" not in info.value.message
         with pytest.raises(ACPError) as info:
             await member.call("plan.use", action="act", project="proj")
         assert info.value.code == "AUTH_FORBIDDEN"

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 
-import pytest
-
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
+from tests import needs
 from tests.facade.store import crash_child
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -77,12 +75,13 @@ def wal_syncs_before_acks(trace: list[str]) -> tuple[int, list[str]]:
     return acks, unsynced
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (apt-get install strace)")
 def test_every_acknowledged_call_follows_an_fsync_of_the_wal(tmp_path: pathlib.Path) -> None:
+    """The only check that a commit reaches the disk: it must run in CI (tests/needs.py)."""
+    strace = needs.program("strace")
     trace = tmp_path / "trace.txt"
     done = subprocess.run(
         [
-            "strace",
+            strace,
             "-f",
             "-y",
             "-qq",

@@ -24,6 +24,7 @@ from psycopg import pq, sql
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.facade import factory
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.store import pg_loop, pg_migrations, pg_wire, postgres
 from cleveragents.acp.facade.store.base import (
@@ -36,7 +37,7 @@ from cleveragents.acp.facade.store.base import (
     StoreDownError,
     StoreUnavailableError,
 )
-from cleveragents.acp.facade.store.pg_urls import is_postgres_url, redacted
+from cleveragents.acp.facade.store.pg_urls import db_problem, is_postgres_url, redacted
 from cleveragents.acp.facade.store.postgres import PostgresStore, first_schema
 from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestEntry
 from cleveragents.acp.v1 import session_pb2
@@ -83,6 +84,20 @@ def test_urls_are_recognized_and_shown_without_their_password() -> None:
         "postgresql://db/acp?password=***&sslmode=require"
     )
     assert redacted("postgresql://me@db/acp") == "postgresql://me@db/acp"
+
+
+def test_a_url_of_another_scheme_is_no_sqlite_file(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``postgressql://`` (a typo) was opened as a SQLite file of that name, in a folder
+    ``postgressql:`` made for it; ``agents serve --db`` and local mode refuse it now."""
+    monkeypatch.chdir(tmp_path)
+    assert db_problem("postgresql://h/db") is None
+    assert db_problem("acp.db") is None
+    assert db_problem(pathlib.Path("x://y")) is None
+    with pytest.raises(ValueError, match="unknown URL scheme 'postgressql://'"):
+        factory.open_store("postgressql://me:s3cret@h/db")
+    assert list(tmp_path.iterdir()) == []
     assert first_schema('"$user", public') == "public"
     assert first_schema('"My ""odd"", schema" , public') == 'My "odd", schema'
     assert first_schema("") is None
@@ -979,3 +994,67 @@ def test_an_error_on_the_wire_path_is_never_taken_for_its_fall_back(
     store = opened()
     with pytest.raises(NotImplementedError, match="not written yet"):
         store.execute("SELECT %s::text", ("x",))
+
+
+SETTINGS = (
+    "SELECT current_setting('synchronous_commit'), current_setting('transaction_isolation'), "
+    "current_setting('transaction_read_only')"
+)
+
+
+@pytest.mark.parametrize("default", ["server", "off in the URL"])
+async def test_the_live_connections_commit_durably_and_read_one_snapshot(
+    schema: tuple[str, str], default: str
+) -> None:
+    """An acknowledged write is on disk (``synchronous_commit`` on: off, a crash of the server
+    loses commits it acknowledged) and a read sees one snapshot (repeatable read): read back
+    from the store's own connections, the thread ones and those each event loop drives, also
+    where the URL (as a database's or the server's settings could) makes ``off`` the default."""
+    url = schema[0]
+    if default != "server":
+        url = url.replace("options=-csearch_path", "options=-csynchronous_commit%3Doff%20-csearch_path")
+        with raw(url) as conn:
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+    store = PostgresStore(url)
+    try:
+        await live_settings(store)
+    finally:
+        await store.aclose()
+
+
+async def live_settings(store: PostgresStore) -> None:
+    """Writes: synchronous_commit on, read committed, read-write. Reads (which commit
+    nothing, so synchronous_commit does not matter): repeatable read, read only."""
+    durable = ("on", "read committed", "off")
+    snapshot = ("repeatable read", "on")
+    assert tuple((await store.write(lambda _store: store.execute(SETTINGS)))[0]) == durable
+    assert tuple((await store.read(lambda _store: store.execute(SETTINGS)))[0])[1:] == snapshot
+    loop = asyncio.get_running_loop()
+    for lane, expected in ((store._loop_reads(loop), snapshot), (store._loop_writes_of(loop), durable)):
+        answer = await lane.run([(SETTINGS, ())])
+        assert not isinstance(answer, pg_wire.Fallback), lane
+        assert tuple(answer[0][0])[-len(expected) :] == expected, lane
+
+
+async def test_a_lost_connection_is_an_outage_of_one_line(
+    opened: Callable[..., PostgresStore], schema: tuple[str, str]
+) -> None:
+    """A restart ends every connection: what background work (the event follower, the plan
+    leases) then catches is named an outage, one line they log instead of a 40-line
+    traceback each poll; any other error is not (issue 29)."""
+    store = opened(readers=1)
+    ((pid,),) = await store.read(lambda _s: store.execute("SELECT pg_backend_pid()"))
+    await asyncio.to_thread(terminate, schema[0], pid)
+    with pytest.raises(psycopg.Error) as info:
+        await store.read(lambda s: s.get("session", "01A"))
+    outage = store.outage(info.value)
+    assert outage is not None, (type(info.value).__mro__, info.value)
+    assert outage.startswith(f"{type(info.value).__name__}: server closed the connection"), outage
+    assert "\n" not in outage
+    assert store.outage(StoreUnavailableError("cannot connect to postgresql://h/db: refused")) == (
+        "cannot connect to postgresql://h/db: refused"
+    )
+    with pytest.raises(psycopg.errors.UndefinedTable) as undefined:
+        await store.read(lambda _s: store.execute("SELECT * FROM no_such_table"))
+    assert store.outage(undefined.value) is None
+    assert store.outage(ValueError("a bug")) is None

@@ -5,6 +5,7 @@ statement would, whoever committed (this store, another connection, another proc
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
 import sqlite3
 import subprocess
@@ -17,6 +18,7 @@ from cleveragents.acp.facade.store.read_cache import ReadCache
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.facade.store.wal_index import WalIndex
 from tests.facade.store.conformance import record
+from tests.facade.store.shm_locks import shm_read_lockers
 
 # Another process's commit: the body of one record rewritten through plain sqlite3.
 FOREIGN_UPDATE = """
@@ -88,22 +90,54 @@ def test_an_unreadable_header_is_unknown(tmp_path: pathlib.Path) -> None:
     built yet: None, so nothing is answered from memory."""
     database = tmp_path / "x.db"
     shm = tmp_path / "x.db-shm"
-    assert WalIndex(database).state() is None
+
+    def state() -> bytes | None:
+        index = WalIndex(database)
+        try:
+            return index.state()
+        finally:
+            index.close()
+
+    assert state() is None
     shm.write_bytes(b"\x01" * 40)
-    assert WalIndex(database).state() is None
+    assert state() is None
     header = bytearray(48)
     header[12] = 1
     shm.write_bytes(bytes(header) + bytes(header[:47]) + b"\x09")
-    assert WalIndex(database).state() is None
+    assert state() is None
     header[12] = 0
     shm.write_bytes(bytes(header) * 2)
-    assert WalIndex(database).state() is None
+    assert state() is None
     header[12] = 1
     shm.write_bytes(bytes(header) * 2)
     index = WalIndex(database)
     assert index.state() == bytes(header)
     index.close()
     assert index.state() is None
+
+
+def test_the_index_keeps_sqlite_s_lock_on_shm_while_any_store_of_the_process_is_open(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Closing any descriptor of -shm drops every POSIX lock the process holds on it; the
+    index keeps one descriptor per file per process, closed after the last store's
+    connections, so another process opening the file never finds itself alone and
+    truncates -shm under the mapping (SIGBUS)."""
+    path = tmp_path / "acp.db"
+    first = SQLiteStore(path)
+    assert os.getpid() in shm_read_lockers(path)
+    second = SQLiteStore(path)
+    looking = WalIndex(path)
+    looking.close()
+    assert os.getpid() in shm_read_lockers(path)
+    first.close()
+    assert os.getpid() in shm_read_lockers(path)
+    # Another process opening the file leaves -shm as it is: its header is still there.
+    foreign_update(path, "none", "x")
+    still = WalIndex(path)
+    assert still.state() is not None
+    still.close()
+    second.close()
 
 
 def test_no_other_connection_can_take_the_file_out_of_wal_mode_while_the_store_is_open(

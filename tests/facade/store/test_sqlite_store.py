@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import sqlite3
+import stat
 import subprocess
 import sys
 import threading
@@ -32,6 +33,26 @@ def test_new_file_is_created_in_wal_mode_at_the_latest_version(tmp_path: pathlib
         assert store.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         store.close()
+
+
+def test_a_new_file_and_its_wal_and_shm_are_the_servers_alone(tmp_path: pathlib.Path) -> None:
+    """Issue 31, finding 10: database files were created 0644, so a command running as
+    another user (--command-user) could read every session when --db sat in a readable
+    folder. A file that already exists keeps the mode its owner gave it."""
+    path = tmp_path / "new" / "acp.db"
+    store = SQLiteStore(path)
+    try:
+        store.insert(record("a"))
+        for name in ("acp.db", "acp.db-wal", "acp.db-shm"):
+            assert stat.S_IMODE((path.parent / name).stat().st_mode) == 0o600, name
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    finally:
+        store.close()
+    shared = tmp_path / "shared.db"
+    sqlite3.connect(shared).close()
+    shared.chmod(0o640)
+    SQLiteStore(shared).close()
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o640
 
 
 def test_old_database_is_upgraded_on_open(db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,13 +4,32 @@ registry form's field errors, and what users or models wrote staying text."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import os
 import pathlib
+from collections.abc import Iterator
 from typing import Any
 
-from tests.gateway.web.conftest import Console
+import httpx
+import pytest
+
+from tests.facade.plans.model_world import KEY, KEY_ENV
+from tests.fake_openai import FakeOpenAI, turn
+from tests.gateway.web.conftest import Console, watch
+from tests.server_process import Children, Tokens, start_server
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 HOSTILE = "<img src=x onerror=\"alert('img')\"><script>alert('script')</script>"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI().start_in_thread()
+    yield server
+    server.stop_thread()
 
 
 def confirm(page: Any, text: str = "") -> None:
@@ -28,6 +47,16 @@ def add_entry(page: Any, kind: str, name: str, spec: dict[str, Any]) -> None:
     page.fill("#entry-form textarea[name=spec]", json.dumps(spec))
     page.click("#entry-form button[type=submit]")
     page.wait_for_selector(f"#entries tr[data-name='{name}']")
+
+
+def signed_in_with_a_project(console: Console, tmp_path: pathlib.Path) -> pathlib.Path:
+    """Signed in, with project ``demo`` on resource ``site`` (the returned folder)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    console.sign_in()
+    add_entry(console.page, "resource", "site", {"type": "directory", "path": str(site)})
+    add_entry(console.page, "project", "demo", {"resources": ["site"]})
+    return site
 
 
 def test_a_session_chat_shows_the_reply(console: Console) -> None:
@@ -48,12 +77,8 @@ def test_a_session_chat_shows_the_reply(console: Console) -> None:
 
 
 def test_the_quick_tour_from_the_console(console: Console, tmp_path: pathlib.Path) -> None:
-    site = tmp_path / "site"
-    site.mkdir()
+    site = signed_in_with_a_project(console, tmp_path)
     page = console.page
-    console.sign_in()
-    add_entry(page, "resource", "site", {"type": "directory", "path": str(site)})
-    add_entry(page, "project", "demo", {"resources": ["site"]})
     steps = [
         {"id": "greet", "tool": "fs.write", "args": {"path": "hello.txt", "content": "Hello, {{name}}!\n"}}
     ]
@@ -167,3 +192,165 @@ def test_what_users_and_models_wrote_stays_text(console: Console, tmp_path: path
     assert page.evaluate("document.querySelectorAll('main img, main script').length") == 0
     assert page.evaluate("document.querySelectorAll('script').length") == 1
     assert console.problems == []
+
+
+def _buttons(page: Any) -> dict[str, bool]:
+    """Each plan action's button: whether it is enabled."""
+    found = page.eval_on_selector_all(
+        "#plan-actions button", "(buttons) => buttons.map((b) => [b.dataset.verb, !b.disabled])"
+    )
+    return dict(found)
+
+
+def test_the_diff_dialog_and_actions_as_a_newcomer_met_them(console: Console, tmp_path: pathlib.Path) -> None:
+    """Issue 29: consecutive changed lines were laid side by side (only the first showed),
+    the confirmation without a question showed an empty text box, and every action was
+    offered in every state, the server refusing most."""
+    signed_in_with_a_project(console, tmp_path)
+    page = console.page
+    steps = [{"id": "w", "tool": "fs.write", "args": {"path": "three.txt", "content": "one\ntwo\nthree\n"}}]
+    add_entry(page, "action", "three", {"actor": "scripted", "steps": steps})
+    page.goto(console.url + "#/plans")
+    page.fill("#new-plan input[name=action]", "three")
+    page.fill("#new-plan input[name=project]", "demo")
+    page.click("#new-plan button[type=submit]")
+    page.wait_for_selector("#plan-state:text-is('pending')")
+    page.wait_for_selector("#plan-actions button[data-verb=execute]:enabled")
+    assert _buttons(page) == {"execute": True, "apply": False, "rollback": False, "cancel": True}
+
+    page.click("#plan-actions button[data-verb=execute]")
+    page.wait_for_selector("dialog#confirm[open]")
+    assert not page.is_visible("#confirm-input")
+    page.click("#confirm-ok")
+    page.wait_for_selector("#plan-phase:text-is('execute')")
+    page.wait_for_selector("#plan-state:text-is('succeeded')")
+    page.wait_for_selector("#plan-actions button[data-verb=apply]:enabled")
+    assert _buttons(page) == {"execute": False, "apply": True, "rollback": False, "cancel": False}
+
+    page.click("button[data-tab=diff]")
+    page.wait_for_selector("#diff .line.add:has-text('+three')")
+    added = page.query_selector_all("#diff .line.add")
+    assert [(line.text_content() or "").strip() for line in added] == ["+one", "+two", "+three"]
+    boxes = [line.bounding_box() for line in added]
+    assert all(line.is_visible() for line in added)
+    # Stacked: the same left edge, each below the one before.
+    assert len({box["x"] for box in boxes}) == 1, boxes
+    assert boxes[0]["y"] < boxes[1]["y"] < boxes[2]["y"], boxes
+    console.shot("plan-diff-lines")
+
+    page.click("#plan-actions button[data-verb=apply]")
+    confirm(page)
+    page.wait_for_selector("#plan-phase:text-is('apply')")
+    page.wait_for_selector("#plan-actions button[data-verb=rollback]:enabled")
+    assert _buttons(page) == {"execute": False, "apply": False, "rollback": True, "cancel": False}
+    assert console.problems == []
+
+
+def test_a_cancel_asks_for_a_reason_in_a_visible_box(console: Console) -> None:
+    page = console.page
+    console.sign_in()
+    # The box shows when a question asks for text (hidden otherwise: the test above).
+    page.evaluate(
+        "async () => { const { confirmAction } = await import('./console/dom.js');"
+        " confirmAction('Stop?', 'Reason (optional)'); }"
+    )
+    page.wait_for_selector("dialog#confirm[open]")
+    assert page.is_visible("#confirm-input")
+    assert console.problems == []
+
+
+def test_the_sessions_list_shows_project_and_orchestrator(console: Console, tmp_path: pathlib.Path) -> None:
+    (tmp_path / "web").mkdir()
+    console.call(
+        "resource.add", {"name": "web", "spec": {"type": "directory", "path": str(tmp_path / "web")}}
+    )
+    console.call("project.add", {"name": "web", "spec": {"resources": ["web"]}})
+    created = console.call("session.create", {"title": "Release", "project": "web"})["session"]
+    page = console.page
+    console.sign_in()
+    row = f"#sessions tr[data-session='{created['meta']['id']}']"
+    page.wait_for_selector(row)
+    assert page.text_content(f"{row} td.project") == "web"
+    assert page.text_content(f"{row} td.orchestrator") == created["orchestrator"]
+    assert created["orchestrator"]
+    headers = page.eval_on_selector_all("#sessions th", "(cells) => cells.map((c) => c.textContent)")
+    assert headers == ["Title", "Id", "Project", "Orchestrator", "State", "Messages", "Created"]
+    assert console.problems == []
+
+
+def test_the_consoles_action_table_is_the_servers() -> None:
+    """plans.js keeps the phase/state pairs each plan operation is accepted in, to offer
+    only those; they must be the server's (facade/domain/plans/model.py ALLOWED)."""
+    from cleveragents.acp.facade.domain.plans import model
+
+    script = (ROOT / "gateway/web/static/console/views/plans.js").read_text()
+    table = json.loads(script.split("const ALLOWED = ", 1)[1].split(";", 1)[0])
+    expected = {
+        verb: sorted(f"{model.phase_name(phase)}/{model.state_name(state)}" for phase, state in pairs)
+        for verb, pairs in model.ALLOWED.items()
+    }
+    assert {verb: sorted(pairs) for verb, pairs in table.items()} == expected
+
+
+def test_a_model_reply_streams_into_the_chat(
+    browser: Any, tmp_path: pathlib.Path, children: Children, fake: FakeOpenAI
+) -> None:
+    """docs/console.md promised replies token by token once model actors existed; they
+    arrived whole. The model's answer is held halfway: the text sent so far shows, then the
+    stored reply takes its place, once."""
+    tokens = Tokens.create(tmp_path)
+    flags = ["--model-endpoint", fake.base_url, "--model-key-env", KEY_ENV]
+    server = children.server(
+        start_server(tmp_path, *flags, tokens=tokens.path, env={**os.environ, KEY_ENV: KEY})
+    )
+    model = {"provider": "openai", "model": "fake-model", "base_url": fake.base_url, "api_key_env": KEY_ENV}
+    auth = {"Authorization": f"Bearer {tokens.tokens['alice']}"}
+
+    def call(operation: str, params: dict[str, Any]) -> Any:
+        answer = httpx.post(
+            server.http + "/api/v1/acp",
+            json={"operation": operation, "params": params},
+            headers=auth,
+            timeout=30,
+        ).json()
+        assert answer["status"] == "ok", answer["error"]
+        return answer["data"]
+
+    call("actor.add", {"name": "chat", "spec": model})
+    session_id = call("session.create", {"title": "Streamed", "orchestrator": "chat"})["session"]["meta"][
+        "id"
+    ]
+    release = asyncio.Event()
+    # Chunks: the role, "Hello ", "there ", (held) "friend", the finish, the usage.
+    fake.then(dataclasses.replace(turn("Hello there friend", pieces=3), hold=release, hold_after=3))
+
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    problems: list[str] = []
+    watch(page, problems)
+    try:
+        page.goto(server.http + "/")
+        page.fill("#token", tokens.tokens["alice"])
+        page.click("#sign-in button[type=submit]")
+        page.wait_for_selector("#nav:not([hidden])")
+        page.wait_for_selector("#status[data-state=live]")
+        page.goto(server.http + f"/#/sessions/{session_id}")
+        page.wait_for_selector("#tell")
+        page.fill("#message-input", "hi")
+        page.click("#tell button[type=submit]")
+        page.wait_for_function(
+            "() => document.querySelector('#messages li.streaming .content')?.textContent === 'Hello there '"
+        )
+        assert page.query_selector_all("#messages li.orchestrator:not(.streaming)") == []
+        assert fake._loop is not None
+        fake._loop.call_soon_threadsafe(release.set)
+        page.wait_for_selector(
+            "#messages li.orchestrator:not(.streaming) .content:text-is('Hello there friend')"
+        )
+        page.wait_for_selector("#messages li.streaming", state="detached")
+        assert len(page.query_selector_all("#messages li.orchestrator")) == 1
+        assert problems == []
+    finally:
+        context.close()
+    assert server.stop() == 0, server.stderr()

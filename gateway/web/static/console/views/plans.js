@@ -48,6 +48,17 @@ export async function showPlans(view, [planId]) {
   return null;
 }
 
+// The phase/state pairs in which the server accepts each operation: ALLOWED of
+// facade/domain/plans/model.py (tests/gateway/web/test_console_flows.py holds them equal).
+// A button the server would refuse is disabled.
+const ALLOWED = {
+  "execute": ["strategize/pending", "execute/pending"],
+  "apply": ["execute/succeeded", "apply/failed"],
+  "rollback": ["apply/succeeded"],
+  "cancel": ["strategize/pending", "strategize/running", "execute/pending", "execute/running"],
+  "correct": ["strategize/pending", "strategize/succeeded", "strategize/failed", "execute/pending", "execute/succeeded", "execute/failed"]
+};
+
 const ACTIONS = [
   { verb: "execute", label: "Execute", ask: "Run the plan's steps? Changes are staged, not written.", params: { wait: false } },
   { verb: "apply", label: "Apply", ask: "Write the staged changes into the project's files?" },
@@ -62,11 +73,15 @@ async function showPlan(view, planId) {
   const panel = h("div", { class: "panel", id: "plan-panel" });
   const buttons = h("div", { class: "actions", id: "plan-actions" });
   let current = "tree";
+  let where = "";
+  const allowed = (verb) => ALLOWED[verb].includes(where);
 
   const refresh = async () => {
     try {
       const { plan } = await call("plan.status", { plan_id: planId });
       const state = shortEnum(plan.state, STATE);
+      where = `${shortEnum(plan.phase, PHASE)}/${state}`;
+      for (const button of buttons.children) button.disabled = !allowed(button.dataset.verb);
       replace(summary,
         h("dt", {}, "Action"), h("dd", {}, plan.action),
         h("dt", {}, "Project"), h("dd", {}, plan.project),
@@ -100,7 +115,7 @@ async function showPlan(view, planId) {
   }
 
   const views = {
-    tree: () => treeView(planId, problem, async () => { await refresh(); await show("tree"); }),
+    tree: () => treeView(planId, problem, allowed("correct"), async () => { await refresh(); await show("tree"); }),
     explain: async () => h("pre", { class: "text", id: "explanation" }, (await call("plan.explain", { plan_id: planId })).text || ""),
     artifacts: () => artifactsView(planId),
     diff: () => diffView(planId),
@@ -140,7 +155,7 @@ async function showPlan(view, planId) {
   };
 }
 
-async function treeView(planId, problem, changed) {
+async function treeView(planId, problem, correctable, changed) {
   const tree = await call("plan.tree", { plan_id: planId });
   const nodes = tree.nodes || [];
   const steps = tree.steps || [];
@@ -159,7 +174,7 @@ async function treeView(planId, problem, changed) {
     node.correction ? h("p", { class: "correction" }, "Correction: ", node.correction) : null,
     (node.options || []).length ? h("ul", { class: "options" }, node.options.map((o) => h("li", {}, h("strong", {}, o.label), o.description ? ` — ${o.description}` : ""))) : null,
     stepsOf(node).length ? h("ol", { class: "steps" }, stepsOf(node).map(stepItem)) : null,
-    node.superseded ? null : h("button", { type: "button", class: "small", onclick: async () => {
+    node.superseded || !correctable ? null : h("button", { type: "button", class: "small", onclick: async () => {
       const text = await confirmAction(`Correct decision "${node.question || node.id}" and re-plan from it?`, "Correction");
       if (text === null) return;
       try {
@@ -201,7 +216,7 @@ async function diffView(planId) {
     const op = shortEnum(f.op, "ARTIFACT_OP_");
     const lines = String(f.unified_diff || "").split("\n").map((line) => {
       const kind = line.startsWith("+++") || line.startsWith("---") ? "file" : line.startsWith("@@") ? "hunk" : line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : "ctx";
-      return h("span", { class: `line ${kind}` }, line, "\n");
+      return [h("span", { class: `line ${kind}` }, line), "\n"];
     });
     return h("section", { class: `file-diff ${op}`, data: { path: f.path } },
       h("h3", {}, h("span", { class: `op ${op}` }, op), " ", h("span", { class: "mono" }, f.path)),

@@ -14,8 +14,11 @@ and only when a second attempt cannot do harm:
   happened instead of doing it twice. Turn it off against a server that does not replay.
 
 Attempts are bounded (``attempts``, the first included), spaced by exponential backoff with
-jitter, and the retrying ends ``deadline`` seconds after the first failure. The last error is
-raised with ``details["attempts"]``.
+jitter, and the retrying ends ``deadline`` seconds after the first failure: the last pause is
+cut short so that the last attempt starts at the deadline, and the default attempts outlast
+any default deadline's worth of pauses, so a client rides out ``deadline`` seconds of outage
+(a restart, a failover), as docs/server.md says. The last error is raised with
+``details["attempts"]``.
 """
 
 from __future__ import annotations
@@ -52,8 +55,9 @@ class Retrying:
 class RetryPolicy:
     """How a client transport retries a call it could not complete (module docstring)."""
 
-    # Attempts in all, the first included: 1 turns retrying off.
-    attempts: int = 6
+    # Attempts in all, the first included: 1 turns retrying off. 16: the deadline, not the
+    # count, ends the default retrying (15 pauses of at least half their ceiling: 23.9 s).
+    attempts: int = 16
     # Seconds after the first failure after which no attempt starts.
     deadline: float = 20.0
     # The first delay; each next one doubles, up to ``max_backoff``; each is jittered
@@ -130,8 +134,11 @@ async def again(
     made = 1
     while made < policy.attempts and policy.may_retry(op, error):
         pause = policy.delay(made - 1)
-        if clock() + pause - started > policy.deadline:
+        left = policy.deadline - (clock() - started)
+        if left <= 0:
             break
+        # The last attempt starts at the deadline, not a whole backoff before it.
+        pause = min(pause, left)
         if policy.notify is not None:
             policy.notify(Retrying(op.name, error, made + 1, policy.attempts, pause))
         log.info("%s: %s; retrying in %.2f s (attempt %d)", op.name, error.message, pause, made + 1)

@@ -293,7 +293,8 @@ class _Inspector:
         self._store = store
 
     async def probe(self) -> None:
-        await self._store.read(lambda store: store.last_sequence())
+        """The store answers, and its writes can succeed (a full disk: not ready)."""
+        await self._store.read(_probe)
 
     async def census(self) -> tuple[int, dict[tuple[str, str], int]]:
         return await self._store.read(_census)
@@ -303,6 +304,11 @@ class _Inspector:
 
     def read_cache_counts(self) -> tuple[int, int]:
         return self._store.read_cache_counts()
+
+
+def _probe(store: Store) -> None:
+    store.last_sequence()
+    store.check_writable()
 
 
 def _census(store: Store) -> tuple[int, dict[tuple[str, str], int]]:

@@ -38,6 +38,7 @@ from google.protobuf import message
 from cleveragents.acp.contract.call import CallContext, Reply
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
+from cleveragents.acp.contract.stopping import Effect, server_stopping
 from cleveragents.acp.facade.store.base import Store
 from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestClaimedError, RequestEntry
 
@@ -68,9 +69,15 @@ _NOT_STORED_CODES = frozenset({"AUTH_REQUIRED", "AUTH_FORBIDDEN", "VERSION_MISMA
 
 def nothing_happened(err: ACPError) -> bool:
     """The error says the call had no effect and may be retried as it was: a retryable
-    error (STORE_BUSY, REQUEST_IN_PROGRESS: ``details.retryable``), an authentication or
-    authorization refusal, a version mismatch, or an internal fault."""
-    return err.code in _NOT_STORED_CODES or err.details.get("retryable") is True
+    error (STORE_BUSY, REQUEST_IN_PROGRESS: ``details.retryable``), one that says so
+    (``details.effect`` ``none``: STORE_DISK_FULL, whose retry succeeds once space is
+    freed), an authentication or authorization refusal, a version mismatch, or an internal
+    fault."""
+    return (
+        err.code in _NOT_STORED_CODES
+        or err.details.get("retryable") is True
+        or err.details.get("effect") == "none"
+    )
 
 
 def digest_of(op: Operation, request: message.Message) -> bytes:
@@ -191,6 +198,9 @@ class Idempotency:
         self._sweep_after: tuple[str, str] | None = None
         self._since_step = 0
         self._kill_after = os.environ.get(KILL_AFTER_COMMIT_ENV, "")
+        # Set by a stopping server (``ServiceFacade.cut``): a cancelled run is a cut call,
+        # answered with whether it took effect, not a caller that left.
+        self.cutting = False
 
     # the facade's entry ------------------------------------------------------------
 
@@ -271,6 +281,12 @@ class Idempotency:
         outcome: _Outcome | None = None
         try:
             outcome = _Outcome(response=await handler(request, ctx))
+        except asyncio.CancelledError:
+            if not self.cutting:
+                raise
+            cut = await self._cut(op, claim, ctx)
+            # Not stored: a retry is answered from the stamp (applied) or runs the call.
+            return _Outcome(error=cut), False
         except RequestClaimedError:
             pass
         except ACPError as err:
@@ -301,6 +317,27 @@ class Idempotency:
             if not await self._store_answer(claim):
                 return await self._theirs(op, request, ctx, digest), True
         return outcome, False
+
+    async def _cut(self, op: Operation, claim: Claim, ctx: CallContext) -> ACPError:
+        """What a call cut by a stopping server is told: once the writes it made have
+        settled, its request id's row says whether its effect committed (the row is
+        stamped in the effect's own transaction)."""
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        effect: Effect = "none" if not op.when_abandoned else "unknown"
+        try:
+            for settled in claim.pending:
+                await settled.wait()
+            if claim.stamped:
+                principal, request_id = claim.entry.principal, claim.entry.request_id
+                stored = await self.store.read(lambda store: store.get_request(principal, request_id))
+                if stored is not None:
+                    effect = "applied"
+        except Exception:
+            log.exception("a cut call of request id %r: its outcome could not be read", ctx.request_id)
+            effect = "unknown"
+        return server_stopping(op.name, ctx.request_id, effect)
 
     async def _store_answer(self, claim: Claim) -> bool:
         """Keep the answer; False when another run's row holds the id. A failure to store

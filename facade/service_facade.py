@@ -22,6 +22,7 @@ from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
 from cleveragents.acp.contract.limits import check_bounds
 from cleveragents.acp.contract.required import check_required
+from cleveragents.acp.contract.stopping import server_stopping
 from cleveragents.acp.facade import observer as observing
 from cleveragents.acp.facade.domain import roles
 from cleveragents.acp.facade.domain.tickets import PrincipalLookup
@@ -89,6 +90,10 @@ class ServiceFacade:
         self.tickets = tickets
         self._resources = list(resources)
         self._handlers: dict[str, Handler] = dict(handlers)
+        # The tasks of the unary calls under way: a stopping server cuts those left at the
+        # end of its grace period (``cut``).
+        self._calls: set[asyncio.Task[object]] = set()
+        self._cutting = False
 
     @property
     def served_operations(self) -> frozenset[str]:
@@ -143,6 +148,9 @@ class ServiceFacade:
         shorter than with the observed call wrapping an inner one."""
         observed = self.observer.start(op, request, ctx) if self.observer is not None else None
         code = observing.CANCELLED
+        task = asyncio.current_task()
+        if task is not None:
+            self._calls.add(task)
         try:
             if op.server_streaming:
                 raise ACPError(ErrorCode.INVALID_PARAMS, f"{op.name} is a stream; subscribe to it")
@@ -161,13 +169,37 @@ class ServiceFacade:
             if ctx.served_version != op.version_table.current:
                 response = surface.strip(response, ctx.served_version)
             code = observing.OK
+        except asyncio.CancelledError:
+            if not self._cutting:
+                raise
+            if task is not None:
+                task.uncancel()
+            # Cut outside the request id's run (which answers for itself): only a read is
+            # known to have done nothing.
+            cut = server_stopping(op.name, ctx.request_id, "none" if op.read_only else "unknown")
+            code = cut.code
+            raise cut from None
         except ACPError as err:
             code = err.code
             raise
         finally:
+            if task is not None:
+                self._calls.discard(task)
             if observed is not None:
                 observed.finish(code)
         return response
+
+    def cut(self) -> int:
+        """A stopping server's grace period is over: cancel every unary call still under
+        way; each answers INVALID_STATE ``SERVER_STOPPING`` saying whether it took effect
+        (contract/stopping.py), through its own wire as any error. Returns how many."""
+        self._cutting = True
+        if self.idempotency is not None:
+            self.idempotency.cutting = True
+        calls = list(self._calls)
+        for task in calls:
+            task.cancel()
+        return len(calls)
 
     async def stream(
         self, op: Operation, request: message.Message, ctx: CallContext

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import math
 import pathlib
 import signal
 import socket
@@ -40,6 +41,11 @@ from cleveragents.acp.gateway.opening import OpeningService
 from cleveragents.acp.gateway.upstream import TransportService
 
 log = logging.getLogger(__name__)
+
+# After the grace period the facade cuts the calls still running (each answered with whether
+# it took effect); uvicorn and gRPC cancel what is left this much later, a backstop that
+# leaves the cut calls time to settle their writes and send their answers.
+CUT_MARGIN_SECONDS = 5.0
 
 
 class ServeError(Exception):
@@ -252,7 +258,7 @@ class Server:
                 http=protocol.protocol_factory(config.connections),  # type: ignore[arg-type]
                 h11_max_incomplete_event_size=config.connections.max_header_bytes,
                 timeout_keep_alive=config.connections.idle_timeout,
-                timeout_graceful_shutdown=max(int(config.grace_seconds), 1),
+                timeout_graceful_shutdown=math.ceil(config.grace_seconds + CUT_MARGIN_SECONDS),
                 ssl_certfile=str(tls.cert) if tls else None,
                 ssl_keyfile=str(tls.key) if tls else None,
             )
@@ -359,22 +365,40 @@ class Server:
             stop.cancel()
 
     async def stop(self) -> None:
-        """Not ready first (load balancers and gRPC health see it), then streams end and
-        in-flight calls finish, then the store closes."""
+        """Not ready first (load balancers and gRPC health see it); both wires stop taking
+        calls at once; streams end and in-flight calls finish within the grace period; the
+        facade then cuts what still runs, each call answered with whether it took effect
+        (contract/stopping.py); then the store closes."""
         self.observability.telemetry.draining = True
         await self.observability.readiness.drain()
         self.closing.set()
-        if self._health is not None:
-            await self._health.enter_graceful_shutdown()
+        grace = self.config.grace_seconds
+        grpc_stopped = None
+        if self._grpc is not None:
+            grpc_stopped = asyncio.ensure_future(self._grpc.stop(grace + CUT_MARGIN_SECONDS))
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
-        grpc_stopped = self._grpc.stop(self.config.grace_seconds) if self._grpc is not None else None
-        if self._uvicorn_task is not None:
-            with contextlib.suppress(Exception):
-                await self._uvicorn_task
-        if grpc_stopped is not None:
-            await grpc_stopped
+            # uvicorn notices ``should_exit`` at its next tick (0.1 s); its listeners close now.
+            for listener in self._uvicorn.servers:
+                listener.close()
+        cut = asyncio.get_running_loop().call_later(grace, self._cut)
+        try:
+            if self._health is not None:
+                await self._health.enter_graceful_shutdown()
+            if self._uvicorn_task is not None:
+                with contextlib.suppress(Exception):
+                    await self._uvicorn_task
+            if grpc_stopped is not None:
+                await grpc_stopped
+        finally:
+            cut.cancel()
         await self._close_backend()
+
+    def _cut(self) -> None:
+        if self.facade is not None:
+            cut = self.facade.cut()
+            if cut:
+                log.warning("grace period over: %d call(s) still running were cut", cut)
 
     async def _close_backend(self) -> None:
         if self._guard_task is not None:

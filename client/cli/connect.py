@@ -9,7 +9,7 @@ a profile of the config file (``$XDG_CONFIG_HOME/cleveragents/acp.toml``)::
     # db = "/path/to/acp.db"             # or local mode
     # ca_cert = "/path/to/ca.pem"
     # acp_version = "1.1"
-    # retry_attempts = 6                 # calls the server never answered (1: no retry)
+    # retry_attempts = 16                # calls the server never answered (1: no retry)
     # retry_seconds = 20
 
 With neither a server nor a gRPC address the CLI runs in local mode, in-process, on
@@ -54,7 +54,7 @@ _CONNECTION: tuple[tuple[str, str | None, str], ...] = (
         "--retry-attempts",
         "N",
         "attempts in all at a call the server never answered (connection refused or lost); "
-        "1 turns retrying off (default 6) [ACP_RETRY_ATTEMPTS]",
+        "1 turns retrying off (default 16) [ACP_RETRY_ATTEMPTS]",
     ),
     (
         "--retry-seconds",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -51,13 +52,47 @@ class StoreBusyError(ACPError):
     """A write waited its whole bound for a lock another process holds; nothing of it was
     written, so the caller may retry it as it was (docs/server.md, "A locked database")."""
 
-    def __init__(self, waited: float) -> None:
+    def __init__(self, waited: float, why: str = "the database stayed locked by another process") -> None:
         super().__init__(
             ErrorCode.BUDGET_EXCEEDED,
-            f"the database stayed locked by another process for {waited:.1f} s, so nothing was "
-            "written; retry the call",
+            f"{why} for {waited:.1f} s, so nothing was written; retry the call",
             {"retryable": True, "waited_seconds": round(waited, 3)},
             refinement="STORE_BUSY",
+        )
+
+
+# A store whose disk was full is writable again once this much more is free (or, where it
+# cannot tell, this long after): readiness stops refusing and the next write tells.
+FULL_MARGIN_BYTES = 1 << 20
+FULL_RECHECK_SECONDS = 5.0
+
+
+class StoreDownError(ACPError):
+    """The database cannot be reached (a PostgreSQL restart or failover, a lost connection):
+    INTERNAL_ERROR, refinement ``STORE_UNAVAILABLE``, retryable. A call cut while committing
+    may have committed; its retry with the same request id is answered from its stamp, so
+    retrying never acts twice (docs/idempotency.md)."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(
+            ErrorCode.INTERNAL_ERROR,
+            f"the database cannot be reached ({cause}); retry the call with the same request id",
+            {"retryable": True, "cause": cause},
+            refinement="STORE_UNAVAILABLE",
+        )
+
+
+class StoreFullError(ACPError):
+    """The database's disk is full: nothing of the call was written. BUDGET_EXCEEDED,
+    refinement ``STORE_DISK_FULL``, not retryable: another attempt fails the same way until
+    an operator frees space (``/readyz`` says not ready meanwhile)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            ErrorCode.BUDGET_EXCEEDED,
+            f"the database's disk is full ({where}): nothing was written; writes fail until space is freed",
+            {"retryable": False, "effect": "none"},
+            refinement="STORE_DISK_FULL",
         )
 
 
@@ -226,6 +261,37 @@ class StoreObserver(Protocol):
 class Store(abc.ABC):
     # Set by whoever assembles the server (``observe``); None: nobody is told.
     observer: StoreObserver | None = None
+    # The last write found the disk full: (when, bytes free then); None: writes succeed.
+    full: tuple[float, int | None] | None = None
+
+    # a full disk ------------------------------------------------------------------------
+
+    def free_bytes(self) -> int | None:
+        """Bytes free to the store where its database grows, when it can tell (SQLite)."""
+        return None
+
+    def note_full(self) -> None:
+        """A write found the disk full (it raises StoreFullError): not writable from now."""
+        self.full = (time.monotonic(), self.free_bytes())
+
+    def check_writable(self) -> None:
+        """Raises StoreFullError while the last write found the disk full and no space came
+        free since (``FULL_MARGIN_BYTES``; where the store cannot tell, for
+        ``FULL_RECHECK_SECONDS``): what ``/readyz`` asks, so a balancer sends no writes
+        that cannot succeed. Any successful write clears it."""
+        full = self.full
+        if full is None:
+            return
+        when, free_then = full
+        free = self.free_bytes()
+        if free is not None and free_then is not None:
+            if free >= free_then + FULL_MARGIN_BYTES:
+                self.full = None
+                return
+        elif time.monotonic() - when >= FULL_RECHECK_SECONDS:
+            self.full = None
+            return
+        raise StoreFullError(f"{free} bytes free" if free is not None else "the database said so")
 
     def observe(self, observer: StoreObserver | None) -> None:
         """Report commit and wait times to ``observer`` from now on (None: stop)."""

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from cleveragents.acp.facade.store.requests import CLAIM
+
 log = logging.getLogger(__name__)
 
 
@@ -43,7 +45,18 @@ def run_callback(callback: Callable[[], None]) -> None:
 class Job:
     """One ``write`` call on its way through a store thread."""
 
-    __slots__ = ("callbacks", "context", "deadline", "error", "fn", "future", "loop", "queued", "result")
+    __slots__ = (
+        "callbacks",
+        "context",
+        "deadline",
+        "error",
+        "fn",
+        "future",
+        "loop",
+        "queued",
+        "result",
+        "settled",
+    )
 
     def __init__(
         self, fn: Callable[[Any], Any], loop: asyncio.AbstractEventLoop | None, deadline: float
@@ -53,6 +66,13 @@ class Job:
         self.context = contextvars.copy_context()
         self.loop = loop
         self.future: asyncio.Future[Any] | None = loop.create_future() if loop is not None else None
+        # Set once the write committed or failed, even if its caller stopped waiting: a
+        # write under a request id's claim has one (``Claim.pending``).
+        self.settled: asyncio.Event | None = None
+        claim = CLAIM.get()
+        if claim is not None and claim.open and loop is not None:
+            self.settled = asyncio.Event()
+            claim.pending.append(self.settled)
         self.deadline = deadline
         # When the call was made: what it waited before its transaction began is measured from here.
         self.queued = time.monotonic()
@@ -131,6 +151,8 @@ class CommitOrder:
     def _finish(job: Job) -> None:
         for callback in job.callbacks:
             run_callback(callback)
+        if job.settled is not None:
+            job.settled.set()
         future = job.future
         if future is None or future.done():
             return

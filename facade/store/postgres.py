@@ -69,6 +69,8 @@ from cleveragents.acp.facade.store.base import (
     StoreBusyError,
     StoreConflictError,
     StoredEvent,
+    StoreDownError,
+    StoreFullError,
     StoreUnavailableError,
 )
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
@@ -91,6 +93,8 @@ _LEASE = f"name, owner, token, expires, expires > {_NOW}, request"
 _EVENT_COLUMNS = "sequence, namespace, type, plan_id, session_id, time, body"
 # How long opening a connection may take before the store gives up on the server.
 CONNECT_TIMEOUT = 10
+# The one connection attempt that tells a starved pool from a database that is down.
+_STARVED_CONNECT_TIMEOUT = 3
 # How long a replica waits for another one's migration before it gives up.
 MIGRATION_WAIT = 300.0
 # A read's transaction: one snapshot for all its statements, which wait for no writer.
@@ -225,12 +229,33 @@ class NulCharacterError(ACPError):
         )
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """The connection is gone or the server refuses work: a restart, a failover, a network
+    cut (no SQLSTATE, class 08, or an operator's shutdown, 57P01-57P03). A statement sent
+    through libpq directly (pg_wire.py) reports a lost connection as a bare DatabaseError
+    with no SQLSTATE."""
+    if isinstance(exc, _BUSY) or not isinstance(exc, psycopg.DatabaseError):
+        return False
+    if not isinstance(exc, psycopg.OperationalError) and type(exc) is not psycopg.DatabaseError:
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def _store_error(exc: Exception, started: float) -> Exception | None:
     """What a statement's failure is to the store's callers; None: itself."""
     if isinstance(exc, errors.UniqueViolation):
         return StoreConflictError(str(exc).splitlines()[0])
     if isinstance(exc, _BUSY):
         return StoreBusyError(time.monotonic() - started)
+    if isinstance(exc, errors.DiskFull):
+        return StoreFullError(_first_line(exc))
+    if _unreachable(exc):
+        return StoreDownError(_first_line(exc))
     if isinstance(exc, NulInTextError):
         return NulCharacterError()
     # PostgreSQL's text (and jsonb) cannot hold U+0000, which SQLite's can: a value with one
@@ -452,9 +477,15 @@ class PostgresStore(Store):
         # The caller's context travels with fn (its trace, read by what fn records).
         context = contextvars.copy_context()
         queued = time.monotonic()
-        return await self._reads.run(
-            functools.partial(context.run, self._read_now, fn, queued), urgent=urgent
-        )
+        try:
+            return await self._reads.run(
+                functools.partial(context.run, self._read_now, fn, queued), urgent=urgent
+            )
+        except Exception as exc:
+            mapped = _store_error(exc, queued)
+            if mapped is None:
+                raise
+            raise mapped from None
 
     def _read_now(self, fn: Callable[[Store], T], queued: float) -> T:
         here = self._thread
@@ -643,7 +674,18 @@ class PostgresStore(Store):
             raise RuntimeError("the store is closed")
         self._writers.submit(self._write_now, job)
         assert job.future is not None
-        return cast(T, await job.future)
+        try:
+            result = await job.future
+        except Exception as exc:
+            mapped = _store_error(exc, job.queued)
+            if mapped is None:
+                raise
+            if isinstance(mapped, StoreFullError):
+                self.note_full()
+            raise mapped from None
+        if self.full is not None:
+            self.full = None
+        return cast(T, result)
 
     def _write_now(self, job: Job) -> None:
         """Run one write in its own transaction; due in commit order once committed."""
@@ -693,6 +735,16 @@ class PostgresStore(Store):
                 raise StoreBusyError(time.monotonic() - started) from None
             self._order.due(jobs)
 
+    def _starved(self, waited: float) -> ACPError:
+        """No pooled connection came within the bound: every one in use (STORE_BUSY), or
+        none can be made, the database being down (STORE_UNAVAILABLE; one connection
+        attempt tells, on this store thread)."""
+        try:
+            psycopg.connect(self.url, autocommit=True, connect_timeout=_STARVED_CONNECT_TIMEOUT).close()
+        except psycopg.OperationalError as exc:
+            return StoreDownError(_first_line(exc))
+        return StoreBusyError(waited, "no database connection of this server came free")
+
     @contextmanager
     def _borrow(
         self, timeout: float | None = None, *, settle: bool = True
@@ -713,7 +765,7 @@ class PostgresStore(Store):
                 with self._pool.connection(timeout=wait) as borrowed:
                     yield borrowed
             except PoolTimeout:
-                raise StoreBusyError(wait) from None
+                raise self._starved(wait) from None
             return
         kept = here.pinned
         if kept is None or kept.closed or kept.broken:
@@ -722,7 +774,7 @@ class PostgresStore(Store):
             try:
                 conn = self._pool.getconn(timeout=wait)
             except PoolTimeout:
-                raise StoreBusyError(wait) from None
+                raise self._starved(wait) from None
             with self._pinned_lock:
                 self._pinned.add(conn)
             here.pinned = conn

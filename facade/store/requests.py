@@ -12,6 +12,7 @@ again (docs/idempotency.md). The store knows no domain: it keeps bytes by key.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -56,6 +57,9 @@ class Claim:
     stamped: bool = False
     # Whether a write found another live claim's row (and was rolled back).
     conflict: bool = False
+    # One event per write made under the claim, set once it committed or failed: a call cut
+    # by a stopping server waits for them before it says whether it took effect.
+    pending: list[asyncio.Event] = field(default_factory=list)
 
 
 CLAIM: ContextVar[Claim | None] = ContextVar("acp_request_claim", default=None)

@@ -51,6 +51,7 @@ from cleveragents.acp.facade.store.base import (
     StoreBusyError,
     StoreConflictError,
     StoredEvent,
+    StoreFullError,
 )
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
 from cleveragents.acp.facade.store.migrations import MIGRATIONS
@@ -287,6 +288,16 @@ _LOCK_SLICE_MS = 50
 
 # How often a store opening a file another process is creating tries WAL mode again.
 _WAL_RETRY_SECONDS = 0.01
+
+
+# SQLite's primary result code for a full disk (ENOSPC on the database, journal or WAL).
+_SQLITE_FULL = 13
+
+
+def _disk_full(exc: BaseException) -> bool:
+    return (
+        isinstance(exc, sqlite3.Error) and (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == _SQLITE_FULL
+    )
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
@@ -645,7 +656,24 @@ class SQLiteStore(Store):
             if self._sleeping:
                 self._wake_writer(loop)
         assert job.future is not None
-        return cast(T, await job.future)
+        try:
+            result = await job.future
+        except sqlite3.Error as exc:
+            if not _disk_full(exc):
+                raise
+            self.note_full()
+            raise StoreFullError(str(exc)) from None
+        if self.full is not None:
+            self.full = None
+        return cast(T, result)
+
+    def free_bytes(self) -> int | None:
+        """Free bytes on the file system of the database (where its WAL grows)."""
+        try:
+            stat = os.statvfs(self.path.parent)
+        except OSError:
+            return None
+        return stat.f_bavail * stat.f_frsize
 
     def _wake_writer(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wake the sleeping writer now if ``loop`` has nothing else ready, else once it has

@@ -55,6 +55,7 @@ from uvicorn.server import ServerState
 
 from cleveragents.acp.contract import envelope, limits, versions
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, http_status
+from cleveragents.acp.contract.stopping import server_stopping
 
 # How long a refused connection keeps draining what the client still sends, and how much.
 _LINGER_SECONDS = 2.0
@@ -433,12 +434,30 @@ class GuardedH11Protocol(H11Protocol):
         try:
             await self._app(scope, receive, send)
         except asyncio.CancelledError:
-            if task is None or self._abandoned is not task:
+            if task is None:
                 raise
+            if self._abandoned is not task:
+                # Only uvicorn's shutdown, past its graceful timeout, cancels it otherwise:
+                # an envelope rather than its plain-text 500 (the facade's cut, earlier,
+                # answers with what the call did; here that is not known).
+                if not isinstance(cycle, RequestResponseCycle) or cycle.response_started:
+                    raise
+                self._cut(scope, cycle)
             task.uncancel()
         finally:
             if self._app_task is task:
                 self._app_task = None
+
+    def _cut(self, scope: Any, cycle: RequestResponseCycle) -> None:
+        """Answer a request the stopping server cut before its answer began, and close
+        (``disconnected``: uvicorn adds no answer of its own)."""
+        cycle.disconnected = True
+        if self.transport.is_closing():
+            return
+        method = scope.get("method", "") if isinstance(scope, dict) else ""
+        path = scope.get("path", "") if isinstance(scope, dict) else ""
+        self.transport.write(refusal(server_stopping(f"{method} {path}".strip(), "", "unknown")))
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self._draining:

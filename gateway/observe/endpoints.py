@@ -58,6 +58,11 @@ class Readiness:
         if self._probe is not None:
             try:
                 await asyncio.wait_for(self._probe(), PROBE_SECONDS)
+            except ACPError as err:
+                # A full disk: the store answers reads, but no write can succeed.
+                if err.details.get("refinement") == "STORE_DISK_FULL":
+                    return False, "store_disk_full"
+                return False, "store_unreachable"
             except Exception:
                 return False, "store_unreachable"
         return True, READY

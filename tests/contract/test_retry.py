@@ -92,8 +92,27 @@ async def test_the_deadline_ends_retrying_before_the_attempts_do() -> None:
 
     with pytest.raises(TransportError) as raised:
         await again(policy, READ, lost(sent=True), attempt, sleep=time.sleep, clock=time.clock)
-    assert sum(time.pauses) <= 5.0
-    assert 5 <= raised.value.details["attempts"] <= 11
+    # The last pause is cut short: the last attempt starts at the deadline.
+    assert sum(time.pauses) == pytest.approx(5.0)
+    assert 6 <= raised.value.details["attempts"] <= 12
+
+
+async def test_the_default_policy_retries_for_its_whole_deadline() -> None:
+    """docs/server.md: no attempt starts later than ``deadline`` (20 s) after the first
+    failure, and retrying goes on until then: the last attempt starts at the deadline,
+    whatever the jitter (issue 30 item 7: the count, 6, ended it after 4 to 8 s)."""
+    time = FakeTime()
+    policy = RetryPolicy()
+    assert policy.deadline == 20.0
+
+    async def attempt() -> str:
+        raise lost(sent=False)
+
+    with pytest.raises(TransportError) as raised:
+        await again(policy, WRITE, lost(sent=False), attempt, sleep=time.sleep, clock=time.clock)
+    assert time.now - 100.0 == pytest.approx(20.0)
+    assert raised.value.details["attempts"] < policy.attempts
+    assert max(time.pauses) <= policy.max_backoff
 
 
 async def test_a_retry_that_gets_through_returns_its_answer() -> None:

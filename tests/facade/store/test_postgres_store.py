@@ -34,6 +34,7 @@ from cleveragents.acp.facade.store.base import (
     Store,
     StoreBusyError,
     StoreConflictError,
+    StoreDownError,
     StoreUnavailableError,
 )
 from cleveragents.acp.facade.store.pg_urls import db_problem, is_postgres_url, redacted
@@ -547,15 +548,17 @@ async def test_a_reader_connection_lost_with_its_commit_unread_is_replaced(
     opened: Callable[..., PostgresStore], schema: tuple[str, str]
 ) -> None:
     """The server ends the reader's connection while the answer to its last COMMIT is still
-    unread: the next read fails with the connection error (it does not hang or read a stale
-    answer), and the read after that runs on a new connection."""
+    unread: the next read fails with the connection error, as STORE_UNAVAILABLE (retryable;
+    it does not hang or read a stale answer), and the read after that runs on a new connection."""
     store = opened(readers=1)
     store.insert(record(id="01A"))
     await store.read(lambda s: s.get("session", "01A"))  # prepared on the reader's connection
     ((pid,),) = await store.read(lambda _s: store.execute("SELECT pg_backend_pid()"))
     await asyncio.to_thread(terminate, schema[0], pid)
-    with pytest.raises(psycopg.Error, match="server closed the connection"):
+    with pytest.raises(ACPError, match="server closed the connection") as lost:
         await store.read(lambda s: s.get("session", "01A"))
+    assert lost.value.details["refinement"] == "STORE_UNAVAILABLE"
+    assert lost.value.details["retryable"] is True
     found = await store.read(lambda s: s.get("session", "01A"))
     assert found is not None
     assert found.id == "01A"
@@ -674,7 +677,8 @@ async def test_a_loop_connection_ended_mid_read_fails_its_reads_and_is_replaced(
     pid = await sleeping_backend(schema[0])
     await asyncio.to_thread(terminate, schema[0], pid)
     for waiting in (slow, behind):
-        with pytest.raises(psycopg.OperationalError):
+        # The lost connection is the store's own refusal: retryable STORE_UNAVAILABLE.
+        with pytest.raises(StoreDownError):
             await asyncio.wait_for(waiting, TIMEOUT)
     found = await store.read_get("session", "01A")
     assert found is not None
@@ -868,7 +872,7 @@ async def test_a_write_connection_ended_mid_write_fails_its_writes_and_is_replac
         waiting = asyncio.ensure_future(store.insert_alone(record(id="01W")))
         await asyncio.sleep(0.2)
         await asyncio.to_thread(terminate, schema[0], pid)
-        with pytest.raises(psycopg.OperationalError):
+        with pytest.raises(StoreDownError):
             await asyncio.wait_for(waiting, TIMEOUT)
         holder.execute("ROLLBACK")
     await store.insert_alone(record(id="01B"))

@@ -1,0 +1,347 @@
+"""The fault-injection suite (issue 30): real ``agents serve`` processes on loopback, a load of
+real clients, one fault per case, and the acknowledged-writes ledger checked afterwards
+(tests/chaos/ledger.py). ``make test`` runs each case small; ``make chaos`` runs the same code
+with ``ACP_CHAOS_SCALE`` (more writers, more writes, the full 10 s PostgreSQL outage).
+
+Cases that found a bug on main (9a4ea92) and fail there:
+- SIGTERM with long calls in flight: the cut calls' effects were stored but their clients got a
+  plain 500 (item 6);
+- disk full: INTERNAL_ERROR and ``/readyz`` 200 (item 7);
+- PostgreSQL restarted / stopped: calls cut got a non-retryable INTERNAL_ERROR, and while down
+  STORE_BUSY "locked by another process"; the client gave up after 4-8 s (item 7).
+Cases of faults other helpers fix are marked ``needs(...)`` (see ``NEEDS``): they skip until
+the fix is merged (the integrator removes the mark), or run with ``ACP_CHAOS_NEEDS=layers,...``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import signal
+import sqlite3
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+
+from cleveragents.acp.client.acp_client import ACPClient
+from cleveragents.acp.client.http_transport import HTTPTransport
+from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.contract.retry import RetryPolicy
+from tests.chaos.ledger import SCALE, Ledger, Load, client_for, verify
+from tests.chaos.processes import Served, fill, own_postgres, small_tmpfs
+from tests.server_process import ServerProcess, Tokens
+
+WRITERS = 2 * SCALE
+PER_WRITER = 8 * SCALE
+# Cases ``make test`` leaves to ``make chaos`` (it keeps one of each kind of fault small: the
+# whole group killed is also tests/gateway/test_workers.py's, a restart is also the stop's cut).
+CHAOS_ONLY = pytest.mark.skipif(SCALE == 1, reason="make chaos only (ACP_CHAOS_SCALE > 1)")
+# How long the "stopped" case keeps PostgreSQL down: the issue's 10 s under ``make chaos``,
+# shorter in ``make test`` (each is within the clients' 20 s retry window).
+OUTAGE_SECONDS = 10.0 if SCALE > 1 else 3.0
+
+
+# The fix each ``needs`` case waits for (issue 30), by the helper making it.
+NEEDS = {
+    "layers": "pg_wire's prepared statements after a rollback (item 1), wal_index's SIGBUS (item 2)",
+    "lease": "idle-in-transaction bounds and the command supervisor (items 4, 5)",
+    "files": "apply fenced between files (item 3)",
+}
+
+
+def needs(helper: str) -> pytest.MarkDecorator:
+    enabled = os.environ.get("ACP_CHAOS_NEEDS", "").split(",")
+    return pytest.mark.skipif(
+        helper not in enabled, reason=f"needs the {helper} fix: {NEEDS[helper]} (ACP_CHAOS_NEEDS={helper})"
+    )
+
+
+def served(tmp_path: pathlib.Path, db: str | None = None, *extra: str) -> Served:
+    return Served(tmp_path, Tokens.create(tmp_path), db or str(tmp_path / "acp.db"), extra)
+
+
+def load(server: Served, ledger: Ledger, *, grpc: bool = False) -> Load:
+    return Load(
+        ledger,
+        server.token,
+        http_url=None if grpc else server.http_url,
+        grpc_target=server.grpc_target if grpc else None,
+        writers=WRITERS,
+        per_writer=PER_WRITER,
+    )
+
+
+def progressed(count: int) -> Callable[[Ledger], bool]:
+    return lambda ledger: ledger.count("acked") >= count
+
+
+async def finish_and_verify(server: Served, work: Load, ledger: Ledger, *, all_acked: bool) -> None:
+    await work.finish()
+    if all_acked:
+        # The fault lasted less than the clients' retry window: every call got through.
+        assert ledger.count("acked", "applied") == WRITERS * PER_WRITER, (
+            ledger.summary(),
+            [(e.message, e.details) for e in ledger.errors("failed", "none", "unknown")[:3]],
+            server.faults(),
+        )
+    async with client_for(server.http_url, None, server.token) as client:
+        await verify(ledger, client, work.sessions)
+
+
+# kill -9 ---------------------------------------------------------------------------------
+
+
+async def under_load(
+    server: Served, fault: Callable[[], Awaitable[None]], *, grpc: bool = False, all_acked: bool = True
+) -> Ledger:
+    """Start ``server``, put the load on it, inject ``fault`` once it has made progress, let
+    the load finish and check the ledger; the server is killed at the end."""
+    await asyncio.to_thread(server.start)
+    ledger = Ledger()
+    work = load(server, ledger, grpc=grpc)
+    try:
+        await work.start()
+        await ledger.reached(progressed(WRITERS * 2))
+        await fault()
+        await finish_and_verify(server, work, ledger, all_acked=all_acked)
+    finally:
+        server.kill()
+    return ledger
+
+
+@pytest.mark.parametrize("grpc", [False, pytest.param(True, marks=CHAOS_ONLY)], ids=["http", "grpc"])
+async def test_kill_9_of_a_server_loses_nothing(tmp_path: pathlib.Path, grpc: bool) -> None:
+    server = served(tmp_path)
+
+    async def kill_and_restart() -> None:
+        server.kill()
+        await asyncio.to_thread(server.start)
+
+    await under_load(server, kill_and_restart, grpc=grpc)
+
+
+@CHAOS_ONLY
+async def test_kill_9_of_one_worker_loses_nothing(tmp_path: pathlib.Path) -> None:
+    server = served(tmp_path, None, "--workers", "2")
+
+    async def kill_a_worker() -> None:
+        assert server.process is not None
+        line = next(line for line in server.process.stdout if line.startswith("acp-ready "))
+        os.kill(int(line.split('"workers": [')[1].split(",")[0]), signal.SIGKILL)
+
+    await under_load(server, kill_a_worker)
+
+
+@CHAOS_ONLY
+async def test_kill_9_of_the_whole_group_loses_nothing(tmp_path: pathlib.Path) -> None:
+    server = served(tmp_path, None, "--workers", "2")
+
+    async def kill_and_restart() -> None:
+        server.kill()
+        await asyncio.to_thread(server.start)
+
+    await under_load(server, kill_and_restart)
+
+
+# SIGTERM with long calls in flight ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", ["1", pytest.param("2", marks=CHAOS_ONLY)])
+async def test_sigterm_with_long_calls_in_flight_says_what_each_cut_call_did(
+    tmp_path: pathlib.Path, workers: str
+) -> None:
+    """Another process holds the SQLite write lock, so every write in flight waits; SIGTERM
+    (grace 1 s); once the server has cut them, the lock goes and their writes commit: each cut
+    call is told ``applied`` (an envelope; on main a plain 500 its client took as failed). The
+    server is started again; the clients' retries of the rest get through."""
+    db = tmp_path / "acp.db"
+    server = served(tmp_path, str(db), "--workers", workers, "--grace-seconds", "1")
+    env = {"ACP_STORE_WRITE_TIMEOUT_SECONDS": "120"}
+    # The lock holder maps the WAL index before the server does and keeps it: a process
+    # opening the file after the server may truncate it under the server's mapping (SIGBUS,
+    # issue 30 item 2, the layers fix: test_another_process_opening_the_file_...).
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=WAL")
+    holder.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    await asyncio.to_thread(server.start, env)
+    ledger = Ledger()
+    work = load(server, ledger)
+    try:
+        await work.start()
+        await ledger.reached(progressed(WRITERS))
+        holder.execute("BEGIN IMMEDIATE")
+        # Every writer's next call sent; a read answered after them (the server reads its
+        # connections in arrival order): those calls are in the server, waiting for the lock.
+        await work.all_writing()
+        async with client_for(server.http_url, None, server.token) as reader:
+            await reader.call("session.show", session_id=work.sessions[0])
+        assert server.process is not None
+        server.process.process.send_signal(signal.SIGTERM)
+        await _until_logged(server.process, "were cut")
+        holder.execute("ROLLBACK")
+        assert await asyncio.to_thread(server.process.process.wait, 60) == 0
+        await ledger.reached(lambda led: led.count("applied", "failed") >= 1)
+        await asyncio.to_thread(server.start, env)
+        await finish_and_verify(server, work, ledger, all_acked=False)
+        assert ledger.count("failed") == 0, ledger.errors("failed")
+        assert ledger.count("applied") >= 1, ledger.summary()
+    finally:
+        holder.close()
+        server.kill()
+
+
+async def _until_logged(process: ServerProcess, text: str) -> None:
+    """Until the server logged ``text`` (its log goes to stdout, uvicorn's to stderr)."""
+    for _ in range(600):
+        if any(text in line for line in list(process.stdout)):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{text!r} never logged: {process.stdout[-20:]} {process.stderr()}")
+
+
+# disk full ---------------------------------------------------------------------------------
+
+
+async def test_a_full_disk_refuses_writes_as_such_and_is_not_ready(tmp_path: pathlib.Path) -> None:
+    with small_tmpfs("24m") as disk:
+        server = served(tmp_path, str(disk / "acp.db"))
+        await asyncio.to_thread(server.start)
+        ledger = Ledger()
+        work = load(server, ledger)
+        try:
+            await work.start()
+            await ledger.reached(progressed(WRITERS))
+            filler = disk / "filler"
+            await asyncio.to_thread(fill, filler)
+            no_retry = ACPClient(
+                HTTPTransport.connect(server.http_url, retry=RetryPolicy.OFF), token=server.token
+            )
+            async with no_retry:
+                refused = await _refused(no_retry, work.sessions[0])
+            assert (refused.code, refused.details.get("refinement")) == (
+                "BUDGET_EXCEEDED",
+                "STORE_DISK_FULL",
+            )
+            assert refused.details["retryable"] is False
+            async with httpx.AsyncClient(base_url=server.http_url) as http:
+                ready = await http.get("/readyz")
+                assert ready.status_code == 503, ready.text
+                assert ready.json()["error"]["details"]["status"] == "store_disk_full"
+                filler.unlink()
+                ready = await http.get("/readyz")
+                assert ready.status_code == 200, ready.text
+            await finish_and_verify(server, work, ledger, all_acked=False)
+            assert ledger.count("failed") == 0, ledger.errors("failed")
+        finally:
+            server.kill()
+
+
+async def _refused(client: ACPClient, session_id: str) -> ACPError:
+    """The error of the first write refused (a write or two may still fit on the disk)."""
+    for index in range(200):
+        try:
+            await client.call("session.tell", session_id=session_id, content=f"full {index}")
+        except ACPError as err:
+            return err
+    raise AssertionError("200 writes fit on a full disk")
+
+
+# PostgreSQL restarted, stopped --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", [pytest.param("restart", marks=CHAOS_ONLY), "stop"])
+async def test_postgresql_restarted_or_stopped_under_load_loses_nothing(
+    tmp_path: pathlib.Path, fault: str
+) -> None:
+    with own_postgres() as cluster:
+        server = served(tmp_path, cluster.url)
+        # A call waits this long for a connection while the database is down.
+        await asyncio.to_thread(server.start, {"ACP_STORE_WRITE_TIMEOUT_SECONDS": "2"})
+        ledger = Ledger()
+        work = load(server, ledger)
+        try:
+            await work.start()
+            await ledger.reached(progressed(WRITERS * 2))
+            if fault == "restart":
+                await asyncio.to_thread(cluster.restart)
+            else:
+                await asyncio.to_thread(cluster.stop)
+                down = ACPClient(
+                    HTTPTransport.connect(server.http_url, retry=RetryPolicy.OFF), token=server.token
+                )
+                async with down:
+                    with pytest.raises(ACPError) as refused:
+                        await down.call("session.tell", session_id=work.sessions[0], content="while down")
+                assert refused.value.details.get("refinement") == "STORE_UNAVAILABLE", refused.value
+                assert refused.value.details["retryable"] is True
+                assert "locked" not in refused.value.message
+                # The outage itself: how long the database stays down, not a wait for a result.
+                await asyncio.sleep(OUTAGE_SECONDS)
+                await asyncio.to_thread(cluster.start)
+            await finish_and_verify(server, work, ledger, all_acked=True)
+        finally:
+            server.kill()
+
+
+# faults other helpers fix ------------------------------------------------------------------
+
+
+@needs("layers")
+async def test_failed_statements_beside_the_load_break_no_pooled_connection(tmp_path: pathlib.Path) -> None:
+    """Writes that fail (a tell to a missing session rolls back) interleaved with the load on
+    the same pooled PostgreSQL connections: every later call still succeeds (item 1: on main
+    ``prepared statement "acp_N" does not exist``, INTERNAL_ERROR, from then on)."""
+    with own_postgres() as cluster:
+        server = served(tmp_path, cluster.url)
+        await asyncio.to_thread(server.start)
+        ledger = Ledger()
+        work = load(server, ledger)
+        try:
+            await work.start()
+            async with client_for(server.http_url, None, server.token) as failing:
+                for index in range(WRITERS * PER_WRITER):
+                    operation = "session.delete" if index % 2 else "session.tell"
+                    params = {"session_id": f"missing-{index}"}
+                    if operation == "session.tell":
+                        params["content"] = "x"
+                    with pytest.raises(ACPError) as missing:
+                        await failing.call(operation, params)
+                    assert missing.value.code == "NOT_FOUND", missing.value
+            await finish_and_verify(server, work, ledger, all_acked=True)
+        finally:
+            server.kill()
+
+
+@needs("layers")
+async def test_another_process_opening_the_file_in_a_loop_breaks_nothing(tmp_path: pathlib.Path) -> None:
+    """An ``sqlite3`` reader opening the server's file again and again beside the load
+    (item 2: on main the server dies of SIGBUS within seconds)."""
+    db = tmp_path / "acp.db"
+    server = served(tmp_path, str(db))
+    await asyncio.to_thread(server.start)
+    ledger = Ledger()
+    work = load(server, ledger)
+    stop = asyncio.Event()
+
+    def neighbour() -> None:
+        while not stop.is_set():
+            conn = sqlite3.connect(db)
+            try:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            finally:
+                conn.close()
+
+    try:
+        await work.start()
+        opener = asyncio.ensure_future(asyncio.to_thread(neighbour))
+        try:
+            await finish_and_verify(server, work, ledger, all_acked=True)
+        finally:
+            stop.set()
+            await opener
+        assert server.process is not None
+        assert server.process.process.poll() is None, server.process.stderr()
+    finally:
+        server.kill()

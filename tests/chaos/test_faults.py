@@ -9,8 +9,10 @@ Cases that found a bug on main (9a4ea92) and fail there:
 - disk full: INTERNAL_ERROR and ``/readyz`` 200 (item 7);
 - PostgreSQL restarted / stopped: calls cut got a non-retryable INTERNAL_ERROR, and while down
   STORE_BUSY "locked by another process"; the client gave up after 4-8 s (item 7).
-Cases of faults other helpers fix are marked ``needs(...)`` (see ``NEEDS``): they skip until
-the fix is merged (the integrator removes the mark), or run with ``ACP_CHAOS_NEEDS=layers,...``.
+Two more failed on main and run under ``make chaos`` (``make test`` has their deterministic
+tests: tests/facade/store/test_after_a_failure.py, tests/gateway/test_sqlite_neighbours.py):
+- failed statements beside the load on pooled PostgreSQL connections (item 1);
+- another process opening the SQLite file in a loop (item 2: SIGBUS).
 """
 
 from __future__ import annotations
@@ -41,21 +43,6 @@ CHAOS_ONLY = pytest.mark.skipif(SCALE == 1, reason="make chaos only (ACP_CHAOS_S
 # How long the "stopped" case keeps PostgreSQL down: the issue's 10 s under ``make chaos``,
 # shorter in ``make test`` (each is within the clients' 20 s retry window).
 OUTAGE_SECONDS = 10.0 if SCALE > 1 else 3.0
-
-
-# The fix each ``needs`` case waits for (issue 30), by the helper making it.
-NEEDS = {
-    "layers": "pg_wire's prepared statements after a rollback (item 1), wal_index's SIGBUS (item 2)",
-    "lease": "idle-in-transaction bounds and the command supervisor (items 4, 5)",
-    "files": "apply fenced between files (item 3)",
-}
-
-
-def needs(helper: str) -> pytest.MarkDecorator:
-    enabled = os.environ.get("ACP_CHAOS_NEEDS", "").split(",")
-    return pytest.mark.skipif(
-        helper not in enabled, reason=f"needs the {helper} fix: {NEEDS[helper]} (ACP_CHAOS_NEEDS={helper})"
-    )
 
 
 def served(tmp_path: pathlib.Path, db: str | None = None, *extra: str) -> Served:
@@ -285,10 +272,10 @@ async def test_postgresql_restarted_or_stopped_under_load_loses_nothing(
             server.kill()
 
 
-# faults other helpers fix ------------------------------------------------------------------
+# faults with deterministic tests of their own in make test ----------------------------------
 
 
-@needs("layers")
+@CHAOS_ONLY
 async def test_failed_statements_beside_the_load_break_no_pooled_connection(tmp_path: pathlib.Path) -> None:
     """Writes that fail (a tell to a missing session rolls back) interleaved with the load on
     the same pooled PostgreSQL connections: every later call still succeeds (item 1: on main
@@ -314,7 +301,7 @@ async def test_failed_statements_beside_the_load_break_no_pooled_connection(tmp_
             server.kill()
 
 
-@needs("layers")
+@CHAOS_ONLY
 async def test_another_process_opening_the_file_in_a_loop_breaks_nothing(tmp_path: pathlib.Path) -> None:
     """An ``sqlite3`` reader opening the server's file again and again beside the load
     (item 2: on main the server dies of SIGBUS within seconds)."""

@@ -80,6 +80,19 @@ def nothing_happened(err: ACPError) -> bool:
     )
 
 
+def _kept(err: ACPError, stamped: bool) -> bool:
+    """Whether a run's error becomes its request id's answer: one that does not say
+    "nothing happened", or any once the run wrote (its stamp may have committed), except a
+    retryable one. That says "retry the call": replayed, every retry would hear it again
+    until its client gave up. Its stamp alone tells the retry (docs/idempotency.md):
+    committed, the effect happened once (rebuilt, or REQUEST_ANSWER_LOST); rolled back,
+    nothing happened and the retry runs. A store lost mid-write (STORE_UNAVAILABLE) or a
+    lock waited out after the stamp (STORE_BUSY on PostgreSQL) is such an error."""
+    if err.details.get("retryable") is True:
+        return False
+    return stamped or not nothing_happened(err)
+
+
 def digest_of(op: Operation, request: message.Message) -> bytes:
     return hashlib.sha256(op.key.encode() + b"\0" + request.SerializeToString(deterministic=True)).digest()
 
@@ -303,7 +316,7 @@ class Idempotency:
             # (our write rolled back).
             return await self._theirs(op, request, ctx, digest), True
         if outcome.error is not None:
-            if claim.stamped or not nothing_happened(outcome.error):
+            if _kept(outcome.error, claim.stamped):
                 entry.answer, entry.error = _error_bytes(outcome.error), True
                 if not await self._store_answer(claim):
                     return await self._theirs(op, request, ctx, digest), True

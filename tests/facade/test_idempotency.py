@@ -19,6 +19,7 @@ from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.idempotency import Idempotency, nothing_happened
 from cleveragents.acp.facade.service_facade import ServiceFacade
+from cleveragents.acp.facade.store.base import Record, Store, StoreDownError
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import registry_pb2, session_pb2, specs_pb2
 
@@ -382,3 +383,51 @@ async def test_an_internal_error_is_not_stored_so_its_retry_runs_again(
     assert await idempotency.run(CREATE, request, retry, failing_once) == made_by("alice")
     assert not retry.replayed
     assert runs == ["ie-1", "ie-1"]
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["first-write-committed", "rolled-back"])
+async def test_a_retryable_error_after_a_write_is_not_replayed_the_stamp_tells(
+    facade: ServiceFacade, tmp_path: pathlib.Path, committed: bool
+) -> None:
+    """A run that wrote (its request id stamped) and then failed with a retryable error, the
+    database lost (STORE_UNAVAILABLE, a PostgreSQL stop between session.tell's two writes):
+    the error is not stored as the id's answer, or every retry would be told "retry" again
+    until its client gave up (the flaky chaos case, tests/chaos/test_faults.py). The stamp
+    tells the retry what happened: committed, the effect happened once (REQUEST_ANSWER_LOST,
+    no second run); rolled back, nothing happened and the retry runs."""
+    idempotency = facade.idempotency
+    assert idempotency is not None
+    store = idempotency.store
+    tell = catalog.OPERATIONS["session.tell"]
+    runs: list[str] = []
+    record = Record(kind="note", id="n-1", namespace="default", body=b"x")
+
+    def insert_and_lose(store: Store) -> None:
+        store.insert(record)
+        raise StoreDownError("server closed the connection unexpectedly")
+
+    async def handler(request: object, ctx: CallContext) -> session_pb2.TellSessionResponse:
+        runs.append(ctx.request_id)
+        if len(runs) == 1:
+            if committed:
+                await store.write(lambda store: store.insert(record))
+                raise StoreDownError("server closed the connection unexpectedly")
+            await store.write(insert_and_lose)
+        return session_pb2.TellSessionResponse()
+
+    request = session_pb2.TellSessionRequest(session_id="s-1", content="hello")
+    with pytest.raises(StoreDownError) as lost:
+        await idempotency.run(tell, request, caller("alice", "down-1"), handler)
+    assert lost.value.details["retryable"] is True
+    assert rows(tmp_path / "acp.db") == ([("down-1", "session.tell", 0, 0)] if committed else [])
+    retry = caller("alice", "down-1")
+    if committed:
+        with pytest.raises(ACPError) as answered:
+            await idempotency.run(tell, request, retry, handler)
+        assert answered.value.details.get("refinement") == "REQUEST_ANSWER_LOST", answered.value
+        assert retry.replayed
+        assert runs == ["down-1"]
+    else:
+        assert await idempotency.run(tell, request, retry, handler) == session_pb2.TellSessionResponse()
+        assert not retry.replayed
+        assert runs == ["down-1", "down-1"]

@@ -58,7 +58,7 @@ DEFAULT_WAIT_SECONDS = 30.0
 SWEEP_ROWS = 1024
 SWEEP_EVERY = 256
 # Test-only: the server SIGKILLs itself after the effect of this operation committed and
-# before its answer is stored or sent (tests/facade/test_idempotency_crash.py). Unset: inert.
+# before its answer is stored or sent (tests/gateway/test_idempotency_served.py). Unset: inert.
 KILL_AFTER_COMMIT_ENV = "ACP_TEST_KILL_AFTER_COMMIT"
 
 # Errors meaning "nothing happened, try again": never stored (a retry runs the call), as

@@ -13,6 +13,15 @@ Two more failed on main and run under ``make chaos`` (``make test`` has their de
 tests: tests/facade/store/test_after_a_failure.py, tests/gateway/test_sqlite_neighbours.py):
 - failed statements beside the load on pooled PostgreSQL connections (item 1);
 - another process opening the SQLite file in a loop (item 2: SIGBUS).
+So do the two SIGSTOP cases: two replicas on one database, the load on the one not frozen,
+the frozen one holding a plan's lease, woken after the other took the plan over
+(deterministic tests: tests/facade/plans/test_apply_fencing.py, test_lease_processes.py):
+- mid-apply, after file 5 of 12 (the apply hook ``apply.PAUSE_ENV``), SQLite and PostgreSQL:
+  on main it wrote the other 7 files into the restored folder, its caller got INTERNAL_ERROR
+  (item 3; it fails with apply's fence removed);
+- mid-transaction, PostgreSQL: frozen inside its lease renewal's transaction, which keeps the
+  lease row locked: on main nothing ended it, renewals and takeover got STORE_BUSY (item 4;
+  without ``idle_in_transaction_session_timeout`` the other replica never takes over).
 """
 
 from __future__ import annotations
@@ -381,6 +390,7 @@ async def frozen_apply(
     folder = tmp_path / "repo"
     write_tree(folder, {"keep.txt": b"kept\n"})
     no_retry = ACPClient(HTTPTransport.connect(a.http_url, retry=RetryPolicy.OFF, timeout=120), token=a.token)
+    applying: asyncio.Future[Any] | None = None
     try:
         async with client_for(a.http_url, None, a.token) as through_a:
             await add_project(through_a, folder)
@@ -407,6 +417,10 @@ async def frozen_apply(
         assert written == [*(f"f{i:02}.txt" for i in range(FROZEN_AFTER)), "keep.txt"], written
         yield FrozenApply(a, b, plan.meta.id, folder, original, pause, applying, ledger, work)
     finally:
+        if applying is not None and not applying.done():
+            applying.cancel()
+            with contextlib.suppress(BaseException):
+                await applying
         await no_retry.close()
         for server in (a, b):
             if server.process is not None:
@@ -454,6 +468,7 @@ class FrozenApply:
                 refused.details,
             )
             assert refused.details["retryable"] is True
+            assert refused.details.get("holder"), refused.details
             assert await status(through_b, self.plan_id) == failed
         await self.work.finish()
         # Verified through the woken holder: it serves again, and reads what the taker kept.

@@ -376,16 +376,22 @@ def replica(tmp_path: pathlib.Path, tokens: Tokens, name: str, db: str) -> Serve
 
 @contextlib.asynccontextmanager
 async def frozen_apply(
-    tmp_path: pathlib.Path, db: str, *, holder_db: str | None = None, env: dict[str, str] | None = None
+    tmp_path: pathlib.Path,
+    db: str,
+    *,
+    holder_db: str | None = None,
+    env: dict[str, str] | None = None,
+    holder_env: dict[str, str] | None = None,
 ) -> AsyncIterator[FrozenApply]:
-    """Replicas ``a`` (on ``holder_db``, default ``db``) and ``b``, the load on ``b``; a plan
+    """Replicas ``a`` (on ``holder_db``, default ``db``, with ``holder_env`` too) and ``b``,
+    both with ``env``, the load on ``b``; a plan
     of PLAN_FILES writes run through ``a`` and its apply through ``a`` paused (the apply
     hook, ``apply.PAUSE_ENV``) after FROZEN_AFTER files, holding the plan's lease."""
     tokens = Tokens.create(tmp_path)
     pause = tmp_path / "pause"
     env = {leases.TTL_ENV: "2", apply.PAUSE_ENV: str(pause), **(env or {})}
     a, b = replica(tmp_path, tokens, "a", holder_db or db), replica(tmp_path, tokens, "b", db)
-    await asyncio.to_thread(a.start, env)
+    await asyncio.to_thread(a.start, {**env, **(holder_env or {})})
     await asyncio.to_thread(b.start, env)
     folder = tmp_path / "repo"
     write_tree(folder, {"keep.txt": b"kept\n"})
@@ -508,7 +514,14 @@ async def test_sigstop_of_a_lease_holder_mid_transaction_stalls_nothing(tmp_path
     with own_postgres() as cluster:
         application = "acp_chaos_frozen"
         holder_db = f"{cluster.url}?application_name={application}"
-        async with frozen_apply(tmp_path, cluster.url, holder_db=holder_db, env={IDLE_ENV: "4"}) as frozen:
+        # The frozen transaction lasts IDLE_ENV seconds; the renewal waits for the test's
+        # lock for up to the holder's write timeout (``lock_timeout``): both long enough to be
+        # seen.
+        frozen_for = {IDLE_ENV: "8"}
+        waits = {"ACP_STORE_WRITE_TIMEOUT_SECONDS": "60"}
+        async with frozen_apply(
+            tmp_path, cluster.url, holder_db=holder_db, env=frozen_for, holder_env=waits
+        ) as frozen:
             with psycopg.connect(cluster.url) as admin:
                 name = leases.lease_name(frozen.plan_id)
                 locked = admin.execute("SELECT 1 FROM leases WHERE name = %s FOR UPDATE", (name,)).fetchone()
@@ -517,37 +530,38 @@ async def test_sigstop_of_a_lease_holder_mid_transaction_stalls_nothing(tmp_path
                 frozen.signal_a(signal.SIGSTOP)
                 admin.rollback()
             await asyncio.to_thread(_idle_in_renewal, cluster.url, application)
+            with psycopg.connect(cluster.url) as admin, pytest.raises(psycopg.errors.LockNotAvailable):
+                admin.execute("SELECT 1 FROM leases WHERE name = %s FOR UPDATE NOWAIT", (name,))
             await frozen.taken_over_then_woken()
         # The takeover came after the server ended the frozen transaction, as it must.
         assert "idle-in-transaction timeout" in (cluster.root / "log").read_text()
 
 
-def _activity(url: str, application: str, condition: str) -> bool:
+def _until(url: str, application: str, condition: str, what: str) -> None:
+    """Until a backend of ``application`` meets ``condition`` (polled on one connection;
+    bounded, and a failure shows what the holder's backends were doing)."""
+    query = "SELECT count(*) FROM pg_stat_activity a WHERE a.application_name = %s AND " + condition
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity a WHERE a.application_name = %s AND " + condition,
+        for _ in range(3000):
+            row = conn.execute(query, (application,)).fetchone()
+            if row and row[0]:
+                return
+            time.sleep(0.02)
+        seen = conn.execute(
+            "SELECT state, wait_event_type, left(query, 60) FROM pg_stat_activity "
+            "WHERE application_name = %s",
             (application,),
-        ).fetchone()
-    return bool(row and row[0])
+        ).fetchall()
+    raise AssertionError(f"never: {what}; the holder's backends: {seen}")
 
 
-def _until(check: Callable[[], bool], what: str) -> None:
-    for _ in range(6000):
-        if check():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"never: {what}")
+RENEWAL = "starts_with(a.query, 'UPDATE leases SET expires')"
 
 
 def _renewal_waits(url: str, application: str) -> None:
     """Until the holder's lease renewal waits for the row lock the test holds."""
     _until(
-        lambda: _activity(
-            url,
-            application,
-            "a.wait_event_type = 'Lock' AND starts_with(a.query, 'UPDATE leases SET expires')",
-        ),
-        "the renewal waited for the lease row",
+        url, application, f"a.wait_event_type = 'Lock' AND {RENEWAL}", "the renewal waited for the lease row"
     )
 
 
@@ -555,8 +569,8 @@ def _idle_in_renewal(url: str, application: str) -> None:
     """Until the frozen holder's backend sits idle in its renewal's transaction, the row
     updated (its lock held until the transaction ends)."""
     held = (
-        "a.state = 'idle in transaction' AND starts_with(a.query, 'UPDATE leases SET expires') AND EXISTS ("
+        f"a.state = 'idle in transaction' AND {RENEWAL} AND EXISTS ("
         "SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE l.pid = a.pid "
         "AND c.relname = 'leases' AND l.mode = 'RowExclusiveLock' AND l.granted)"
     )
-    _until(lambda: _activity(url, application, held), "the frozen holder sat idle in its renewal")
+    _until(url, application, held, "the frozen holder sat idle in its renewal")

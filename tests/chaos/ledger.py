@@ -166,8 +166,8 @@ class Load:
         await asyncio.gather(*self._tasks)
 
 
-async def verify(ledger: Ledger, client: ACPClient, sessions: list[str]) -> None:
-    """The ledger against what the server keeps (module docstring)."""
+async def verify(ledger: Ledger, client: ACPClient, sessions: list[str]) -> list[events_pb2.Event]:
+    """The ledger against what the server keeps (module docstring); the event log read."""
     stored: dict[str, list[str]] = {}
     for session_id in sessions:
         shown = await client.call("session.show", session_id=session_id)
@@ -187,11 +187,11 @@ async def verify(ledger: Ledger, client: ACPClient, sessions: list[str]) -> None
         if outcome.kind == "failed" and kept:
             problems.append(f"stored though its client was told it failed: {outcome.text}: {outcome.error!r}")
     assert not problems, "\n".join(problems[:20])
-    await check_events(client)
+    return await check_events(client)
 
 
-async def check_events(client: ACPClient) -> None:
-    """Gap-free from 1, and a resume after any k (a few spread over the log) exact."""
+async def check_events(client: ACPClient) -> list[events_pb2.Event]:
+    """Gap-free from 1, and a resume after any k (a few spread over the log) exact; the log."""
     marker = await client.call("session.create", title="end of the load")
     assert isinstance(marker, session_pb2.CreateSessionResponse)
     end = f"end {marker.session.meta.id}"
@@ -202,6 +202,7 @@ async def check_events(client: ACPClient) -> None:
     for after in sorted({len(sequences) // 4, len(sequences) // 2, len(sequences) - 2}):
         resumed = await _events_until(client, after, end)
         assert [e.sequence for e in resumed] == sequences[after:], f"resume after {after} is not exact"
+    return everything
 
 
 async def _events_until(client: ACPClient, after: int, end: str) -> list[events_pb2.Event]:

@@ -13,26 +13,53 @@ Two more failed on main and run under ``make chaos`` (``make test`` has their de
 tests: tests/facade/store/test_after_a_failure.py, tests/gateway/test_sqlite_neighbours.py):
 - failed statements beside the load on pooled PostgreSQL connections (item 1);
 - another process opening the SQLite file in a loop (item 2: SIGBUS).
+So do the two SIGSTOP cases: two replicas on one database, the load on the one not frozen,
+the frozen one holding a plan's lease, woken after the other took the plan over
+(deterministic tests: tests/facade/plans/test_apply_fencing.py, test_lease_processes.py):
+- mid-apply, after file 5 of 12 (the apply hook ``apply.PAUSE_ENV``), SQLite and PostgreSQL:
+  on main it wrote the other 7 files into the restored folder, its caller got INTERNAL_ERROR
+  (item 3; it fails with apply's fence removed);
+- mid-transaction, PostgreSQL: frozen inside its lease renewal's transaction, which keeps the
+  lease row locked: on main nothing ended it, renewals and takeover got STORE_BUSY (item 4;
+  without ``idle_in_transaction_session_timeout`` the other replica never takes over).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import signal
 import sqlite3
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.http_transport import HTTPTransport
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.contract.retry import RetryPolicy
+from cleveragents.acp.facade.domain.plans import apply, leases, model
+from cleveragents.acp.facade.factory import IDLE_ENV
 from tests.chaos.ledger import SCALE, Ledger, Load, client_for, verify
 from tests.chaos.processes import Served, fill, own_postgres, small_tmpfs
+from tests.facade.plans.helpers import (
+    add_action,
+    add_project,
+    eventually,
+    run,
+    snapshot,
+    status,
+    use,
+    wait_for,
+    write_tree,
+)
 from tests.server_process import ServerProcess, Tokens
 
 WRITERS = 2 * SCALE
@@ -332,3 +359,218 @@ async def test_another_process_opening_the_file_in_a_loop_breaks_nothing(tmp_pat
         assert server.process.process.poll() is None, server.process.stderr()
     finally:
         server.kill()
+
+
+# SIGSTOP of a lease holder ------------------------------------------------------------------
+
+PLAN_FILES = 12
+FROZEN_AFTER = 5
+
+
+def replica(tmp_path: pathlib.Path, tokens: Tokens, name: str, db: str) -> Served:
+    """One of two ``agents serve`` on one database (its own folder for its logs)."""
+    directory = tmp_path / name
+    directory.mkdir()
+    return Served(directory, tokens, db)
+
+
+@contextlib.asynccontextmanager
+async def frozen_apply(
+    tmp_path: pathlib.Path,
+    db: str,
+    *,
+    holder_db: str | None = None,
+    env: dict[str, str] | None = None,
+    holder_env: dict[str, str] | None = None,
+) -> AsyncIterator[FrozenApply]:
+    """Replicas ``a`` (on ``holder_db``, default ``db``, with ``holder_env`` too) and ``b``,
+    both with ``env``, the load on ``b``; a plan
+    of PLAN_FILES writes run through ``a`` and its apply through ``a`` paused (the apply
+    hook, ``apply.PAUSE_ENV``) after FROZEN_AFTER files, holding the plan's lease."""
+    tokens = Tokens.create(tmp_path)
+    pause = tmp_path / "pause"
+    env = {leases.TTL_ENV: "2", apply.PAUSE_ENV: str(pause), **(env or {})}
+    a, b = replica(tmp_path, tokens, "a", holder_db or db), replica(tmp_path, tokens, "b", db)
+    await asyncio.to_thread(a.start, {**env, **(holder_env or {})})
+    await asyncio.to_thread(b.start, env)
+    folder = tmp_path / "repo"
+    write_tree(folder, {"keep.txt": b"kept\n"})
+    no_retry = ACPClient(HTTPTransport.connect(a.http_url, retry=RetryPolicy.OFF, timeout=120), token=a.token)
+    applying: asyncio.Future[Any] | None = None
+    try:
+        async with client_for(a.http_url, None, a.token) as through_a:
+            await add_project(through_a, folder)
+            steps = [
+                {"tool": "fs.write", "args": {"path": f"f{i:02}.txt", "content": "plan"}}
+                for i in range(PLAN_FILES)
+            ]
+            await add_action(through_a, steps=steps)
+            plan = await run(through_a, (await use(through_a, {})).meta.id)
+            assert plan.state == model.SUCCEEDED, plan
+        ledger = Ledger()
+        work = load(b, ledger)
+        await work.start()
+        await ledger.reached(progressed(WRITERS))
+        original = snapshot(folder)
+        pause.write_text(str(FROZEN_AFTER))
+        applying = asyncio.ensure_future(no_retry.call("plan.apply", plan_id=plan.meta.id))
+
+        async def paused() -> bool:
+            return (tmp_path / f"pause.{FROZEN_AFTER}").exists()
+
+        await eventually(paused, seconds=60)
+        written = sorted(p.name for p in folder.iterdir())
+        assert written == [*(f"f{i:02}.txt" for i in range(FROZEN_AFTER)), "keep.txt"], written
+        yield FrozenApply(a, b, plan.meta.id, folder, original, pause, applying, ledger, work)
+    finally:
+        if applying is not None and not applying.done():
+            applying.cancel()
+            with contextlib.suppress(BaseException):
+                await applying
+        await no_retry.close()
+        for server in (a, b):
+            if server.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(server.process.process.pid, signal.SIGCONT)
+                server.kill()
+
+
+@dataclass
+class FrozenApply:
+    a: Served
+    b: Served
+    plan_id: str
+    folder: pathlib.Path
+    original: dict[str, Any]
+    pause: pathlib.Path
+    applying: asyncio.Future[Any]
+    ledger: Ledger
+    work: Load
+
+    def signal_a(self, signum: signal.Signals) -> None:
+        assert self.a.process is not None
+        os.killpg(self.a.process.process.pid, signum)
+
+    async def taken_over_then_woken(self) -> None:
+        """With ``a`` frozen: ``b`` takes the plan over and restores the folder; then ``a``
+        wakes, its apply let go on. Checks that ``a`` wrote nothing after the takeover (folder,
+        plan, events), that its caller was told LEASE_LOST (retryable), and the ledger."""
+        async with client_for(self.b.http_url, None, self.b.token) as through_b:
+            try:
+                failed = await wait_for(through_b, self.plan_id, model.FAILED, seconds=60)
+            except TimeoutError:
+                raise AssertionError(f"replica b never took the plan over: {self.b.faults()}") from None
+            assert (failed.phase, failed.last_error.code) == (model.APPLY, model.INTERRUPTED)
+            assert snapshot(self.folder) == self.original, "the taker's restore is incomplete"
+            self.pause.write_text("go")
+            self.signal_a(signal.SIGCONT)
+            with pytest.raises(ACPError) as info:
+                await self.applying
+            assert snapshot(self.folder) == self.original, "the frozen holder wrote after the takeover"
+            assert not any(name.startswith(".acp-apply-") for name in os.listdir(self.folder))
+            refused = info.value
+            assert (refused.code, refused.details.get("refinement")) == ("INVALID_STATE", "LEASE_LOST"), (
+                refused,
+                refused.details,
+            )
+            assert refused.details["retryable"] is True
+            assert refused.details.get("holder"), refused.details
+            assert await status(through_b, self.plan_id) == failed
+        await self.work.finish()
+        # Verified through the woken holder: it serves again, and reads what the taker kept.
+        async with client_for(self.a.http_url, None, self.a.token) as through_a:
+            assert await status(through_a, self.plan_id) == failed
+            events = await verify(self.ledger, through_a, self.work.sessions)
+        (last,) = [e for e in events if e.plan_id == self.plan_id][-1:]
+        # The taker's record is the plan's last event: nothing from the old holder after it.
+        assert last.HasField("plan_state_changed"), last
+        assert last.plan_state_changed.reason == model.INTERRUPTED, last
+
+
+@CHAOS_ONLY
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_sigstop_of_a_lease_holder_mid_apply_writes_nothing_after_the_takeover(
+    tmp_path: pathlib.Path, backend: str
+) -> None:
+    """Apply frozen (SIGSTOP) after file 5 of 12; the other replica takes over and restores
+    the folder; woken, the holder writes none of the other 7 files and its caller gets
+    LEASE_LOST (item 3: on main it wrote them all into the restored folder, INTERNAL_ERROR)."""
+    with contextlib.ExitStack() as stack:
+        db = str(tmp_path / "acp.db") if backend == "sqlite" else stack.enter_context(own_postgres()).url
+        async with frozen_apply(tmp_path, db) as frozen:
+            frozen.signal_a(signal.SIGSTOP)
+            await frozen.taken_over_then_woken()
+
+
+@CHAOS_ONLY
+async def test_sigstop_of_a_lease_holder_mid_transaction_stalls_nothing(tmp_path: pathlib.Path) -> None:
+    """PostgreSQL: the holder (its apply paused, holding the plan's lease) is frozen inside
+    its lease renewal's transaction, the UPDATE done and no COMMIT sent, so its backend sits
+    idle in transaction holding the lease row. The server ends that transaction after
+    ``IDLE_ENV`` seconds and the taker's recovery, retrying, takes over (item 4: on main the
+    row stayed locked and renewals and takeover failed with STORE_BUSY). Woken, the holder
+    writes nothing. The exact point: the test locks the lease row, waits until the renewal
+    waits for it, SIGSTOPs the holder, then lets the UPDATE through."""
+    with own_postgres() as cluster:
+        application = "acp_chaos_frozen"
+        holder_db = f"{cluster.url}?application_name={application}"
+        # The frozen transaction lasts IDLE_ENV seconds; the renewal waits for the test's
+        # lock for up to the holder's write timeout (``lock_timeout``): both long enough to be
+        # seen.
+        frozen_for = {IDLE_ENV: "8"}
+        waits = {"ACP_STORE_WRITE_TIMEOUT_SECONDS": "60"}
+        async with frozen_apply(
+            tmp_path, cluster.url, holder_db=holder_db, env=frozen_for, holder_env=waits
+        ) as frozen:
+            with psycopg.connect(cluster.url) as admin:
+                name = leases.lease_name(frozen.plan_id)
+                locked = admin.execute("SELECT 1 FROM leases WHERE name = %s FOR UPDATE", (name,)).fetchone()
+                assert locked is not None, "the apply holds no lease row"
+                await asyncio.to_thread(_renewal_waits, cluster.url, application)
+                frozen.signal_a(signal.SIGSTOP)
+                admin.rollback()
+            await asyncio.to_thread(_idle_in_renewal, cluster.url, application)
+            with psycopg.connect(cluster.url) as admin, pytest.raises(psycopg.errors.LockNotAvailable):
+                admin.execute("SELECT 1 FROM leases WHERE name = %s FOR UPDATE NOWAIT", (name,))
+            await frozen.taken_over_then_woken()
+        # The takeover came after the server ended the frozen transaction, as it must.
+        assert "idle-in-transaction timeout" in (cluster.root / "log").read_text()
+
+
+def _until(url: str, application: str, condition: str, what: str) -> None:
+    """Until a backend of ``application`` meets ``condition`` (polled on one connection;
+    bounded, and a failure shows what the holder's backends were doing)."""
+    query = "SELECT count(*) FROM pg_stat_activity a WHERE a.application_name = %s AND " + condition
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(3000):
+            row = conn.execute(query, (application,)).fetchone()
+            if row and row[0]:
+                return
+            time.sleep(0.02)
+        seen = conn.execute(
+            "SELECT state, wait_event_type, left(query, 60) FROM pg_stat_activity "
+            "WHERE application_name = %s",
+            (application,),
+        ).fetchall()
+    raise AssertionError(f"never: {what}; the holder's backends: {seen}")
+
+
+RENEWAL = "starts_with(a.query, 'UPDATE leases SET expires')"
+
+
+def _renewal_waits(url: str, application: str) -> None:
+    """Until the holder's lease renewal waits for the row lock the test holds."""
+    _until(
+        url, application, f"a.wait_event_type = 'Lock' AND {RENEWAL}", "the renewal waited for the lease row"
+    )
+
+
+def _idle_in_renewal(url: str, application: str) -> None:
+    """Until the frozen holder's backend sits idle in its renewal's transaction, the row
+    updated (its lock held until the transaction ends)."""
+    held = (
+        f"a.state = 'idle in transaction' AND {RENEWAL} AND EXISTS ("
+        "SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE l.pid = a.pid "
+        "AND c.relname = 'leases' AND l.mode = 'RowExclusiveLock' AND l.granted)"
+    )
+    _until(url, application, held, "the frozen holder sat idle in its renewal")

@@ -117,7 +117,7 @@ import-lint: $(STAMP)
 
 # pytest exits 5 when it collects nothing: that must fail, never pass as green.
 pytest: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
 
 # The whole suite the other way round from `make test`: in-process tests on uvloop, the
 # servers tests start (agents serve subprocesses) on asyncio's loop. Together with `make

@@ -308,6 +308,8 @@ class Store(abc.ABC):
         instead of a traceback. None for any other failure (a bug deserves the traceback)."""
         if isinstance(exc, StoreUnavailableError):
             return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, StoreDownError):
+            return f"{type(exc).__name__}: {exc.details['cause']}"
         return None
 
     # the event loop's interface --------------------------------------------------------

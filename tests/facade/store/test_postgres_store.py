@@ -1045,12 +1045,16 @@ async def test_a_lost_connection_is_an_outage_of_one_line(
     store = opened(readers=1)
     ((pid,),) = await store.read(lambda _s: store.execute("SELECT pg_backend_pid()"))
     await asyncio.to_thread(terminate, schema[0], pid)
-    with pytest.raises(psycopg.Error) as info:
+    # What the store raises for a lost connection (STORE_UNAVAILABLE, retryable), and the
+    # driver's own error it stands for: both are an outage of one line.
+    with pytest.raises(StoreDownError) as info:
         await store.read(lambda s: s.get("session", "01A"))
     outage = store.outage(info.value)
     assert outage is not None, (type(info.value).__mro__, info.value)
-    assert outage.startswith(f"{type(info.value).__name__}: server closed the connection"), outage
+    assert outage.startswith("StoreDownError: server closed the connection"), outage
     assert "\n" not in outage
+    lost = psycopg.DatabaseError("server closed the connection unexpectedly\n\tThis probably means ...")
+    assert store.outage(lost) == "DatabaseError: server closed the connection unexpectedly"
     assert store.outage(StoreUnavailableError("cannot connect to postgresql://h/db: refused")) == (
         "cannot connect to postgresql://h/db: refused"
     )

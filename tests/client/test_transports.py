@@ -20,6 +20,7 @@ from cleveragents.acp.client.http_transport import HTTPTransport
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract import catalog, codec
 from cleveragents.acp.contract.errors import ACPError, TransportError
+from cleveragents.acp.contract.retry import RetryPolicy
 from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.facade.auth import TokenAuthenticator
 from cleveragents.acp.facade.factory import open_facade
@@ -214,10 +215,12 @@ def _closed_port() -> int:
 async def test_a_server_that_cannot_be_reached_is_a_transport_error(wire: str) -> None:
     """Both transports say "unreachable" by type, still the INTERNAL_ERROR callers knew."""
     port = _closed_port()
+    # Retried as by default, within a short deadline: the default's 20 s only slowed the suite.
+    retry = RetryPolicy(deadline=0.5)
     transport: Transport = (
-        HTTPTransport.connect(f"http://127.0.0.1:{port}", timeout=5)
+        HTTPTransport.connect(f"http://127.0.0.1:{port}", timeout=5, retry=retry)
         if wire == "http"
-        else GrpcTransport.connect(f"127.0.0.1:{port}", timeout=5)
+        else GrpcTransport.connect(f"127.0.0.1:{port}", timeout=5, retry=retry)
     )
     op = catalog.OPERATIONS["meta.version"]
     options = CallOptions(acp_version=None, token=None, request_id="r-1")

@@ -93,6 +93,17 @@ def _kept(err: ACPError, stamped: bool) -> bool:
     return stamped or not nothing_happened(err)
 
 
+def _maybe_applied(err: ACPError) -> ACPError:
+    """``err``, which says nothing happened (STORE_DISK_FULL), raised after the run had
+    already written (a ``session.tell`` stores the question, then fails to store the
+    replies): that earlier write may have committed, so its effect is ``unknown``."""
+    return ACPError(
+        err.code,
+        f"{err.message} (an earlier write of this call may have been kept: read before retrying)",
+        {**err.details, "effect": "unknown"},
+    )
+
+
 def digest_of(op: Operation, request: message.Message) -> bytes:
     return hashlib.sha256(op.key.encode() + b"\0" + request.SerializeToString(deterministic=True)).digest()
 
@@ -316,8 +327,12 @@ class Idempotency:
             # (our write rolled back).
             return await self._theirs(op, request, ctx, digest), True
         if outcome.error is not None:
-            if _kept(outcome.error, claim.stamped):
-                entry.answer, entry.error = _error_bytes(outcome.error), True
+            error = outcome.error
+            if claim.stamped and error.details.get("effect") == "none":
+                error = _maybe_applied(error)
+                outcome = _Outcome(error=error)
+            if _kept(error, claim.stamped):
+                entry.answer, entry.error = _error_bytes(error), True
                 if not await self._store_answer(claim):
                     return await self._theirs(op, request, ctx, digest), True
             return outcome, False

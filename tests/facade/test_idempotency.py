@@ -19,7 +19,7 @@ from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.idempotency import Idempotency, nothing_happened
 from cleveragents.acp.facade.service_facade import ServiceFacade
-from cleveragents.acp.facade.store.base import Record, Store, StoreDownError
+from cleveragents.acp.facade.store.base import Record, Store, StoreDownError, StoreFullError
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import registry_pb2, session_pb2, specs_pb2
 
@@ -431,3 +431,37 @@ async def test_a_retryable_error_after_a_write_is_not_replayed_the_stamp_tells(
         assert await idempotency.run(tell, request, retry, handler) == session_pb2.TellSessionResponse()
         assert not retry.replayed
         assert runs == ["down-1", "down-1"]
+
+
+async def test_a_full_disk_after_a_write_says_the_effect_is_unknown(
+    facade: ServiceFacade, tmp_path: pathlib.Path
+) -> None:
+    """STORE_DISK_FULL says effect ``none``; raised after the run's first write committed
+    (a session.tell stored the question, then could not store the replies) that was false:
+    the chaos suite's ledger found the question stored under a call "said to have no effect"
+    (tests/chaos/test_faults.py, the full-disk case, 1 run in 3 of make test). It says
+    ``unknown`` now, and a retry is answered from the stored refusal, not run again."""
+    idempotency = facade.idempotency
+    assert idempotency is not None
+    store = idempotency.store
+    tell = catalog.OPERATIONS["session.tell"]
+    runs: list[str] = []
+    record = Record(kind="note", id="n-1", namespace="default", body=b"x")
+
+    async def handler(request: object, ctx: CallContext) -> session_pb2.TellSessionResponse:
+        runs.append(ctx.request_id)
+        await store.write(lambda store: store.insert(record))
+        raise StoreFullError("database or disk is full")
+
+    request = session_pb2.TellSessionRequest(session_id="s-1", content="hello")
+    with pytest.raises(ACPError) as full:
+        await idempotency.run(tell, request, caller("alice", "full-1"), handler)
+    assert full.value.details["refinement"] == "STORE_DISK_FULL"
+    assert full.value.details["effect"] == "unknown"
+    assert full.value.details["retryable"] is False
+    retry = caller("alice", "full-1")
+    with pytest.raises(ACPError) as again:
+        await idempotency.run(tell, request, retry, handler)
+    assert again.value.details["effect"] == "unknown"
+    assert retry.replayed
+    assert runs == ["full-1"]

@@ -300,9 +300,18 @@ def _disk_full(exc: BaseException) -> bool:
     )
 
 
+# Lock contention with another connection or process, which passes: SQLITE_PROTOCOL is what
+# a WAL-index lock race answers after SQLite's own retries (seen opening a file beside a
+# process frozen mid-write on a loaded machine), as transient as SQLITE_BUSY.
+_CONTENDED = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_PROTOCOL})
+
+
 def _busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _CONTENDED
     text = str(exc)
-    return "locked" in text or "busy" in text
+    return "locked" in text or "busy" in text or "locking protocol" in text
 
 
 # Insert a request's row, or replace it when it is the same claim's or past retention.
@@ -425,14 +434,17 @@ class SQLiteStore(Store):
         together (workers, a CLI beside a server) each need its exclusive lock for that, and
         SQLite answers "database is locked" at once, without its busy handler, to one that
         finds another's write transaction open: it tries again until the write bound."""
-        deadline = time.monotonic() + self.write_timeout
+        started = time.monotonic()
         while True:
             try:
                 return bool(self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal")
             except sqlite3.OperationalError as exc:
-                if not _busy(exc) or time.monotonic() >= deadline:
+                if not _busy(exc):
                     self._db.close()
                     raise
+                if time.monotonic() - started >= self.write_timeout:
+                    self._db.close()
+                    raise StoreBusyError(time.monotonic() - started) from None
             time.sleep(_WAL_RETRY_SECONDS)
 
     # schema ---------------------------------------------------------------------------

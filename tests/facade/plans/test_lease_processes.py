@@ -116,7 +116,7 @@ async def test_a_frozen_runner_is_taken_over_and_writes_nothing_when_it_wakes(
         try:
             # Frozen, the runner renews nothing; its process still exists, so only the
             # lease's expiry (on the database's clock) lets another process take over.
-            child.send_signal(signal.SIGSTOP)
+            _freeze_holding_no_sqlite_lock(child, db)
             monkeypatch.setenv(leases.TTL_ENV, "1")
             facade = open_facade(db, takeover=True)
             client = ACPClient(LocalTransport(facade, owns_facade=True))
@@ -136,6 +136,38 @@ async def test_a_frozen_runner_is_taken_over_and_writes_nothing_when_it_wakes(
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(command, signal.SIGKILL)
+
+
+def _freeze_holding_no_sqlite_lock(child: subprocess.Popen[bytes], db: str) -> None:
+    """SIGSTOP ``child``; on SQLite, at an instant it holds no write lock on the file or its
+    WAL index (stopped holding one, it is woken and stopped again). A process frozen inside
+    a SQLite write transaction stops every writer of the file until it runs again: SQLite has
+    no server to end that transaction, so no takeover is possible, and none is claimed here
+    (docs/server.md, "A locked database"). PostgreSQL ends such a transaction itself (the
+    replica test below freezes one inside its renewal)."""
+    paths = [] if "://" in db else [db, f"{db}-shm"]
+    for _ in range(100):
+        child.send_signal(signal.SIGSTOP)
+        _stopped(child)
+        if not _write_locks(child.pid, paths):
+            return
+        child.send_signal(signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError(f"the runner held a SQLite write lock at each of 100 stops: {paths}")
+
+
+def _write_locks(pid: int, paths: list[str]) -> list[str]:
+    """The POSIX write locks ``pid`` holds on any of ``paths`` (lines of /proc/locks)."""
+    inodes = {f":{os.stat(path).st_ino}" for path in paths if os.path.exists(path)}
+    with open("/proc/locks") as locks:
+        return [
+            line
+            for line in locks
+            if (fields := line.split())[1] == "POSIX"
+            and fields[3] == "WRITE"
+            and fields[4] == str(pid)
+            and any(fields[5].endswith(inode) for inode in inodes)
+        ]
 
 
 async def _stored_events(facade: ServiceFacade, plan_id: str) -> list[StoredEvent]:

@@ -16,6 +16,8 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.factory import open_facade
+from cleveragents.acp.facade.store.base import StoreBusyError
+from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import session_pb2
 from tests.server_process import Children
 
@@ -129,3 +131,70 @@ async def test_a_write_past_the_bound_fails_retryably_having_written_nothing(
         assert isinstance(shown, session_pb2.GetSessionResponse)
         assert shown.messages[0].content == "hello"
         assert sum(m.content == "hello" for m in shown.messages) == 1
+
+
+# Holds every read mark of the WAL index exclusively (SQLite's unix VFS locks -shm bytes
+# 120 + 3..7) for the seconds given: readers and openers find none to share.
+MARK_HOLDER = """
+import fcntl, os, sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1])
+db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+fd = os.open(sys.argv[1] + "-shm", os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 5, 123)
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+# Past SQLite's own retries (about 10 s), after which it answers SQLITE_PROTOCOL.
+MARKS_HELD_SECONDS = 10.5
+
+
+def test_an_open_beside_a_process_holding_the_wal_index_waits_it_out(
+    db_path: pathlib.Path, children: Children
+) -> None:
+    """A process frozen inside SQLite's read-mark update (a SIGSTOP, a VM stall) makes
+    SQLite answer "locking protocol" once its own retries run out; that is contention like
+    "database is locked", so the opener keeps waiting within its bound, and opens."""
+    SQLiteStore(db_path).close()
+    holder = children.popen(
+        [sys.executable, "-c", MARK_HOLDER, str(db_path), str(MARKS_HELD_SECONDS)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None
+    assert holder.stdout.readline().strip() == "locked"
+    started = time.monotonic()
+    store = SQLiteStore(db_path, write_timeout=TIMEOUT)
+    try:
+        assert time.monotonic() - started >= MARKS_HELD_SECONDS - 1
+        assert store.schema_version > 0
+    finally:
+        store.close()
+
+
+# A file still in rollback-journal mode, its write lock held: switching it to WAL needs an
+# exclusive lock, which SQLite refuses at once ("database is locked").
+JOURNAL_LOCKER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("CREATE TABLE IF NOT EXISTS t (x)")
+db.execute("BEGIN IMMEDIATE")
+db.execute("INSERT INTO t VALUES (1)")
+print("locked", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_an_open_that_finds_the_file_locked_past_its_bound_is_store_busy_and_retryable(
+    db_path: pathlib.Path, children: Children
+) -> None:
+    holder = children.popen(
+        [sys.executable, "-c", JOURNAL_LOCKER, str(db_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(StoreBusyError) as busy:
+        SQLiteStore(db_path, write_timeout=0.5)
+    assert busy.value.details["retryable"] is True

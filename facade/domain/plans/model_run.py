@@ -1,38 +1,37 @@
 """The engine's side of a model plan: ``EngineRun`` (``model_actor.PlanRun``: the plan's records,
-its events and the engine's step runner, budget and cancel checks, for one run) and
-``correct`` (``plan.correct`` of a model plan).
+its events and the engine's step runner, budget and cancel checks, for one run).
 
-Every state change goes through the engine's own methods, so a model plan's steps, decisions,
-costs and halts are recorded and published exactly as a scripted plan's are, off the event
-loop (``PlanEngine._read``/``_write``). A turn writes only its new decisions and steps.
+Every state change goes through the collaborators a scripted plan uses (``PlanRecorder``,
+``StepRunner``, halts.py), so a model plan's steps, decisions, costs and halts are recorded
+and published exactly as a scripted plan's are, off the event loop (``PlanRecorder.read``/
+``write``). A turn writes only its new decisions and steps. (``plan.correct`` of a model
+plan: corrections.py.)
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from cleveragents.acp.facade.domain.models.deltas import Emit
-from cleveragents.acp.facade.domain.plans import actor, model
-from cleveragents.acp.facade.domain.plans.records import Change
+from cleveragents.acp.facade.domain.plans import halts
+from cleveragents.acp.facade.domain.plans.halts import Cancels
+from cleveragents.acp.facade.domain.plans.recording import PlanRecorder
 from cleveragents.acp.facade.domain.plans.setup import PlanSetup
 from cleveragents.acp.facade.domain.plans.staging import Staging
+from cleveragents.acp.facade.domain.plans.steps import StepRunner
 from cleveragents.acp.facade.domain.registries.specs import DEFAULT_MAX_STEPS
 from cleveragents.acp.v1 import events_pb2, plan_pb2
-
-if TYPE_CHECKING:
-    from cleveragents.acp.facade.domain.plans.engine import PlanEngine
-    from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
 
 
 class _Loaded:
     """What a run starts from, read in one snapshot."""
 
-    def __init__(self, engine: PlanEngine, plan: plan_pb2.Plan, plan_setup: PlanSetup) -> None:
-        records = engine.records
+    def __init__(self, recorder: PlanRecorder, plan: plan_pb2.Plan, plan_setup: PlanSetup) -> None:
+        records = recorder.records
         plan_id = plan.meta.id
-        self.staging: Staging = engine._staging(plan, plan_setup)
+        self.staging: Staging = recorder.staging(plan, plan_setup)
         self.nodes = records.nodes(plan_id)
         self.steps = records.steps(plan_id)
         self.prompt = records.prompt(plan_id)
@@ -42,13 +41,16 @@ class _Loaded:
 class EngineRun:
     def __init__(
         self,
-        engine: PlanEngine,
+        recorder: PlanRecorder,
+        runner: StepRunner,
         plan: plan_pb2.Plan,
         plan_setup: PlanSetup,
         cancel: asyncio.Event,
         loaded: _Loaded,
     ) -> None:
-        self.engine = engine
+        self.recorder = recorder
+        self.runner = runner
+        self.cancels: Cancels = runner.cancels
         self.plan = plan
         self.setup = plan_setup
         self.cancel = cancel
@@ -66,10 +68,15 @@ class EngineRun:
 
     @classmethod
     async def open(
-        cls, engine: PlanEngine, plan: plan_pb2.Plan, plan_setup: PlanSetup, cancel: asyncio.Event
+        cls,
+        recorder: PlanRecorder,
+        runner: StepRunner,
+        plan: plan_pb2.Plan,
+        plan_setup: PlanSetup,
+        cancel: asyncio.Event,
     ) -> EngineRun:
-        loaded = await engine._read(lambda: _Loaded(engine, plan, plan_setup))
-        return cls(engine, plan, plan_setup, cancel, loaded)
+        loaded = await recorder.read(lambda: _Loaded(recorder, plan, plan_setup))
+        return cls(recorder, runner, plan, plan_setup, cancel, loaded)
 
     def prompt(self) -> plan_pb2.GetPlanPromptResponse:
         if self._prompt is None:
@@ -90,17 +97,17 @@ class EngineRun:
         return (given, "the automation profile allows") if given else (DEFAULT_MAX_STEPS, "the default is")
 
     def check_cancel(self) -> None:
-        self.engine._check_cancel(self._id, self.cancel)
+        self.cancels.check(self._id, self.cancel)
 
     def stop(self, code: str, message: str) -> NoReturn:
-        self.engine._fail(code, message)
+        halts.fail(code, message)
 
     def text(self, turn: int) -> Emit:
         name = self.setup.actor.name
 
         async def emit(index: int, text: str) -> None:
             delta = events_pb2.TextDelta(actor=name, turn=turn, index=index, text=text)
-            await self.engine._write(lambda: self.engine._publish(self.plan, plan_text_delta=delta))
+            await self.recorder.write(lambda: self.recorder.publish(self.plan, plan_text_delta=delta))
 
         return emit
 
@@ -115,20 +122,20 @@ class EngineRun:
     def _publish_held(self) -> None:
         """Inside a write: the held text pieces, before anything else the write publishes."""
         for delta in self._held:
-            self.engine._publish(self.plan, plan_text_delta=delta)
+            self.recorder.publish(self.plan, plan_text_delta=delta)
 
     async def flush(self) -> None:
         """Publish held text now (no write when none is held): the run ends, or halts,
         before a turn's decisions are written."""
         if self._held:
-            await self.engine._write(self._publish_held)
+            await self.recorder.write(self._publish_held)
             self._held.clear()
 
     async def charge(self, cost: float, tokens: int, what: str) -> None:
         """Add a turn's usage; the plan is saved with the turn's decisions (``decide``), or by
         the halt when it crosses the budget."""
         self.plan.cost.tokens += tokens
-        self.engine._charge(self.plan, cost, what)
+        halts.charge(self.plan, cost, what)
 
     async def decide(
         self,
@@ -142,55 +149,17 @@ class EngineRun:
 
         def record() -> None:
             self._publish_held()
-            self.engine._record_turn(self.plan, self._nodes, self._steps, stored)
-            self.engine.records.add_conversation(self._id, [entry])
+            self.recorder.record_turn(self.plan, self._nodes, self._steps, stored)
+            self.recorder.records.add_conversation(self._id, [entry])
 
-        await self.engine._write(record)
+        await self.recorder.write(record)
         self._held.clear()
         self._stored = (len(self._nodes), len(self._steps))
 
     async def remember(self, entry: dict[str, Any]) -> None:
-        await self.engine._write(lambda: self.engine.records.add_conversation(self._id, [entry]))
+        await self.recorder.write(lambda: self.recorder.records.add_conversation(self._id, [entry]))
 
     async def run_step(self, step: plan_pb2.PlanStep) -> events_pb2.ToolCompleted:
-        return await self.engine._step(
+        return await self.runner.run(
             self.plan, self.setup, self._staging, self._steps, step, self.cancel, halt=False
         )
-
-
-async def correct(
-    engine: PlanEngine,
-    plan: plan_pb2.Plan,
-    plan_setup: PlanSetup,
-    runner: ModelActor,
-    nodes: list[plan_pb2.DecisionNode],
-    corrections: list[plan_pb2.CorrectPlanRequest],
-    request: plan_pb2.CorrectPlanRequest,
-) -> tuple[plan_pb2.Plan, plan_pb2.DecisionNode]:
-    """``plan.correct`` of a model plan: it goes back to just before the corrected decision
-    (decisions, steps, staged changes and conversation), and the next execute asks the model
-    again with the correction in the conversation."""
-    records = engine.records
-    plan_id = plan.meta.id
-    steps, conversation = await engine._read(lambda: (records.steps(plan_id), records.conversation(plan_id)))
-    strategy, node = runner.correct(nodes, steps, conversation, request, len(corrections) + 1)
-    texts = [c.text for c in [*corrections, request] if c.text]
-    given = runner.prompt(plan_setup, actor.as_dict(plan.inputs), texts)
-    plan.ClearField("last_error")
-
-    def record() -> None:
-        engine._still(plan, "correct")
-        records.add_correction(plan_id, request)
-        kept: list[Change] = [c for c in records.changes(plan_id) if c.step_id not in strategy.discarded]
-        records.save_changes(plan_id, kept)
-        records.save_prompt(plan_id, given)
-        records.save_conversation(plan_id, strategy.conversation or [])
-        engine._transition(plan, model.STRATEGIZE, model.RUNNING, reason="correction")
-        engine._record_strategy(plan, strategy)
-        engine._transition(plan, model.STRATEGIZE, model.SUCCEEDED, reason="correction")
-        engine._transition(plan, model.EXECUTE, model.PENDING, reason="correction")
-
-    await engine._write(record)
-    if plan_setup.profile.auto_execute:
-        await engine._start(plan)
-    return await engine._read(lambda: (records.load(plan_id), engine._node(plan_id, node.id)))

@@ -100,8 +100,8 @@ async def test_a_holder_that_lost_its_lease_mid_apply_writes_no_further_file(
     assert sorted(p.name for p in folder.iterdir()) == ["f0.txt", "f1.txt", "keep.txt"]
     # Frozen: the holder stops renewing; the other engine takes the plan over and restores.
     stale = _engine(two.facades[0])
-    assert stale._heartbeat_task is not None
-    stale._heartbeat_task.cancel()
+    assert stale.keeper.heartbeat is not None
+    stale.keeper.heartbeat.cancel()
     failed = await wait_for(second, plan_id, model.FAILED)
     assert failed.last_error.code == model.INTERRUPTED
     assert snapshot(folder) == original

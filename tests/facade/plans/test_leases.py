@@ -312,15 +312,15 @@ async def test_an_expired_holder_is_taken_over_and_its_late_writes_refused(
     plan_id = await _gated_plan(first, tmp_path / "repo", tmp_path)
     token = stale.leases.held[plan_id]
     # The first engine stops renewing (as a process frozen or cut off from the database).
-    assert stale._heartbeat_task is not None
-    stale._heartbeat_task.cancel()
+    assert stale.keeper.heartbeat is not None
+    stale.keeper.heartbeat.cancel()
     failed = await wait_for(second, plan_id, model.FAILED)
     assert failed.last_error.code == model.INTERRUPTED
     events_then = await plan_events(second, plan_id)
     assert events_then[-1].plan_state_changed.reason == model.INTERRUPTED
     # The step finishes in the stale engine: what it would record is refused.
     (tmp_path / "gate").touch()
-    task = stale._tasks.get(plan_id)
+    task = stale.runner.task(plan_id)
     if task is not None:
         await asyncio.wait_for(asyncio.shield(task), 30)
     assert any("stopped without writing" in r.getMessage() for r in caplog.records)
@@ -374,8 +374,8 @@ async def test_a_holder_whose_lease_expired_unclaimed_renews_it_and_goes_on(
         engine = _engine(facade)
         plan_id = await _gated_plan(client, tmp_path / "repo", tmp_path)
         token = engine.leases.held[plan_id]
-        assert engine._heartbeat_task is not None
-        engine._heartbeat_task.cancel()
+        assert engine.keeper.heartbeat is not None
+        engine.keeper.heartbeat.cancel()
 
         async def expired() -> bool:
             return not (await _lease(facade, plan_id)).live
@@ -457,7 +457,7 @@ async def test_a_store_outage_is_one_line_for_the_lease_scanner(
     successes = 0
     recovered = asyncio.Event()
     loop = asyncio.get_running_loop()
-    with caplog.at_level(logging.WARNING, logger="cleveragents.acp.facade.domain.plans.engine"):
+    with caplog.at_level(logging.WARNING, logger="cleveragents.acp.facade.domain.plans.leasing"):
         facade = open_facade(db_path, takeover=True)
         store = _engine(facade).store
         real = store.held_leases

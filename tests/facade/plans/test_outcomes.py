@@ -13,7 +13,8 @@ import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.contract.errors import ACPError
-from cleveragents.acp.facade.domain.plans import engine, invariants
+from cleveragents.acp.facade.domain.plans import invariants
+from cleveragents.acp.facade.domain.plans import steps as plan_steps
 from cleveragents.acp.v1 import plan_pb2
 from tests.facade.plans.helpers import (
     PY,
@@ -202,7 +203,7 @@ async def test_a_plan_without_max_steps_stops_at_the_default(
     client: ACPClient, project: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The default (1,000) is lowered so the test runs three steps, not a thousand and one.
-    monkeypatch.setattr(engine, "DEFAULT_MAX_STEPS", 2)
+    monkeypatch.setattr(plan_steps, "DEFAULT_MAX_STEPS", 2)
     await add_action(client)
     plan = await run(client, (await use(client)).meta.id)
     assert plan.last_error.code == "BUDGET_EXCEEDED"

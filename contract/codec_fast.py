@@ -29,6 +29,8 @@ from typing import Any
 
 from google.protobuf import descriptor, json_format, message
 
+from cleveragents.acp.contract.json_depth import depth
+
 __all__ = ["UnsupportedError", "from_dict", "to_dict"]
 
 FD = descriptor.FieldDescriptor
@@ -424,7 +426,6 @@ def _scalar_reader(field: Field) -> Reader | None:
 
 def _delegated(desc: Desc) -> Callable[[Any, message.Message, int], None]:
     """A well-known type parsed by json_format itself, into the field's message."""
-    from cleveragents.acp.contract.codec import depth
 
     def parse(value: Any, target: message.Message, level: int) -> None:
         if depth(value, _DELEGATE_DEPTH) + level > _DELEGATE_DEPTH:

@@ -30,7 +30,7 @@ from cleveragents.acp.facade.factory import (
 from cleveragents.acp.facade.handlers.meta import server_build
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from cleveragents.acp.gateway import loops
-from cleveragents.acp.gateway.http.app import GatewaySettings
+from cleveragents.acp.gateway.http.endpoint import GatewaySettings
 from cleveragents.acp.gateway.http.protocol import ConnectionLimits
 from cleveragents.acp.gateway.server import Addresses, ServeError, ServerConfig, TLSFiles
 from cleveragents.acp.gateway.settings import HTTPSettings, ServeSettings, SettingsError, load

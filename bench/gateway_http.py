@@ -19,7 +19,7 @@ import uvloop
 from bench import baselines
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.gateway.http import protocol
-from cleveragents.acp.gateway.http.app import build_app
+from cleveragents.acp.gateway.http.fastapi_app import build_app
 from cleveragents.acp.gateway.http.protocol import ConnectionLimits
 
 

@@ -13,11 +13,9 @@ from google.protobuf import descriptor, json_format, message
 
 from cleveragents.acp.contract import codec_fast, json_shape
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.json_depth import MAX_DEPTH, depth
 
 M = TypeVar("M", bound=message.Message)
-
-# Deeper JSON than this is refused before the parser sees it.
-MAX_DEPTH = 64
 
 
 def to_dict(msg: message.Message) -> dict[str, Any]:
@@ -30,25 +28,6 @@ def to_dict(msg: message.Message) -> dict[str, Any]:
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
     )
-
-
-def depth(value: Any, limit: int = MAX_DEPTH) -> int:
-    """Nesting depth of a JSON value, without recursion (so no RecursionError)."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        deepest = max(deepest, level)
-        if deepest > limit:
-            return deepest
-        stack.extend((child, level + 1) for child in children)
-    return deepest
 
 
 def from_dict(data: Any, cls: type[M], *, what: str = "params") -> M:

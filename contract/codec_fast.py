@@ -29,6 +29,8 @@ from typing import Any
 
 from google.protobuf import descriptor, json_format, message
 
+from cleveragents.acp.contract.json_depth import depth
+
 __all__ = ["UnsupportedError", "from_dict", "to_dict"]
 
 FD = descriptor.FieldDescriptor
@@ -37,11 +39,12 @@ Desc = Any
 Field = Any
 
 # json_format's printer with codec's options: the reference for delegated values.
-_PRINTER: Any = json_format._Printer(  # type: ignore[attr-defined]  # the reference itself
+# protobuf's private API, on purpose (the module docstring says why and what guards it).
+_PRINTER: Any = json_format._Printer(  # type: ignore[attr-defined]  # noqa: SLF001  # the reference itself
     preserving_proto_field_name=True,
     always_print_fields_with_no_presence=True,
 )
-_SURROGATE: Any = json_format._UNPAIRED_SURROGATE_PATTERN  # type: ignore[attr-defined]
+_SURROGATE: Any = json_format._UNPAIRED_SURROGATE_PATTERN  # type: ignore[attr-defined]  # noqa: SLF001
 
 # Messages json_format prints or parses by a method of their own.
 _SPECIAL = frozenset(
@@ -108,7 +111,8 @@ def _identity(value: Any) -> Any:
 
 def _enum_names(field: Field) -> dict[int, Any]:
     """json_format's own answer for each known number (custom JSON names included)."""
-    return {number: _PRINTER._FieldToJsonObject(field, number) for number in field.enum_type.values_by_number}
+    to_json = _PRINTER._FieldToJsonObject  # noqa: SLF001  # json_format's own, on purpose (module docstring)
+    return {number: to_json(field, number) for number in field.enum_type.values_by_number}
 
 
 def _enum_printer(field: Field) -> Printer:
@@ -137,8 +141,8 @@ def _scalar_printer(field: Field) -> Printer:
         return str
     if cpp in _INT32 or cpp == FD.CPPTYPE_BOOL:
         return _identity
-    # bytes, float, double: json_format's own conversion.
-    return lambda value: _PRINTER._FieldToJsonObject(field, value)
+    # bytes, float, double: json_format's own conversion (its private printer, on purpose).
+    return lambda value: _PRINTER._FieldToJsonObject(field, value)  # noqa: SLF001
 
 
 _EPOCH_ORDINAL = datetime.date(1970, 1, 1).toordinal()
@@ -178,7 +182,7 @@ def _message_printer(desc: Desc) -> Printer:
     if desc.full_name in _JSON_STRING_TYPES:
         return lambda value: value.ToJsonString()
     if desc.full_name in _SPECIAL:
-        special: Printer = _PRINTER._MessageToJsonObject
+        special: Printer = _PRINTER._MessageToJsonObject  # noqa: SLF001  # json_format's own, on purpose
         return special
     return _to_dict
 
@@ -214,7 +218,8 @@ def _out(desc: Desc) -> _Out:
             printer = _scalar_printer(field)
             plan.fields[field] = (name, None if printer is _identity else printer)
             if not field.has_presence:
-                default = _PRINTER._FieldToJsonObject(field, field.default_value)
+                # json_format's own default, through its private printer (on purpose).
+                default = _PRINTER._FieldToJsonObject(field, field.default_value)  # noqa: SLF001
                 plan.defaults.append((name, default, None))
     # Published only once complete: other threads may convert meanwhile.
     _OUT[desc] = plan
@@ -424,7 +429,6 @@ def _scalar_reader(field: Field) -> Reader | None:
 
 def _delegated(desc: Desc) -> Callable[[Any, message.Message, int], None]:
     """A well-known type parsed by json_format itself, into the field's message."""
-    from cleveragents.acp.contract.codec import depth
 
     def parse(value: Any, target: message.Message, level: int) -> None:
         if depth(value, _DELEGATE_DEPTH) + level > _DELEGATE_DEPTH:

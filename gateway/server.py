@@ -32,7 +32,8 @@ from cleveragents.acp.facade.service_facade import Closeable, ServiceFacade
 from cleveragents.acp.gateway.grpc import server as grpc_server
 from cleveragents.acp.gateway.grpc.connections import ConnectionGuard
 from cleveragents.acp.gateway.http import protocol
-from cleveragents.acp.gateway.http.app import GatewayApp, GatewaySettings, build_app
+from cleveragents.acp.gateway.http.endpoint import GatewaySettings
+from cleveragents.acp.gateway.http.fastapi_app import GatewayApp, build_app
 from cleveragents.acp.gateway.http.protocol import ConnectionLimits
 from cleveragents.acp.gateway.observe import endpoints, setup
 from cleveragents.acp.gateway.observe.setup import Observability

@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cleveragents.acp.facade.factory import WorkerSlot
-from cleveragents.acp.gateway import assembly, loops
+from cleveragents.acp.gateway import loops, startup
 from cleveragents.acp.gateway.server import Addresses, ServeError, Server, ServerConfig, bind_socket
 from cleveragents.acp.gateway.settings import ServeSettings
 
@@ -99,7 +99,7 @@ class _Worker:
 class Supervisor:
     def __init__(
         self,
-        prepared: assembly.Prepared,
+        prepared: startup.Prepared,
         flags: Mapping[str, Any],
         config: pathlib.Path | None,
         http_port: int,
@@ -235,24 +235,24 @@ class Supervisor:
                 return 0
             for worker in self.workers:
                 if not worker.ready and worker.process.poll() is not None:
-                    return assembly._fail(
+                    return startup.fail(
                         "serve",
                         f"worker {worker.index} exited during start-up "
                         f"with status {worker.process.returncode}",
                     )
             if time.monotonic() > deadline:
-                return assembly._fail("serve", f"the workers did not start within {START_TIMEOUT:.0f} s")
+                return startup.fail("serve", f"the workers did not start within {START_TIMEOUT:.0f} s")
             self._read_ready(_TICK)
         host = self.prepared.config.host
         scheme = "https" if self.prepared.config.tls is not None else "http"
         url_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
         addresses = Addresses(f"{scheme}://{url_host}:{self.http_port}", f"{url_host}:{self.grpc_port}")
         print(
-            assembly.banner(self.prepared, addresses, self.token, self.served, workers=self.count),
+            startup.banner(self.prepared, addresses, self.token, self.served, workers=self.count),
             flush=True,
         )
         pids = [worker.process.pid for worker in self.workers]
-        print(assembly.ready_line(addresses.http_url, addresses.grpc_target, workers=pids), flush=True)
+        print(startup.ready_line(addresses.http_url, addresses.grpc_target, workers=pids), flush=True)
         self._announced = True
         return 0
 
@@ -301,21 +301,21 @@ class Supervisor:
             self._forget(worker)
 
 
-def supervise(prepared: assembly.Prepared, flags: Mapping[str, Any], config: pathlib.Path | None) -> int:
+def supervise(prepared: startup.Prepared, flags: Mapping[str, Any], config: pathlib.Path | None) -> int:
     """``agents serve --workers N`` in the parent; the exit code."""
     settings = prepared.settings
     try:
         http_hold = reserve(settings.host, settings.http_port, "HTTP")
     except ServeError as exc:
-        return assembly._fail("serve", str(exc))
+        return startup.fail("serve", str(exc))
     try:
         grpc_hold = reserve(settings.host, settings.grpc_port, "gRPC")
     except ServeError as exc:
         http_hold.close()
-        return assembly._fail("serve", str(exc))
+        return startup.fail("serve", str(exc))
     directory = pathlib.Path(tempfile.mkdtemp(prefix="acp-workers-"))
     try:
-        token = assembly.first_token(prepared)
+        token = startup.first_token(prepared)
         served = asyncio.run(_settle(prepared))
         if served is None:
             return 2
@@ -332,13 +332,13 @@ def supervise(prepared: assembly.Prepared, flags: Mapping[str, Any], config: pat
         shutil.rmtree(directory, ignore_errors=True)
 
 
-async def _settle(prepared: assembly.Prepared) -> frozenset[str] | None:
+async def _settle(prepared: startup.Prepared) -> frozenset[str] | None:
     """Open the store once before the workers: migrations run, and the plans a stopped
     server left are settled by one process, not raced by N."""
     try:
         facade = await asyncio.to_thread(prepared.opening(None))
     except ServeError as exc:
-        assembly._fail("serve", str(exc))
+        startup.fail("serve", str(exc))
         return None
     try:
         return facade.served_operations
@@ -361,7 +361,7 @@ def worker_main(raw: str) -> int:
     _die_with_parent()
     ready_fd = int(spec["ready_fd"])
     flags = {**spec["flags"], "http_port": spec["http_port"], "grpc_port": spec["grpc_port"]}
-    prepared = assembly.prepare(flags, pathlib.Path(spec["config"]) if spec["config"] else None)
+    prepared = startup.prepare(flags, pathlib.Path(spec["config"]) if spec["config"] else None)
     if isinstance(prepared, int):
         return prepared
     index = int(spec["index"])
@@ -373,16 +373,16 @@ def worker_main(raw: str) -> int:
         metrics_port=metrics_port + index if metrics_port else metrics_port,
     )
     slot = WorkerSlot(pathlib.Path(spec["directory"]), index, int(spec["count"]))
-    # assembly.prepare checked the choice (in the parent, and here again).
+    # startup.prepare checked the choice (in the parent, and here again).
     return loops.run(_work(prepared, config, slot, ready_fd), loops.resolve(prepared.settings.loop))
 
 
-async def _work(prepared: assembly.Prepared, config: ServerConfig, slot: WorkerSlot, ready_fd: int) -> int:
+async def _work(prepared: startup.Prepared, config: ServerConfig, slot: WorkerSlot, ready_fd: int) -> int:
     server = Server(config, opening=prepared.opening(slot))
     try:
         await server.start()
     except ServeError as exc:
-        return assembly._fail("serve", f"worker {slot.index}: {exc}")
+        return startup.fail("serve", f"worker {slot.index}: {exc}")
     server.install_signal_handlers()
     try:
         os.write(ready_fd, f"{os.getpid()}\n".encode())

@@ -127,8 +127,9 @@ def register(
             formatter_class=formatter,
         )
         if cli_name(group) != group:
-            # The operation's own spelling works too, without a second entry in the help.
-            subparsers._name_parser_map[group] = group_parser
+            # The operation's own spelling works too, without a second entry in the help:
+            # argparse's private name table (add_parser's aliases would list it in the help).
+            subparsers._name_parser_map[group] = group_parser  # noqa: SLF001
         verbs = group_parser.add_subparsers(dest="verb", metavar="VERB", required=True)
         for op in sorted(ops, key=lambda o: o.verb):
             parser = verbs.add_parser(

@@ -76,7 +76,7 @@ class ConnectionLimits:
 
 class _Lingering:
     """The connection's transport as uvicorn sees it: a ``close`` while the client is still
-    sending its request body lingers instead (``GuardedH11Protocol._linger``).
+    sending its request body lingers instead (``GuardedH11Protocol.linger``).
 
     uvicorn writes a response's head and its body with a ``write`` each: two sends, two
     segments, two wake-ups of the client. Here a response's first write (its head) is held
@@ -115,21 +115,21 @@ class _Lingering:
         held = self._held
         if held is not None:
             self._held = None
-            if not self._protocol._lost:
+            if not self._protocol.lost:
                 self._transport.write(held)
 
     def close(self) -> None:
         self.flush()
         protocol = self._protocol
         sending = protocol.conn.their_state is h11.SEND_BODY
-        if sending and not (protocol._draining or protocol._lost or self._transport.is_closing()):
-            protocol._linger()
+        if sending and not (protocol.draining or protocol.lost or self._transport.is_closing()):
+            protocol.linger()
         else:
             self._transport.close()
 
     def is_closing(self) -> bool:
         """Closing once lingering: uvicorn arms no keep-alive and reads no next request."""
-        return bool(self._protocol._draining) or self._transport.is_closing()
+        return bool(self._protocol.draining) or self._transport.is_closing()
 
     def write_answer(self, data: bytes, cycle: object) -> None:
         """A whole answer of ``cycle``: nothing to hold."""
@@ -226,7 +226,7 @@ class _Answering:
         them, and finish the cycle; False (nothing done) when this answer is not one of those."""
         cycle = self.cycle
         conn = cycle.conn
-        state = conn._cstate
+        state = conn._cstate  # noqa: SLF001  # h11's state machine, moved by hand (module docstring)
         status = start["status"]
         reason = STATUS_PHRASES.get(status)
         if (
@@ -259,12 +259,12 @@ class _Answering:
         conn.client_is_waiting_for_100_continue = False
         if conn.their_state is h11.DONE or conn.their_state is h11.SEND_BODY:
             state.states[h11.SERVER] = h11.DONE
-            conn._writer = None
+            conn._writer = None  # noqa: SLF001  # as h11 drops its writer on reaching DONE
         else:
             before = dict(state.states)
             state.process_event(h11.SERVER, h11.Response)
             state.process_event(h11.SERVER, h11.EndOfMessage)
-            conn._respond_to_state_changes(before)
+            conn._respond_to_state_changes(before)  # noqa: SLF001  # h11's own step after its sends
         # uvicorn's end of a response.
         cycle.response_complete = True
         cycle.message_event.set()
@@ -358,9 +358,10 @@ class GuardedH11Protocol(H11Protocol):
         self._headers_due: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._in_body = False
-        # Bytes dropped since a refusal (0: not refused).
-        self._draining = 0
-        self._lost = False
+        # Read by its transport (``_Lingering``) too. Bytes dropped since a refusal (0: not
+        # refused); the connection is gone (``connection_lost``).
+        self.draining = 0
+        self.lost = False
         # The task running the application for the current request, and one this connection
         # cancelled because its client left before the answer (``connection_lost``).
         self._app = self.app
@@ -395,7 +396,7 @@ class GuardedH11Protocol(H11Protocol):
         return (
             self._app_task is None
             and self.conn.their_state is h11.IDLE
-            and not (self._draining or self._lost or self.transport.is_closing())
+            and not (self.draining or self.lost or self.transport.is_closing())
         )
 
     def evict(self) -> None:
@@ -409,7 +410,7 @@ class GuardedH11Protocol(H11Protocol):
             self._client_key = None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._lost = True
+        self.lost = True
         self._disarm()
         if self._timer is not None:
             self._timer.cancel()
@@ -460,9 +461,9 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
-        if self._draining:
-            self._draining += len(data)
-            if self._draining > _LINGER_BYTES:
+        if self.draining:
+            self.draining += len(data)
+            if self.draining > _LINGER_BYTES:
                 self.transport.close()
             return
         super().data_received(data)
@@ -472,7 +473,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def _follow(self) -> None:
         """Re-arm the deadline as the request moves on: headers done, body done."""
-        if self._draining or self.transport.is_closing():
+        if self.draining or self.transport.is_closing():
             return
         state = self.conn.their_state
         if state is h11.SEND_BODY and not self._in_body:
@@ -529,7 +530,7 @@ class GuardedH11Protocol(H11Protocol):
         """The deadline passed: a request still incomplete is refused (one begun while the
         connection was idle has until ``_headers_due``); a connection that sent nothing since
         its last response (or at all) is closed."""
-        if self.transport.is_closing() or self._draining:
+        if self.transport.is_closing() or self.draining:
             return
         state = self.conn.their_state
         if state is h11.IDLE and not self.conn.trailing_data[0]:
@@ -587,12 +588,12 @@ class GuardedH11Protocol(H11Protocol):
             self.cycle.message_event.set()
         if not answered:
             self.transport.write(refusal(err))
-        self._linger()
+        self.linger()
 
-    def _linger(self) -> None:
+    def linger(self) -> None:
         """Drop what the client still sends, for ``_LINGER_SECONDS`` and ``_LINGER_BYTES`` at
         most, then close: the client reads the answer instead of a reset."""
         self._disarm()
-        self._draining = 1
+        self.draining = 1
         self.flow.resume_reading()
         self.loop.call_later(_LINGER_SECONDS, self.transport.close)

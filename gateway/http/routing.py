@@ -27,7 +27,6 @@ ENVELOPE_PATH = "/api/v1/acp"
 ENVELOPE_SUFFIX = "/acp"
 HEALTH_PATH = "/healthz"
 OPENAPI_PATH = "/api/v1/openapi.json"
-DOCS_PATH = "/api/v1/docs"
 
 VARIABLE = re.compile(r"\{([a-z_][a-z0-9_.]*)(?:=[^}]*)?\}")
 

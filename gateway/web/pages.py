@@ -9,13 +9,13 @@ from starlette.requests import Request
 from starlette.responses import FileResponse
 from starlette.staticfiles import StaticFiles
 
-from cleveragents.acp.gateway.http.routing import DOCS_PATH
 from cleveragents.acp.gateway.web import security
 
 STATIC = pathlib.Path(__file__).parent / "static"
 CONSOLE = STATIC / "console"
 DOCS = STATIC / "docs"
 CONSOLE_ASSETS = "/console"
+DOCS_PATH = "/api/v1/docs"
 DOCS_ASSETS = DOCS_PATH + "/assets"
 
 

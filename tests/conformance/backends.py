@@ -24,7 +24,7 @@ from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.transport import Transport
 from cleveragents.acp.facade.auth import TokenAuthenticator
 from cleveragents.acp.facade.factory import open_facade
-from cleveragents.acp.gateway.http.app import GatewaySettings
+from cleveragents.acp.gateway.http.endpoint import GatewaySettings
 from cleveragents.acp.gateway.server import Server, ServerConfig
 from tests.conformance import logged
 from tests.conformance.envelopes import EnvelopeChecker

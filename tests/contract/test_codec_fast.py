@@ -17,7 +17,7 @@ from google.protobuf import descriptor, json_format, message, struct_pb2, timest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cleveragents.acp.contract import codec, codec_fast
+from cleveragents.acp.contract import codec, codec_fast, json_depth
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.v1 import (
     common_pb2,
@@ -193,8 +193,8 @@ def _reference_parse(data: Any, cls: type[message.Message]) -> message.Message:
     """codec.from_dict as it was before the fast path: depth check, then json_format."""
     if not isinstance(data, dict):
         raise ACPError("INVALID_PARAMS", f"params must be a JSON object, not {type(data).__name__}")
-    if codec.depth(data) > codec.MAX_DEPTH:
-        raise ACPError("INVALID_PARAMS", f"params is nested deeper than {codec.MAX_DEPTH} levels")
+    if json_depth.depth(data) > json_depth.MAX_DEPTH:
+        raise ACPError("INVALID_PARAMS", f"params is nested deeper than {json_depth.MAX_DEPTH} levels")
     try:
         return json_format.ParseDict(data, cls(), ignore_unknown_fields=False)
     except json_format.ParseError as exc:

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from cleveragents.acp.contract import codec, envelope, errors, versions
+from cleveragents.acp.contract import codec, envelope, errors, json_depth, versions
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.v1 import envelope_pb2, errors_pb2, session_pb2
 
@@ -119,7 +119,7 @@ def test_codec_refuses_deep_nesting_without_recursion() -> None:
         deep = {"a": deep}
     with pytest.raises(ACPError) as info:
         codec.from_dict({"document": deep}, session_pb2.ImportSessionRequest)
-    assert info.value.details["max_depth"] == codec.MAX_DEPTH
+    assert info.value.details["max_depth"] == json_depth.MAX_DEPTH
 
 
 @pytest.mark.parametrize(

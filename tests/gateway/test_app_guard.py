@@ -12,8 +12,8 @@ import pytest
 from starlette.types import Message, Receive, Scope, Send
 
 from cleveragents.acp.facade.factory import open_facade
-from cleveragents.acp.gateway.http.app import Gateway, GatewayApp, build_app
-from cleveragents.acp.gateway.http.application import EnvelopeGuard
+from cleveragents.acp.gateway.http.endpoint import Gateway
+from cleveragents.acp.gateway.http.fastapi_app import EnvelopeGuard, GatewayApp, build_app
 
 
 @pytest.fixture

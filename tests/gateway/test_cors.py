@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from cleveragents.acp.facade.factory import open_facade
-from cleveragents.acp.gateway.http.app import GatewaySettings, build_app
+from cleveragents.acp.gateway.http.fastapi_app import GatewaySettings, build_app
 
 ALLOWED = "https://app.example"
 

@@ -20,8 +20,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from cleveragents.acp.facade import auth
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
-from cleveragents.acp.gateway.http.app import GatewayApp, build_app
 from cleveragents.acp.gateway.http.dependencies import CallerClient
+from cleveragents.acp.gateway.http.fastapi_app import GatewayApp, build_app
 from cleveragents.acp.v1 import session_pb2
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from cleveragents.acp.contract import codec, strict_json
 from cleveragents.acp.facade.factory import open_facade
-from cleveragents.acp.gateway.http.app import GatewaySettings, build_app
+from cleveragents.acp.gateway.http.fastapi_app import GatewaySettings, build_app
 
 MESSAGES = 20_000
 # A small body limit: the document is over it, as a large import is over the default one.

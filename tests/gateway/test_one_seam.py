@@ -17,7 +17,7 @@ from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from cleveragents.acp.gateway import common
-from cleveragents.acp.gateway.http.app import build_app
+from cleveragents.acp.gateway.http.fastapi_app import build_app
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.contract.transport import TICKET_METADATA
 from cleveragents.acp.facade import auth
 from cleveragents.acp.facade.factory import open_facade
-from cleveragents.acp.gateway.http.app import build_app
 from cleveragents.acp.gateway.http.dependencies import CallerClient, caller_client
+from cleveragents.acp.gateway.http.fastapi_app import build_app
 from cleveragents.acp.v1 import session_pb2
 from tests.conformance.backends import Backend, open_backend
 from tests.conformance.harness import Run, run_everywhere

@@ -9,8 +9,8 @@ gateway only translates: it reads the token, version and request id into a
 
 No web framework's routing or validation runs on these paths: the proto descriptors are
 the schema, so the endpoint dispatches through a route table built from the catalog, and
-every answer (wrong methods, unexpected errors) is an envelope. ``application.GatewayApp``
-is the FastAPI application around it.
+every answer (wrong methods, unexpected errors) is an envelope. ``fastapi_app.GatewayApp``
+(made by ``fastapi_app.build_app``) is the FastAPI application around it.
 """
 
 from __future__ import annotations
@@ -31,10 +31,8 @@ from cleveragents.acp.contract.catalog import Catalog, Major, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
 from cleveragents.acp.contract.transport import Service
 from cleveragents.acp.gateway import common
-from cleveragents.acp.gateway.http import binding, redaction
-from cleveragents.acp.gateway.http.application import GatewayApp
-from cleveragents.acp.gateway.http.cors import EnvelopeCORSMiddleware
-from cleveragents.acp.gateway.http.responses import Answer, EnvelopeResponse, Exchange, guarded, send_answer
+from cleveragents.acp.gateway.http import binding
+from cleveragents.acp.gateway.http.responses import Answer, Exchange, guarded, send_answer
 from cleveragents.acp.gateway.http.routing import Route, RouteTable, route_path
 from cleveragents.acp.gateway.http.sse import SSEResponse
 
@@ -45,8 +43,8 @@ _REQUEST_ID_HEADER = common.REQUEST_ID_HEADER.encode()
 _IDEMPOTENCY_KEY_HEADER = common.IDEMPOTENCY_KEY_HEADER.encode()
 _TRACEPARENT_HEADER = b"traceparent"
 _AUTHORIZATION = b"authorization"
-_REPLAYED = "ACP-Replayed"
-ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+# Says a retried call was answered from the stored first answer (CORS exposes it).
+REPLAYED = "ACP-Replayed"
 
 
 @dataclass(frozen=True)
@@ -261,7 +259,7 @@ class Gateway:
             response = await self.service.invoke(op, request, ctx)
         finally:
             if ctx.reply is not None and ctx.reply.replayed:
-                exchange.extra_headers[_REPLAYED] = "true"
+                exchange.extra_headers[REPLAYED] = "true"
         exchange.served = ctx.served_version
         return exchange.ok_answer(codec.to_dict(response))
 
@@ -296,36 +294,3 @@ class Gateway:
 
     def refuse(self, err: ACPError) -> Response:
         return Exchange().error(err)
-
-
-def build_app(
-    service: Service,
-    settings: GatewaySettings | None = None,
-    *,
-    closing: asyncio.Event | None = None,
-) -> GatewayApp:
-    """The gateway as a FastAPI application: mount it, add routes, middleware and
-    dependencies as to any other (docs/server.md, "Extending the gateway")."""
-    settings = settings or GatewaySettings()
-    redaction.install()
-    app = GatewayApp(Gateway(service, settings, closing=closing))
-    if settings.cors_origins:
-        app.add_middleware(
-            EnvelopeCORSMiddleware,
-            allow_origins=list(settings.cors_origins),
-            allow_methods=ALL_METHODS,
-            allow_headers=[
-                "Authorization",
-                "Content-Type",
-                "ACP-Version",
-                "X-Request-ID",
-                "Idempotency-Key",
-                "Last-Event-ID",
-            ],
-            expose_headers=["X-Request-ID", "ACP-Version", "WWW-Authenticate", _REPLAYED],
-            max_age=600,
-        )
-    return app
-
-
-__all__ = ["EnvelopeResponse", "Gateway", "GatewayApp", "GatewaySettings", "build_app"]

@@ -1,4 +1,5 @@
-"""``GatewayApp``: the gateway as a FastAPI application users can extend.
+"""``GatewayApp``: the gateway as a FastAPI application users can extend (``build_app``
+makes one over a ``Service``), around the raw endpoint of ``endpoint.Gateway``.
 
 Mount it in another application, add routes, middleware, dependencies and exception
 handlers as to any FastAPI app. What it serves itself:
@@ -15,7 +16,8 @@ response started answers an error envelope; so do unknown paths.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import asyncio
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exception_handlers import http_exception_handler
@@ -28,14 +30,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cleveragents.acp.contract import versions
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
+from cleveragents.acp.contract.transport import Service
 from cleveragents.acp.gateway import common
-from cleveragents.acp.gateway.http import openapi
+from cleveragents.acp.gateway.http import openapi, redaction
+from cleveragents.acp.gateway.http.cors import EnvelopeCORSMiddleware
+from cleveragents.acp.gateway.http.endpoint import REPLAYED, Gateway, GatewaySettings
 from cleveragents.acp.gateway.http.responses import guarded
 from cleveragents.acp.gateway.http.routing import OPENAPI_PATH, not_found, route_path
 from cleveragents.acp.gateway.web import pages
 
-if TYPE_CHECKING:
-    from cleveragents.acp.gateway.http.app import Gateway
+# What CORS allows a browser to send to the gateway.
+ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 class GatewayApp(FastAPI):
@@ -180,3 +185,36 @@ class EnvelopeGuard:
         await guarded(
             lambda sending: self.app(scope, receive, sending), send, f"{scope['method']} {scope['path']}"
         )
+
+
+def build_app(
+    service: Service,
+    settings: GatewaySettings | None = None,
+    *,
+    closing: asyncio.Event | None = None,
+) -> GatewayApp:
+    """The gateway as a FastAPI application: mount it, add routes, middleware and
+    dependencies as to any other (docs/server.md, "Extending the gateway")."""
+    settings = settings or GatewaySettings()
+    redaction.install()
+    app = GatewayApp(Gateway(service, settings, closing=closing))
+    if settings.cors_origins:
+        app.add_middleware(
+            EnvelopeCORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=ALL_METHODS,
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "ACP-Version",
+                "X-Request-ID",
+                "Idempotency-Key",
+                "Last-Event-ID",
+            ],
+            expose_headers=["X-Request-ID", "ACP-Version", "WWW-Authenticate", REPLAYED],
+            max_age=600,
+        )
+    return app
+
+
+__all__ = ["EnvelopeGuard", "GatewayApp", "GatewaySettings", "HotPaths", "build_app"]

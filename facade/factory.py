@@ -25,8 +25,8 @@ from cleveragents.acp.facade.domain.policy import CommandUser, Policy, check_roo
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.kinds import KINDS
 from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs
-from cleveragents.acp.facade.domain.session_records import SESSION_KIND
-from cleveragents.acp.facade.domain.sessions import Sessions
+from cleveragents.acp.facade.domain.sessions.records import SESSION_KIND
+from cleveragents.acp.facade.domain.sessions.service import Sessions
 from cleveragents.acp.facade.domain.tickets import PrincipalLookup, StreamTickets
 from cleveragents.acp.facade.handlers import table
 from cleveragents.acp.facade.handlers.context import ContextHandlers

@@ -17,11 +17,12 @@ from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import caller_work, context_files, globs, session_records
+from cleveragents.acp.facade.domain import caller_work, context_files, globs
 from cleveragents.acp.facade.domain.beneath import Anchor
 from cleveragents.acp.facade.domain.context_files import FileText, NotAnItemError, PathEscapeError
 from cleveragents.acp.facade.domain.globs import matches_any
 from cleveragents.acp.facade.domain.registries import Registries
+from cleveragents.acp.facade.domain.sessions import records as session_records
 from cleveragents.acp.facade.domain.tokens import DEFAULT_COUNTER, TokenCounter
 from cleveragents.acp.facade.store.base import Record, Store, StoreConflictError
 from cleveragents.acp.v1 import context_pb2, registry_pb2, session_pb2

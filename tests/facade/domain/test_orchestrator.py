@@ -19,7 +19,7 @@ from cleveragents.acp.facade.domain.events import EventLog
 from cleveragents.acp.facade.domain.orchestrator import PlanStarter, UseArgumentError, parse_use
 from cleveragents.acp.facade.domain.registries import KINDS, Registries
 from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs
-from cleveragents.acp.facade.domain.sessions import Sessions
+from cleveragents.acp.facade.domain.sessions.service import Sessions
 from cleveragents.acp.facade.handlers import table
 from cleveragents.acp.facade.handlers.registries import RegistryHandlers
 from cleveragents.acp.facade.handlers.sessions import SessionHandlers

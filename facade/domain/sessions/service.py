@@ -18,7 +18,7 @@ from ulid import ULID
 from cleveragents.acp.contract import limits
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import paging, session_export, slices
+from cleveragents.acp.facade.domain import paging, slices
 from cleveragents.acp.facade.domain.context import DEFAULT_TOKEN_BUDGET, Context, Scope, session_key
 from cleveragents.acp.facade.domain.model_orchestrator import ModelOrchestrator
 from cleveragents.acp.facade.domain.models.client import ChatModels
@@ -27,7 +27,8 @@ from cleveragents.acp.facade.domain.orchestrator import BuiltinOrchestrator, Orc
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.builtins import is_builtin
 from cleveragents.acp.facade.domain.registries.registry import LABEL_KEY, MAX_LABEL_VALUE
-from cleveragents.acp.facade.domain.session_records import (
+from cleveragents.acp.facade.domain.sessions import export as session_export
+from cleveragents.acp.facade.domain.sessions.records import (
     MESSAGES,
     SESSION_KIND,
     STATE_NAMES,

@@ -20,10 +20,14 @@ from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import paging, slices
 from cleveragents.acp.facade.domain.context import DEFAULT_TOKEN_BUDGET, Context, Scope, session_key
-from cleveragents.acp.facade.domain.model_orchestrator import ModelOrchestrator
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.models.deltas import Emit
-from cleveragents.acp.facade.domain.orchestrator import BuiltinOrchestrator, Orchestrator, PlanStarter
+from cleveragents.acp.facade.domain.orchestrators.builtin import (
+    BuiltinOrchestrator,
+    Orchestrator,
+    PlanStarter,
+)
+from cleveragents.acp.facade.domain.orchestrators.model import ModelOrchestrator
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.builtins import is_builtin
 from cleveragents.acp.facade.domain.registries.registry import LABEL_KEY, MAX_LABEL_VALUE

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from google.protobuf import message
 
-from cleveragents.acp.facade.domain.context import CONTEXT_KIND, Context
+from cleveragents.acp.facade.domain.context.service import CONTEXT_KIND, Context
 from cleveragents.acp.facade.domain.events import DEFAULT_POLL_INTERVAL, EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.models.settings import ModelSettings

@@ -26,7 +26,7 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade import auth
-from cleveragents.acp.facade.domain import context_files
+from cleveragents.acp.facade.domain.context import files as context_files
 from cleveragents.acp.facade.domain.plans import apply, paths, staging
 from cleveragents.acp.facade.domain.policy import Policy
 from cleveragents.acp.facade.factory import open_facade

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from google.protobuf import message
 
 from cleveragents.acp.facade.domain.context.service import CONTEXT_KIND, Context
-from cleveragents.acp.facade.domain.events import DEFAULT_POLL_INTERVAL, EventLog
+from cleveragents.acp.facade.domain.events.log import DEFAULT_POLL_INTERVAL, EventLog
+from cleveragents.acp.facade.domain.events.tickets import PrincipalLookup, StreamTickets
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.models.settings import ModelSettings
 from cleveragents.acp.facade.domain.plans.engine import PlanEngine
@@ -27,7 +28,6 @@ from cleveragents.acp.facade.domain.registries.kinds import KINDS
 from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs
 from cleveragents.acp.facade.domain.sessions.records import SESSION_KIND
 from cleveragents.acp.facade.domain.sessions.service import Sessions
-from cleveragents.acp.facade.domain.tickets import PrincipalLookup, StreamTickets
 from cleveragents.acp.facade.handlers import table
 from cleveragents.acp.facade.handlers.context import ContextHandlers
 from cleveragents.acp.facade.handlers.events import EventHandlers

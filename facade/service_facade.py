@@ -25,7 +25,7 @@ from cleveragents.acp.contract.required import check_required
 from cleveragents.acp.contract.stopping import server_stopping
 from cleveragents.acp.facade import observer as observing
 from cleveragents.acp.facade.domain import roles
-from cleveragents.acp.facade.domain.tickets import PrincipalLookup
+from cleveragents.acp.facade.domain.events.tickets import PrincipalLookup
 from cleveragents.acp.facade.handlers.table import Handler, Streaming, Unary
 from cleveragents.acp.facade.idempotency import Idempotency
 from cleveragents.acp.facade.observer import CallObserver

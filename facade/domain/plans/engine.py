@@ -36,7 +36,7 @@ from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import caller_work, json_schemas, paging, roles
 from cleveragents.acp.facade.domain.beneath import Anchor
-from cleveragents.acp.facade.domain.events import EventLog
+from cleveragents.acp.facade.domain.events.log import EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.plans import (
     actor,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from cleveragents.acp.contract.errors import ACPError
-from cleveragents.acp.facade.domain.events import (
+from cleveragents.acp.facade.domain.events.log import (
     BACKLOG_BATCH,
     EVENT_TYPES,
     HAND_OUT_BATCH,

@@ -15,7 +15,7 @@ from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.context.service import Context
-from cleveragents.acp.facade.domain.events import EventLog
+from cleveragents.acp.facade.domain.events.log import EventLog
 from cleveragents.acp.facade.domain.orchestrators.builtin import PlanStarter, UseArgumentError, parse_use
 from cleveragents.acp.facade.domain.registries import KINDS, Registries
 from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs

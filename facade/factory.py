@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from google.protobuf import message
 
+from cleveragents.acp.facade.domain.access.policy import CommandUser, Policy, check_root_template
 from cleveragents.acp.facade.domain.context.service import CONTEXT_KIND, Context
 from cleveragents.acp.facade.domain.events.log import DEFAULT_POLL_INTERVAL, EventLog
 from cleveragents.acp.facade.domain.events.tickets import PrincipalLookup, StreamTickets
@@ -22,7 +23,6 @@ from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.models.settings import ModelSettings
 from cleveragents.acp.facade.domain.plans.engine import PlanEngine
 from cleveragents.acp.facade.domain.plans.records import KIND as PLAN_KIND
-from cleveragents.acp.facade.domain.policy import CommandUser, Policy, check_root_template
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.kinds import KINDS
 from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs

@@ -24,7 +24,7 @@ from cleveragents.acp.contract.limits import check_bounds
 from cleveragents.acp.contract.required import check_required
 from cleveragents.acp.contract.stopping import server_stopping
 from cleveragents.acp.facade import observer as observing
-from cleveragents.acp.facade.domain import roles
+from cleveragents.acp.facade.domain.access import roles
 from cleveragents.acp.facade.domain.events.tickets import PrincipalLookup
 from cleveragents.acp.facade.handlers.table import Handler, Streaming, Unary
 from cleveragents.acp.facade.idempotency import Idempotency

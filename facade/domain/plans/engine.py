@@ -34,7 +34,9 @@ from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import caller_work, json_schemas, paging, roles
+from cleveragents.acp.facade.domain import caller_work, json_schemas, paging
+from cleveragents.acp.facade.domain.access import roles
+from cleveragents.acp.facade.domain.access.policy import HOW_TO_ALLOW_COMMANDS
 from cleveragents.acp.facade.domain.beneath import Anchor
 from cleveragents.acp.facade.domain.events.log import EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
@@ -59,7 +61,6 @@ from cleveragents.acp.facade.domain.plans.leases import PlanLeases
 from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
 from cleveragents.acp.facade.domain.plans.records import CheckpointEntry, PlanRecords, not_found
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
-from cleveragents.acp.facade.domain.policy import HOW_TO_ALLOW_COMMANDS
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.specs import DEFAULT_MAX_STEPS
 from cleveragents.acp.facade.domain.tracing import traced

@@ -17,12 +17,12 @@ from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import caller_work, globs
 from cleveragents.acp.facade.domain.beneath import Anchor
+from cleveragents.acp.facade.domain.bounded import caller_work, globs
+from cleveragents.acp.facade.domain.bounded.globs import matches_any
 from cleveragents.acp.facade.domain.context import files
 from cleveragents.acp.facade.domain.context.files import FileText, NotAnItemError, PathEscapeError
 from cleveragents.acp.facade.domain.context.tokens import DEFAULT_COUNTER, TokenCounter
-from cleveragents.acp.facade.domain.globs import matches_any
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.sessions import records as session_records
 from cleveragents.acp.facade.store.base import Record, Store, StoreConflictError

@@ -34,10 +34,11 @@ from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import caller_work, json_schemas, paging
+from cleveragents.acp.facade.domain import paging
 from cleveragents.acp.facade.domain.access import roles
 from cleveragents.acp.facade.domain.access.policy import HOW_TO_ALLOW_COMMANDS
 from cleveragents.acp.facade.domain.beneath import Anchor
+from cleveragents.acp.facade.domain.bounded import caller_work, json_schemas
 from cleveragents.acp.facade.domain.events.log import EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.plans import (

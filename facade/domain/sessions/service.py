@@ -18,7 +18,8 @@ from ulid import ULID
 from cleveragents.acp.contract import limits
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import paging, slices
+from cleveragents.acp.facade.domain import paging
+from cleveragents.acp.facade.domain.bounded import slices
 from cleveragents.acp.facade.domain.context.service import DEFAULT_TOKEN_BUDGET, Context, Scope, session_key
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.models.deltas import Emit

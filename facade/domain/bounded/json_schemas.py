@@ -30,7 +30,7 @@ import referencing.exceptions
 from jsonschema import FormatChecker, ValidationError
 from jsonschema.protocols import Validator
 
-from cleveragents.acp.facade.domain import caller_work, patterns
+from cleveragents.acp.facade.domain.bounded import caller_work, patterns
 
 Schema = Mapping[str, Any]
 Keyword = Callable[[Any, Any, Any, Schema], Iterator[ValidationError] | None]

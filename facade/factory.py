@@ -15,19 +15,20 @@ from dataclasses import dataclass
 
 from google.protobuf import message
 
-from cleveragents.acp.facade.domain.context import CONTEXT_KIND, Context
-from cleveragents.acp.facade.domain.events import DEFAULT_POLL_INTERVAL, EventLog
+from cleveragents.acp.facade.domain.access.policy import CommandUser, Policy, check_root_template
+from cleveragents.acp.facade.domain.context.service import CONTEXT_KIND, Context
+from cleveragents.acp.facade.domain.events.log import DEFAULT_POLL_INTERVAL, EventLog
+from cleveragents.acp.facade.domain.events.tickets import PrincipalLookup, StreamTickets
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.models.settings import ModelSettings
 from cleveragents.acp.facade.domain.plans.engine import PlanEngine
 from cleveragents.acp.facade.domain.plans.records import KIND as PLAN_KIND
-from cleveragents.acp.facade.domain.policy import CommandUser, Policy, check_root_template
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.kinds import KINDS
 from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs
-from cleveragents.acp.facade.domain.session_records import SESSION_KIND
-from cleveragents.acp.facade.domain.sessions import Sessions
-from cleveragents.acp.facade.domain.tickets import PrincipalLookup, StreamTickets
+from cleveragents.acp.facade.domain.sessions import records as session_records
+from cleveragents.acp.facade.domain.sessions.records import SESSION_KIND
+from cleveragents.acp.facade.domain.sessions.service import Sessions
 from cleveragents.acp.facade.handlers import table
 from cleveragents.acp.facade.handlers.context import ContextHandlers
 from cleveragents.acp.facade.handlers.events import EventHandlers
@@ -250,7 +251,7 @@ def open_facade(
     store = open_store(where, peers=worker.channel() if worker is not None and on_sqlite else None)
     events = open_event_log(store, follow=follow)
     registries = Registries(store, policy if policy is not None else Policy.local())
-    context = Context(store, registries)
+    context = Context(store, registries, session_records.load)
     # Model servers: retries, backoff and timeouts from $ACP_MODEL_* (docs/actors.md).
     models = ChatModels(ModelSettings.from_env(os.environ), egress=registries.policy.models)
     plans = PlanEngine(events, registries, models, takeover=takeover)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from typing import Protocol, cast
 
 from google.protobuf import message
@@ -24,8 +24,8 @@ from cleveragents.acp.contract.limits import check_bounds
 from cleveragents.acp.contract.required import check_required
 from cleveragents.acp.contract.stopping import server_stopping
 from cleveragents.acp.facade import observer as observing
-from cleveragents.acp.facade.domain import roles
-from cleveragents.acp.facade.domain.tickets import PrincipalLookup
+from cleveragents.acp.facade.domain.access import roles
+from cleveragents.acp.facade.domain.events.tickets import PrincipalLookup
 from cleveragents.acp.facade.handlers.table import Handler, Streaming, Unary
 from cleveragents.acp.facade.idempotency import Idempotency
 from cleveragents.acp.facade.observer import CallObserver
@@ -249,7 +249,8 @@ class ServiceFacade:
         version = ctx.served_version
         older = version != op.version_table.current
         iterator = aiter(items)
-        watch = _Watch(self, ctx) if self.authenticator is not None and ctx.principal is not None else None
+        watched = self.authenticator is not None and ctx.principal is not None
+        watch = _Watch(self._recheck, ctx) if watched else None
         try:
             while True:
                 if watch is not None:
@@ -333,23 +334,23 @@ def _lost_namespaces(opened: Principal, now: Principal) -> list[str]:
 
 
 class _Watch:
-    """A stream's credential watchdog: every ``RECHECK_SECONDS`` it asks the facade whether
-    the caller is still admitted. Refused while the stream waits for its next item, it
-    cancels the stream's task and the stream raises the refusal instead (as
-    ``asyncio.timeout`` turns its cancellation into TimeoutError); refused while the
-    consumer holds an item, the stream raises it before asking for the next."""
+    """A stream's credential watchdog: every ``RECHECK_SECONDS`` it asks ``recheck`` (the
+    facade's ``_recheck``) whether the caller is still admitted. Refused while the stream
+    waits for its next item, it cancels the stream's task and the stream raises the refusal
+    instead (as ``asyncio.timeout`` turns its cancellation into TimeoutError); refused while
+    the consumer holds an item, the stream raises it before asking for the next."""
 
-    def __init__(self, facade: ServiceFacade, ctx: CallContext) -> None:
+    def __init__(self, recheck: Callable[[CallContext], None], ctx: CallContext) -> None:
         self.waiting = False
         self.refusal: ACPError | None = None
-        self._facade = facade
+        self._recheck = recheck
         self._ctx = ctx
         self._task = asyncio.current_task()
         self._timer = asyncio.get_running_loop().call_later(RECHECK_SECONDS, self._tick)
 
     def _tick(self) -> None:
         try:
-            self._facade._recheck(self._ctx)
+            self._recheck(self._ctx)
         except ACPError as refusal:
             self.refusal = refusal
             if self.waiting and self._task is not None:

@@ -11,7 +11,7 @@ workers start on a settled store.
 
 Each worker is ``python -m cleveragents.acp.gateway.workers SPEC``: the same settings as the
 parent (flags, environment, config file) with the ports it chose. Its event follower reads
-the events every worker commits (``facade/domain/events.py``), woken at once by the others
+the events every worker commits (``facade/domain/events/log.py``), woken at once by the others
 through Unix datagram sockets in a private folder (``facade/store/wakeups.py``). A plan runs
 in the worker that started it (its record names that process as owner); a worker restarted
 after a crash settles the plans the dead one left, as a restarted server does.

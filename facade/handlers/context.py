@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cleveragents.acp.contract.call import CallContext
-from cleveragents.acp.facade.domain.context import Context
+from cleveragents.acp.facade.domain.context.service import Context
 from cleveragents.acp.facade.handlers.table import handles
 from cleveragents.acp.v1 import context_pb2
 

@@ -15,8 +15,9 @@ from cleveragents.acp.contract.batched import Batched
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.contract.recent import Recent
-from cleveragents.acp.facade.domain.events import EventLog, Subscription
-from cleveragents.acp.facade.domain.tickets import StreamTickets
+from cleveragents.acp.facade.domain.events.log import EventLog
+from cleveragents.acp.facade.domain.events.subscription import Subscription
+from cleveragents.acp.facade.domain.events.tickets import StreamTickets
 from cleveragents.acp.facade.handlers.table import handles
 from cleveragents.acp.v1 import events_pb2
 

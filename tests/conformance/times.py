@@ -14,7 +14,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from cleveragents.acp.facade.domain.tickets import MAX_TTL_SECONDS
+from cleveragents.acp.facade.domain.events.tickets import MAX_TTL_SECONDS
 from tests.conformance.canonical import TIME
 
 # Fields whose time lies ahead of the answer, with how far at most.

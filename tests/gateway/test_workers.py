@@ -24,7 +24,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cleveragents.acp.facade.domain import tickets
+from cleveragents.acp.facade.domain.events import tickets
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import events_pb2
 from tests.gateway.test_http import envelope, error_of

@@ -19,8 +19,8 @@ import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.grpc_transport import GrpcTransport
+from cleveragents.acp.facade.domain.access.policy import CommandUser, Policy
 from cleveragents.acp.facade.domain.plans import process
-from cleveragents.acp.facade.domain.policy import CommandUser, Policy
 from cleveragents.acp.v1 import plan_pb2
 from tests.facade.plans.helpers import add_action, add_command_tool, add_profile, run, use, write_tree
 from tests.server_process import Children, Tokens, start_server

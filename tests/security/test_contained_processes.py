@@ -17,8 +17,8 @@ import time
 
 import pytest
 
+from cleveragents.acp.facade.domain.access.policy import CommandUser, Policy, ProcessLimits
 from cleveragents.acp.facade.domain.plans import process
-from cleveragents.acp.facade.domain.policy import CommandUser, Policy, ProcessLimits
 from tests.facade.plans.helpers import PY, gone
 from tests.facade.plans.plan_child import FAMILY
 
@@ -27,7 +27,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 SERVER = (
     "import asyncio, pathlib, sys\n"
     "from cleveragents.acp.facade.domain.plans import process\n"
-    "from cleveragents.acp.facade.domain.policy import Policy\n"
+    "from cleveragents.acp.facade.domain.access.policy import Policy\n"
     "asyncio.run(process.run(sys.argv[2:], pathlib.Path(sys.argv[1]), seconds=600, output_limit=1024,\n"
     "                        cancel=asyncio.Event(), policy=Policy()))\n"
 )

@@ -14,11 +14,11 @@ import pytest
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.facade.domain.access.policy import Policy
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.models.egress import ModelEgress
 from cleveragents.acp.facade.domain.models.failures import ModelError
 from cleveragents.acp.facade.domain.models.settings import ModelSettings
-from cleveragents.acp.facade.domain.policy import Policy
 from cleveragents.acp.facade.factory import open_facade, server_policy
 from cleveragents.acp.v1 import plan_pb2, specs_pb2
 from tests.facade.plans.helpers import run, use

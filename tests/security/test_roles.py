@@ -17,7 +17,7 @@ from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.call import Role
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError
-from cleveragents.acp.facade.domain import roles
+from cleveragents.acp.facade.domain.access import roles
 from tests.conformance.generated import AUTH_CODES, build_world, outcome, world_request
 from tests.conformance.harness import Run, run_everywhere
 from tests.conformance.scenarios import folder, plan_world, use

@@ -26,9 +26,9 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade import auth
-from cleveragents.acp.facade.domain import context_files
+from cleveragents.acp.facade.domain.access.policy import Policy
+from cleveragents.acp.facade.domain.context import files as context_files
 from cleveragents.acp.facade.domain.plans import apply, paths, staging
-from cleveragents.acp.facade.domain.policy import Policy
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.v1 import context_pb2, plan_pb2
 from tests.facade.plans.helpers import add_action, add_project, eventually, run, status, write_tree

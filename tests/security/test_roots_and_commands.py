@@ -13,7 +13,7 @@ import pytest
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
-from cleveragents.acp.facade.domain.policy import Policy
+from cleveragents.acp.facade.domain.access.policy import Policy
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.v1 import plan_pb2
 from tests.facade.plans.helpers import PY, add_action, add_command_tool, add_profile, run, use, write_tree

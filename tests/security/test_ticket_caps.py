@@ -15,7 +15,7 @@ import pytest
 
 from cleveragents.acp.contract.call import CallContext, Principal
 from cleveragents.acp.contract.errors import ACPError
-from cleveragents.acp.facade.domain import tickets
+from cleveragents.acp.facade.domain.events import tickets
 from cleveragents.acp.facade.store.base import Store
 from cleveragents.acp.facade.store.postgres import PostgresStore
 from cleveragents.acp.facade.store.sqlite import SQLiteStore

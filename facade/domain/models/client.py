@@ -78,7 +78,9 @@ class ChatModels:
         if self._http is not None:
             await self._http.aclose()
 
-    def _client(self, base_url: str) -> openai.AsyncOpenAI:
+    def client(self, base_url: str) -> openai.AsyncOpenAI:
+        """The client of one model server, made once per base URL over the one connection
+        pool; without a key (each call gives its own, ``with_options``)."""
         # Imported at the first model call: the openai package takes a second of CPU to
         # import, which every local-mode command and server start would pay otherwise.
         import openai
@@ -103,7 +105,9 @@ class ChatModels:
             self._clients.put(base_url, client)
         return client
 
-    def _key(self, actor_name: str, spec: specs_pb2.ActorSpec) -> str:
+    def api_key(self, actor_name: str, spec: specs_pb2.ActorSpec) -> str:
+        """The key ``spec`` names, read from the server's environment at each call (``NO_KEY``
+        when it names none); ModelError when the variable is unset or empty."""
         if not spec.api_key_env:
             return NO_KEY
         key = self._environ.get(spec.api_key_env, "")
@@ -204,7 +208,7 @@ class _Call:
 
     @traced("model.call", lambda self: {"acp.model": self.spec.model})
     async def run(self) -> Turn:
-        self.key = self.models._key(self.actor, self.spec)
+        self.key = self.models.api_key(self.actor, self.spec)
         self._masker = SecretMask(self.key if self.key != NO_KEY else "")
         try:
             return await self._attempts()
@@ -263,7 +267,7 @@ class _Call:
     async def _once(self, pump: DeltaPump) -> Turn:
         import openai
 
-        client = self.models._client(self.url).with_options(api_key=self.key)
+        client = self.models.client(self.url).with_options(api_key=self.key)
         # The raw stream: chunks are decoded here (orjson, plain dicts), several times cheaper
         # than the library's typed chunk objects; the library still sends, retries nothing,
         # and turns statuses into its errors.

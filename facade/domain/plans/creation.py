@@ -15,7 +15,8 @@ from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import caller_work, json_schemas, roles
+from cleveragents.acp.facade.domain.access import roles
+from cleveragents.acp.facade.domain.bounded import caller_work, json_schemas
 from cleveragents.acp.facade.domain.plans import actor, model, setup
 from cleveragents.acp.facade.domain.plans.recording import PlanRecorder, now
 from cleveragents.acp.facade.domain.plans.running import PlanRunner

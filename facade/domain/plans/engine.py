@@ -18,7 +18,7 @@ from typing import Any
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import paging
-from cleveragents.acp.facade.domain.events import EventLog
+from cleveragents.acp.facade.domain.events.log import EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.plans import diff, leases, listing, model, setup
 from cleveragents.acp.facade.domain.plans.apply import Restored

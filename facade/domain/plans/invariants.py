@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from cleveragents.acp.facade.domain import globs, patterns
+from cleveragents.acp.facade.domain.bounded import globs, patterns
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact
 from cleveragents.acp.v1 import specs_pb2
 

@@ -34,9 +34,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from cleveragents.acp.facade.domain.access.policy import CommandUser, Policy, ProcessLimits
 from cleveragents.acp.facade.domain.plans.paths import ResourceRoot
 from cleveragents.acp.facade.domain.plans.staging import Staging
-from cleveragents.acp.facade.domain.policy import CommandUser, Policy, ProcessLimits
 
 DEFAULT_TIMEOUT_SECONDS = 30
 DEFAULT_OUTPUT_LIMIT = 65536

@@ -17,7 +17,7 @@ from google.protobuf import timestamp_pb2
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain.events import EventLog
+from cleveragents.acp.facade.domain.events.log import EventLog
 from cleveragents.acp.facade.domain.plans import actor, model, model_actor, setup
 from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
 from cleveragents.acp.facade.domain.plans.records import PlanRecords, not_found

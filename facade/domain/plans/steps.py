@@ -12,11 +12,11 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+from cleveragents.acp.facade.domain.access.policy import HOW_TO_ALLOW_COMMANDS
 from cleveragents.acp.facade.domain.plans import actor, halts, model, records, setup, tools, validations
 from cleveragents.acp.facade.domain.plans.halts import Cancels, HaltError
 from cleveragents.acp.facade.domain.plans.recording import PlanRecorder
 from cleveragents.acp.facade.domain.plans.staging import Staging
-from cleveragents.acp.facade.domain.policy import HOW_TO_ALLOW_COMMANDS
 from cleveragents.acp.facade.domain.registries.specs import DEFAULT_MAX_STEPS
 from cleveragents.acp.facade.domain.tracing import traced
 from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2, specs_pb2

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.facade.domain.access.policy import Policy
 from cleveragents.acp.facade.domain.plans import paths, process, templates
 from cleveragents.acp.facade.domain.plans.records import Change
 from cleveragents.acp.facade.domain.plans.staging import Staging
-from cleveragents.acp.facade.domain.policy import Policy
 from cleveragents.acp.v1 import specs_pb2
 
 _INVALID = "INVALID_PARAMS"

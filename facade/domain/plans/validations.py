@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 from google.protobuf import json_format
 
-from cleveragents.acp.facade.domain import caller_work, globs, json_schemas, patterns
+from cleveragents.acp.facade.domain.access.policy import HOW_TO_ALLOW_COMMANDS, Policy
+from cleveragents.acp.facade.domain.bounded import caller_work, globs, json_schemas, patterns
 from cleveragents.acp.facade.domain.plans import process
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
-from cleveragents.acp.facade.domain.policy import HOW_TO_ALLOW_COMMANDS, Policy
 from cleveragents.acp.v1 import events_pb2, specs_pb2
 
 # Output lines of a failed command validation kept in its messages.

@@ -22,7 +22,7 @@ from cleveragents.acp.contract.call import DEFAULT_NAMESPACE
 from cleveragents.acp.contract.catalog import BUILTIN_LABEL
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import paging
-from cleveragents.acp.facade.domain.policy import Policy
+from cleveragents.acp.facade.domain.access.policy import Policy
 from cleveragents.acp.facade.domain.registries.builtins import (
     builtin_entry,
     builtin_names,

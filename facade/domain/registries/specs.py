@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from google.protobuf import json_format, message, struct_pb2
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import globs, json_schemas, patterns
+from cleveragents.acp.facade.domain.bounded import globs, json_schemas, patterns
 from cleveragents.acp.v1 import specs_pb2
 
 # (kind, name) -> the entry in the namespace being written, or None.

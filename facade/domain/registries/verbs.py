@@ -12,7 +12,7 @@ from typing import Any
 from google.protobuf import message
 
 from cleveragents.acp.contract.call import CallContext
-from cleveragents.acp.facade.domain import roles
+from cleveragents.acp.facade.domain.access import roles
 from cleveragents.acp.facade.domain.registries.kinds import KINDS, Kind
 from cleveragents.acp.facade.domain.registries.registry import Registries, check_name
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
-from cleveragents.acp.facade.domain.context_files import MAX_FILE_BYTES, MAX_FILES_PER_SOURCE
-from cleveragents.acp.facade.domain.tokens import ByteEstimateCounter
+from cleveragents.acp.facade.domain.context.files import MAX_FILE_BYTES, MAX_FILES_PER_SOURCE
+from cleveragents.acp.facade.domain.context.tokens import ByteEstimateCounter
 from cleveragents.acp.v1 import context_pb2
 from tests.facade.domain.session_helpers import add_folder, add_project, create, error_of
 

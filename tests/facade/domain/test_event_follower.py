@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from cleveragents.acp.contract.errors import ACPError
-from cleveragents.acp.facade.domain.events import EventLog, Subscription
+from cleveragents.acp.facade.domain.events.log import EventLog
+from cleveragents.acp.facade.domain.events.subscription import Subscription
 from cleveragents.acp.facade.store.base import EventWakeups, StoreUnavailableError
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.facade.store.wakeups import DataVersionWakeups, PeerChannel

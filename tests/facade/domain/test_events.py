@@ -13,14 +13,8 @@ from typing import Any
 import pytest
 
 from cleveragents.acp.contract.errors import ACPError
-from cleveragents.acp.facade.domain.events import (
-    BACKLOG_BATCH,
-    EVENT_TYPES,
-    HAND_OUT_BATCH,
-    EventLog,
-    Subscription,
-    event_type,
-)
+from cleveragents.acp.facade.domain.events.log import EVENT_TYPES, EventLog, event_type
+from cleveragents.acp.facade.domain.events.subscription import BACKLOG_BATCH, HAND_OUT_BATCH, Subscription
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import events_pb2, plan_pb2
 from tests.facade.store.conformance import fails_in_transaction

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cleveragents.acp.facade.domain import globs
+from cleveragents.acp.facade.domain.bounded import globs
 
 QUICK_SECONDS = 2.0
 

@@ -15,7 +15,7 @@ import jsonschema._keywords
 import jsonschema._utils
 import pytest
 
-from cleveragents.acp.facade.domain import caller_work, json_schemas
+from cleveragents.acp.facade.domain.bounded import caller_work, json_schemas
 
 ITEMS = 2000
 

@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from cleveragents.acp.facade.domain import json_schemas
+from cleveragents.acp.facade.domain.bounded import json_schemas
 
 QUICK_SECONDS = 2.0
 EVIL = "^(a+)+$"

@@ -14,12 +14,13 @@ from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain.context import Context
-from cleveragents.acp.facade.domain.events import EventLog
-from cleveragents.acp.facade.domain.orchestrator import PlanStarter, UseArgumentError, parse_use
+from cleveragents.acp.facade.domain.context.service import Context
+from cleveragents.acp.facade.domain.events.log import EventLog
+from cleveragents.acp.facade.domain.orchestrators.builtin import PlanStarter, UseArgumentError, parse_use
 from cleveragents.acp.facade.domain.registries import KINDS, Registries
 from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs
-from cleveragents.acp.facade.domain.sessions import Sessions
+from cleveragents.acp.facade.domain.sessions import records as session_records
+from cleveragents.acp.facade.domain.sessions.service import Sessions
 from cleveragents.acp.facade.handlers import table
 from cleveragents.acp.facade.handlers.registries import RegistryHandlers
 from cleveragents.acp.facade.handlers.sessions import SessionHandlers
@@ -109,7 +110,7 @@ async def _sessions_client(db_path: pathlib.Path, starter: PlanStarter | None) -
     store = SQLiteStore(db_path)
     events = EventLog(store)
     registries = Registries(store)
-    context = Context(store, registries)
+    context = Context(store, registries, session_records.load)
     sessions = Sessions(store, registries, events, context, plan_starter=starter)
     served = [op.name for op in catalog.OPERATIONS.values() if op.group == "session" or op.group in KINDS]
     handlers = [SessionHandlers(sessions), RegistryHandlers(RegistryVerbs(registries))]

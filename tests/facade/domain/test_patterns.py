@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cleveragents.acp.facade.domain import patterns
-from cleveragents.acp.facade.domain.patterns import Dialect, PatternError
+from cleveragents.acp.facade.domain.bounded import patterns
+from cleveragents.acp.facade.domain.bounded.patterns import Dialect, PatternError
 
 # Far longer than a backtracking engine could take on these (``^(a+)+$`` doubled per
 # character from 3.2 s at 26); generous so a loaded machine never trips it.

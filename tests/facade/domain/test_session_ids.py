@@ -1,4 +1,4 @@
-"""Session ids (session_records.new_id): ULIDs as python-ulid makes them, from buffered OS bytes."""
+"""Session ids (sessions/records.py: new_id): ULIDs as python-ulid makes them, from buffered OS bytes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 from ulid import ULID
 
-from cleveragents.acp.facade.domain.session_records import new_id, now
+from cleveragents.acp.facade.domain.sessions.records import new_id, now
 
 
 def test_ids_are_ulids_of_their_instant_made_in_order_and_never_twice() -> None:

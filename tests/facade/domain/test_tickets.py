@@ -18,7 +18,7 @@ from cleveragents.acp.contract.call import CallContext, Principal
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.facade import auth
-from cleveragents.acp.facade.domain.tickets import KIND, PRUNE_SECONDS, StreamTickets
+from cleveragents.acp.facade.domain.events.tickets import KIND, PRUNE_SECONDS, StreamTickets
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore

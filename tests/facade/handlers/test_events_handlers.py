@@ -15,7 +15,7 @@ from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract import catalog, versions
 from cleveragents.acp.contract.call import CallContext, Principal
 from cleveragents.acp.contract.errors import ACPError
-from cleveragents.acp.facade.domain.events import EVENT_TYPES, EventLog
+from cleveragents.acp.facade.domain.events.log import EVENT_TYPES, EventLog
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.handlers import table
 from cleveragents.acp.facade.handlers.events import EventHandlers

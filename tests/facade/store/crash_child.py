@@ -13,7 +13,7 @@ import time
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
-from cleveragents.acp.facade.domain.events import EventLog
+from cleveragents.acp.facade.domain.events.log import EventLog
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.store.base import Record
 from cleveragents.acp.facade.store.sqlite import SQLiteStore

@@ -137,10 +137,17 @@ class CallerWork:
         while gate.waiting:
             turn = gate.waiting.popleft()
             if not turn.done():
-                turn.get_loop().call_soon_threadsafe(_grant, turn, self, namespace)
+                turn.get_loop().call_soon_threadsafe(self._grant, turn, namespace)
                 return
         gate.running -= 1
         self._forget(namespace, gate)
+
+    def _grant(self, turn: asyncio.Future[None], namespace: str) -> None:
+        """On the waiter's loop: its turn came (or, if it left meanwhile, the next one's)."""
+        if turn.done():
+            self._leave(namespace)
+        else:
+            turn.set_result(None)
 
     def _forget(self, namespace: str, gate: _Gate) -> None:
         if gate.running <= 0 and not gate.waiting and self._gates.get(namespace) is gate:
@@ -148,14 +155,6 @@ class CallerWork:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _grant(turn: asyncio.Future[None], work: CallerWork, namespace: str) -> None:
-    """On the waiter's loop: its turn came (or, if it left meanwhile, the next one's)."""
-    if turn.done():
-        work._leave(namespace)
-    else:
-        turn.set_result(None)
 
 
 # One pool per process: what it bounds is this process's threads.

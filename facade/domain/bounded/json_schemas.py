@@ -30,7 +30,7 @@ import referencing.exceptions
 from jsonschema import FormatChecker, ValidationError
 from jsonschema.protocols import Validator
 
-from cleveragents.acp.facade.domain import caller_work, patterns
+from cleveragents.acp.facade.domain.bounded import caller_work, patterns
 
 Schema = Mapping[str, Any]
 Keyword = Callable[[Any, Any, Any, Schema], Iterator[ValidationError] | None]
@@ -217,7 +217,7 @@ def _evaluated_keys(validator: Any, instance: Mapping[str, Any], schema: Any) ->
         reference = schema.get(keyword)
         if isinstance(reference, str):
             # The library offers no public resolver; its keyword functions use this one too.
-            resolved = validator._resolver.lookup("#" if keyword == "$recursiveRef" else reference)
+            resolved = validator._resolver.lookup("#" if keyword == "$recursiveRef" else reference)  # noqa: SLF001
             scoped = validator.evolve(schema=resolved.contents, _resolver=resolved.resolver)
             keys |= _evaluated_keys(scoped, instance, resolved.contents)
     properties = schema.get("properties")

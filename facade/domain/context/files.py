@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from cleveragents.acp.facade.domain import beneath
 from cleveragents.acp.facade.domain.beneath import Anchor
-from cleveragents.acp.facade.domain.globs import matches_any
+from cleveragents.acp.facade.domain.bounded.globs import matches_any
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_FILES_PER_SOURCE = 2000

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,12 +18,13 @@ from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import caller_work, context_files, globs, session_records
 from cleveragents.acp.facade.domain.beneath import Anchor
-from cleveragents.acp.facade.domain.context_files import FileText, NotAnItemError, PathEscapeError
-from cleveragents.acp.facade.domain.globs import matches_any
+from cleveragents.acp.facade.domain.bounded import caller_work, globs
+from cleveragents.acp.facade.domain.bounded.globs import matches_any
+from cleveragents.acp.facade.domain.context import files
+from cleveragents.acp.facade.domain.context.files import FileText, NotAnItemError, PathEscapeError
+from cleveragents.acp.facade.domain.context.tokens import DEFAULT_COUNTER, TokenCounter
 from cleveragents.acp.facade.domain.registries import Registries
-from cleveragents.acp.facade.domain.tokens import DEFAULT_COUNTER, TokenCounter
 from cleveragents.acp.facade.store.base import Record, Store, StoreConflictError
 from cleveragents.acp.v1 import context_pb2, registry_pb2, session_pb2
 
@@ -147,9 +149,21 @@ class ContextConfigs:
             self.store.delete(CONTEXT_KIND, record.id)
 
 
+# Reads a session the caller may see (``sessions.records.load``), handed in by whoever
+# builds the context: the sessions package builds on this one, so it is not imported here.
+SessionLoader = Callable[[Store, CallContext, str], tuple[Record, session_pb2.Session]]
+
+
 class Context:
-    def __init__(self, store: Store, registries: Registries, counter: TokenCounter = DEFAULT_COUNTER) -> None:
+    def __init__(
+        self,
+        store: Store,
+        registries: Registries,
+        load_session: SessionLoader,
+        counter: TokenCounter = DEFAULT_COUNTER,
+    ) -> None:
         self.store = store
+        self.load_session = load_session
         self.registries = registries
         self.counter = counter
         self.configs = ContextConfigs(store)
@@ -173,7 +187,7 @@ class Context:
         if session_id and project:
             raise _invalid("session_id", "give session_id or project, not both")
         if session_id:
-            _, session = session_records.load(self.store, ctx, session_id)
+            _, session = self.load_session(self.store, ctx, session_id)
             if namespace and namespace != session.meta.namespace:
                 raise _invalid(
                     "namespace",
@@ -215,7 +229,7 @@ class Context:
         (checked first, so nothing about such a folder is told), missing, not a folder."""
         if not self.registries.policy.allows_folder(namespace, root):
             return "the resource lies outside the server's resource roots"
-        return context_files.folder_problem(root)
+        return files.folder_problem(root)
 
     def is_directory(self, namespace: str, resource: registry_pb2.Resource) -> bool:
         if resource.spec.type == DIRECTORY_DRIVER:
@@ -254,7 +268,7 @@ class Context:
                 if not glob.strip():
                     raise _invalid(f"{where}.globs[{j}]", "a glob must not be empty")
                 try:
-                    context_files.check_relative(glob)
+                    files.check_relative(glob)
                 except PathEscapeError as exc:
                     raise _invalid(
                         f"{where}.globs[{j}]", f"globs are relative to the folder: {exc}"
@@ -354,7 +368,7 @@ class Context:
         if not sep or not resource_name or not relative:
             raise _invalid("item_id", "a file item id is file:<resource>/<path>")
         try:
-            context_files.check_relative(relative)
+            files.check_relative(relative)
         except PathEscapeError as exc:
             raise _invalid("item_id", f"the path must stay inside the resource folder: {exc}") from None
         source = next((s for s in config.sources if s.resource == resource_name), None)
@@ -379,7 +393,7 @@ class Context:
                 item_id, scope, origin, "the resource lies outside the server's resource roots"
             )
         try:
-            context_files.locate(anchor, relative)
+            files.locate(anchor, relative)
         except PathEscapeError as exc:
             raise _invalid("item_id", f"the path must stay inside the resource folder: {exc}") from None
         except NotAnItemError as exc:
@@ -388,7 +402,7 @@ class Context:
 
     @staticmethod
     async def _file_item(place: _FilePlace) -> context_pb2.ContextItem:
-        text = await asyncio.to_thread(context_files.read_text, place.anchor, place.relative)
+        text = await asyncio.to_thread(files.read_text, place.anchor, place.relative)
         if text.content is None:
             raise _invalid("item_id", f"{place.item_id} cannot be context: {text.reason}", reason=text.reason)
         return context_pb2.ContextItem(
@@ -526,5 +540,5 @@ class _SourcePlace:
 
 
 def _read_source(anchor: Anchor, globs: list[str]) -> tuple[list[FileText], int]:
-    paths, matched = context_files.matching_files(anchor, globs)
-    return [context_files.read_text(anchor, path) for path in paths], matched
+    paths, matched = files.matching_files(anchor, globs)
+    return [files.read_text(anchor, path) for path in paths], matched

@@ -18,16 +18,22 @@ from ulid import ULID
 from cleveragents.acp.contract import limits
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import paging, session_export, slices
-from cleveragents.acp.facade.domain.context import DEFAULT_TOKEN_BUDGET, Context, Scope, session_key
-from cleveragents.acp.facade.domain.model_orchestrator import ModelOrchestrator
+from cleveragents.acp.facade.domain import paging
+from cleveragents.acp.facade.domain.bounded import slices
+from cleveragents.acp.facade.domain.context.service import DEFAULT_TOKEN_BUDGET, Context, Scope, session_key
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.models.deltas import Emit
-from cleveragents.acp.facade.domain.orchestrator import BuiltinOrchestrator, Orchestrator, PlanStarter
+from cleveragents.acp.facade.domain.orchestrators.builtin import (
+    BuiltinOrchestrator,
+    Orchestrator,
+    PlanStarter,
+)
+from cleveragents.acp.facade.domain.orchestrators.model import ModelOrchestrator
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.builtins import is_builtin
 from cleveragents.acp.facade.domain.registries.registry import LABEL_KEY, MAX_LABEL_VALUE
-from cleveragents.acp.facade.domain.session_records import (
+from cleveragents.acp.facade.domain.sessions import export as session_export
+from cleveragents.acp.facade.domain.sessions.records import (
     MESSAGES,
     SESSION_KIND,
     STATE_NAMES,

@@ -23,7 +23,7 @@ from cleveragents.acp.facade.domain.models.deltas import Emit
 from cleveragents.acp.facade.domain.models.failures import ModelError
 from cleveragents.acp.facade.domain.models.functions import CallError, arguments, function_tool
 from cleveragents.acp.facade.domain.models.wire import Turn
-from cleveragents.acp.facade.domain.orchestrator import BuiltinOrchestrator, Outcome, Reply, started
+from cleveragents.acp.facade.domain.orchestrators.builtin import BuiltinOrchestrator, Outcome, Reply, started
 from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.v1 import registry_pb2, session_pb2
 

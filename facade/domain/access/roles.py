@@ -19,7 +19,7 @@ from google.protobuf import message
 from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.call import CallContext, Principal, Role
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain.registries.builtins import BUILTIN_TOOLS
+from cleveragents.acp.facade.domain.models.functions import BUILTIN
 from cleveragents.acp.v1 import specs_pb2
 
 # Registry kinds every entry of which runs a process: all their writes need an admin.
@@ -65,7 +65,7 @@ def check_operation(principal: Principal, op: catalog.Operation) -> None:
 
 def command_tools(tools: Iterable[str]) -> list[str]:
     """The registered (command) tools among ``tools``: every one but the built-in file tools."""
-    return sorted(set(tools) - BUILTIN_TOOLS)
+    return sorted(set(tools) - BUILTIN.keys())
 
 
 def allowed_commands(profile: specs_pb2.AutomationProfileSpec) -> list[str]:

@@ -39,7 +39,7 @@ import orjson
 
 from cleveragents.acp.contract.call import CallContext, Principal, Role
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain.events import check_event_types
+from cleveragents.acp.facade.domain.events.log import check_event_types
 from cleveragents.acp.facade.store.base import (
     ListQuery,
     Record,

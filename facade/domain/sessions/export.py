@@ -15,8 +15,8 @@ from ulid import ULID
 
 from cleveragents.acp.contract import codec
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import slices
-from cleveragents.acp.facade.domain.session_records import STATE_NAMES
+from cleveragents.acp.facade.domain.bounded import slices
+from cleveragents.acp.facade.domain.sessions.records import STATE_NAMES
 from cleveragents.acp.v1 import context_pb2, session_pb2
 
 FORMAT = "cleveragents.acp.session"

@@ -39,14 +39,14 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 
 from cleveragents.acp.contract import surface
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.contract.recent import Recent
+from cleveragents.acp.facade.domain.events.subscription import BACKLOG_BATCH, Subscription
 from cleveragents.acp.facade.domain.tracing import current_trace_id
 from cleveragents.acp.facade.store.base import EventFilter, Store, StoredEvent
 from cleveragents.acp.v1 import events_pb2
@@ -65,10 +65,6 @@ EVENT_TYPES: frozenset[str] = frozenset(_TYPE_OF_FIELD.values())
 
 log = logging.getLogger(__name__)
 
-# Backlog rows read from the store per query.
-BACKLOG_BATCH = 256
-# Events handed to a reader at once (``Subscription.next_batch``).
-HAND_OUT_BATCH = BACKLOG_BATCH
 # Decoded backlog events kept (per generation) for the other subscribers reading them.
 DECODED_CACHE_SIZE = 2048
 # Backlog events kept (per generation) with the response each was decoded in, until the
@@ -147,7 +143,7 @@ class EventLog:
         self._carried: Recent[int, tuple[events_pb2.Event, events_pb2.SubscribeEventsResponse]] = Recent(
             CARRIED_CACHE_SIZE
         )
-        # Backlog batches being read for several subscribers (``_backlog``), by position and filter.
+        # Backlog batches being read for several subscribers (``backlog``), by position and filter.
         self._reading: dict[tuple[int, EventFilter], asyncio.Future[tuple[list[events_pb2.Event], int]]] = {}
         # Pruning is amortized: after a tenth of the count limit, or a tenth of the age.
         self._prune_every = max(1, min(1000, (retention_count or 0) // 10))
@@ -247,7 +243,8 @@ class EventLog:
             if event.sequence <= delivered:
                 continue
             for subscriber in subscribers:
-                subscriber._offer(event)
+                if not subscriber.offer(event):
+                    self._subscribers.discard(subscriber)
 
     # following other processes ----------------------------------------------------------
 
@@ -317,7 +314,7 @@ class EventLog:
         (a hint: read without the lock)."""
         return len(self._subscribers) > 1
 
-    async def _backlog(
+    async def backlog(
         self, after: int, where: EventFilter, shared: bool
     ) -> tuple[list[events_pb2.Event], int]:
         """One backlog batch after ``after`` and the log's first sequence, read off the loop
@@ -442,10 +439,10 @@ class EventLog:
             session_id=session_id,
             types=frozenset(event_types),
         )
-        subscription = Subscription(self, where, after_sequence)
+        subscription = Subscription(self, where, after_sequence, self._lock)
         with self._lock:
             if self._closed:
-                subscription._closed = True
+                subscription.end()
             else:
                 self._subscribers.add(subscription)
         return subscription
@@ -462,7 +459,8 @@ class EventLog:
             after_sequence=request.after_sequence,
         )
 
-    def _detach(self, subscription: Subscription) -> None:
+    def detach(self, subscription: Subscription) -> None:
+        """Stop offering events to ``subscription`` (``Subscription.close``)."""
         with self._lock:
             self._subscribers.discard(subscription)
 
@@ -479,8 +477,7 @@ class EventLog:
             subscribers = list(self._subscribers)
             self._subscribers.clear()
             for subscriber in subscribers:
-                subscriber._closed = True
-                subscriber._wake()
+                subscriber.end()
         if self._wakeups is not None:
             self._wakeups.close()
         follower = self._follower
@@ -492,184 +489,3 @@ def _copy(event: events_pb2.Event) -> events_pb2.Event:
     copied = events_pb2.Event()
     copied.CopyFrom(event)
     return copied
-
-
-class Subscription:
-    """An async iterator of events: the backlog, then live events, each exactly once.
-
-    The events it yields are shared with other subscribers: read them, do not modify them."""
-
-    def __init__(self, log: EventLog, where: EventFilter, after_sequence: int) -> None:
-        self._log = log
-        self.filter = where
-        self.after_sequence = after_sequence
-        # The sequence of the last event handed to the reader.
-        self.last_sequence = after_sequence
-        # True once retention had dropped events this subscriber asked for.
-        self.missed = False
-        # Events to hand out, in order: a backlog batch, or live events moved from _queue.
-        self._pending: deque[events_pb2.Event] = deque()
-        # Filled by the producer (under the log's lock), bounded by the log's queue_size.
-        self._queue: deque[events_pb2.Event] = deque()
-        self._live = False
-        # Live, but still handing out the last backlog batch: an overflow now is read
-        # again from the store, as during catch-up (the reader has taken nothing live yet).
-        self._settling = False
-        self._overflowed = False
-        self._closed = False
-        self._waiter: asyncio.Future[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
-
-    # producer side (called with the log's lock held) ----------------------------------
-
-    def _offer(self, event: events_pb2.Event) -> None:
-        if self._closed or self._overflowed:
-            return
-        if not self.filter.matches(event.namespace, event.type, event.plan_id, event.session_id):
-            return
-        if len(self._queue) < self._log.queue_size:
-            self._queue.append(event)
-        else:
-            self._overflowed = True
-            if self._live and not self._settling:
-                # Ended: it keeps what it has queued, then learns where to resume.
-                self._log._subscribers.discard(self)
-            else:
-                # Still reading the store (or handing out what it read), which holds all
-                # of these: no need to keep them.
-                self._queue.clear()
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is None or waiter.done() or self._loop is None:
-            return
-        if threading.get_ident() == self._loop_thread:
-            waiter.set_result(None)
-        else:
-            self._loop.call_soon_threadsafe(_resolve, waiter)
-
-    # reader side ----------------------------------------------------------------------
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> events_pb2.Event:
-        await self._fill()
-        event = self._pending.popleft()
-        self.last_sequence = event.sequence
-        if self._settling and not self._pending:
-            self._settle()
-        return event
-
-    async def next_batch(self) -> list[events_pb2.Event]:
-        """The events ready to hand out, in order, at most ``HAND_OUT_BATCH`` (at least one:
-        it waits for one); StopAsyncIteration once closed. What a reader holds is out of
-        the queue, so the cap bounds how far past ``queue_size`` it may fall behind."""
-        await self._fill()
-        pending = self._pending
-        if len(pending) <= HAND_OUT_BATCH:
-            taken = list(pending)
-            pending.clear()
-        else:
-            taken = [pending.popleft() for _ in range(HAND_OUT_BATCH)]
-        self.last_sequence = taken[-1].sequence
-        if self._settling and not pending:
-            self._settle()
-        return taken
-
-    def _settle(self) -> None:
-        """The last backlog batch is handed out: from now on the live rules apply. If the
-        queue overflowed meanwhile, it was dropped: read on from the store."""
-        with self._log._lock:
-            self._settling = False
-            if self._overflowed:
-                self._overflowed = False
-                self._live = False
-                self._queue.clear()
-
-    async def _fill(self) -> None:
-        """Wait until events are pending; StopAsyncIteration once closed."""
-        while True:
-            if self._closed:
-                raise StopAsyncIteration
-            if self._pending:
-                return
-            if not self._live:
-                # A long backlog is read batch by batch, each on a store reader thread.
-                await self._catch_up()
-                continue
-            waiter = self._take_live()
-            if waiter is not None:
-                await waiter
-
-    async def _catch_up(self) -> None:
-        """Read one backlog batch from the store (off the loop, one snapshot); after a short
-        one (the head of the log as of that read), switch to the live queue, which holds
-        everything committed since unless it overflowed meanwhile. Until that batch is
-        handed out the subscriber is settling: an overflow sends it back to the store."""
-        after = self.last_sequence
-        # Whether others read along is decided as the read starts: they may detach meanwhile.
-        batch, first = await self._log._backlog(after, self.filter, self._log.fanning_out)
-        if self._closed:
-            return
-        if not self.missed and after + 1 < first:
-            self.missed = True
-        self._pending.extend(batch)
-        if len(batch) == BACKLOG_BATCH:
-            return
-        with self._log._lock:
-            if self._overflowed:
-                # Live events were dropped meanwhile; they are in the store: read on.
-                self._overflowed = False
-                self._queue.clear()
-                return
-            self._live = True
-            self._settling = bool(batch)
-
-    def _take_live(self) -> asyncio.Future[None] | None:
-        """Move queued events to pending (dropping what the backlog gave), or a future to
-        wait on; raises when the subscriber was ended for being too slow."""
-        with self._log._lock:
-            while self._queue:
-                event = self._queue.popleft()
-                if event.sequence > self.last_sequence:
-                    self._pending.append(event)
-            if self._pending or self._closed:
-                return None
-            if self._overflowed:
-                raise ACPError(
-                    ErrorCode.BUDGET_EXCEEDED,
-                    f"subscriber fell more than {self._log.queue_size} events behind and was ended; "
-                    f"resubscribe with after_sequence={self.last_sequence}",
-                    {"last_sequence": self.last_sequence, "queue_size": self._log.queue_size},
-                    refinement="SUBSCRIBER_TOO_SLOW",
-                )
-            self._loop = asyncio.get_running_loop()
-            self._loop_thread = threading.get_ident()
-            self._waiter = self._loop.create_future()
-            return self._waiter
-
-    def close(self) -> None:
-        """Detach; a reader waiting on this subscription stops iterating."""
-        self._log._detach(self)
-        with self._log._lock:
-            self._closed = True
-            self._wake()
-
-    async def __aenter__(self) -> Subscription:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-def _resolve(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)

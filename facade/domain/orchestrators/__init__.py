@@ -1,0 +1,2 @@
+"""Session orchestrators: what answers ``session.tell``. The built-in one follows commands; the
+model-backed one (an actor with provider ``openai``) answers from the model."""

@@ -58,7 +58,7 @@ class Load:
         self.clients: list[httpx.Client] = []
         self.lock = threading.Lock()
 
-    def _client(self) -> httpx.Client:
+    def client(self) -> httpx.Client:
         client: httpx.Client | None = getattr(self.local, "client", None)
         if client is None:
             product = self.product
@@ -69,7 +69,7 @@ class Load:
         return client
 
     def _send(self, payload: dict[str, object]) -> None:
-        response = self._client().post("/api/v1/acp", content=orjson.dumps(payload))
+        response = self.client().post("/api/v1/acp", content=orjson.dumps(payload))
         if response.status_code != 200 or "acp-replayed" in response.headers:
             raise RuntimeError(f"idempotency bench: a call failed or was a replay: {response.text[:200]}")
 
@@ -110,7 +110,7 @@ def run_all(run: Run) -> None:
         load = Load(product)
         try:
             # A session to show, made without a request id.
-            made = load._client().post(
+            made = load.client().post(
                 "/api/v1/acp",
                 content=orjson.dumps({"operation": "session.create", "params": {"title": "shown"}}),
             )

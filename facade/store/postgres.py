@@ -54,13 +54,12 @@ from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.store import rows
 from cleveragents.acp.facade.store.base import (
     DEFAULT_WRITE_TIMEOUT,
     EventFilter,
     EventWakeups,
     Lease,
-    LeaseHeldError,
-    LeaseLostError,
     ListQuery,
     Record,
     SchemaTooNewError,
@@ -80,16 +79,14 @@ from cleveragents.acp.facade.store.pg_settings import DEFAULT_IDLE_SECONDS, conn
 from cleveragents.acp.facade.store.pg_urls import is_postgres_url, redacted
 from cleveragents.acp.facade.store.pg_wire import PSYCOPG, Fallback, NulInTextError, Wire
 from cleveragents.acp.facade.store.reads import ReadLane
-from cleveragents.acp.facade.store.requests import CLAIM, RequestEntry, decode_written, encode_written
+from cleveragents.acp.facade.store.requests import CLAIM
+from cleveragents.acp.facade.store.sql_store import SQLStore
+from cleveragents.acp.facade.store.statements import POSTGRES, Statements
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_COLUMNS = "kind, id, namespace, name, revision, state, attrs, labels, create_time, update_time, body"
-# The database server's clock, in seconds since the epoch (clock_timestamp: the time now,
-# not the transaction's start, so a long transaction does not see a lease as younger).
-_NOW = "extract(epoch FROM clock_timestamp())::double precision"
-_LEASE = f"name, owner, token, expires, expires > {_NOW}, request"
+_SQL = Statements(POSTGRES)
 _EVENT_COLUMNS = "sequence, namespace, type, plan_id, session_id, time, body"
 # How long opening a connection may take before the store gives up on the server.
 CONNECT_TIMEOUT = 10
@@ -97,13 +94,16 @@ CONNECT_TIMEOUT = 10
 _STARVED_CONNECT_TIMEOUT = 3
 # How long a replica waits for another one's migration before it gives up.
 MIGRATION_WAIT = 300.0
-# A read's transaction: one snapshot for all its statements, which wait for no writer.
-_ITEMS = "SELECT idx, body FROM items WHERE collection=%s AND owner_id=%s ORDER BY idx"
-_GET = f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND id = %s"
+# The statements the event loop sends itself (pg_loop.py) as well as the store threads.
+_ITEMS = _SQL.items
+_GET = _SQL.get
+_BY_NAME = _SQL.get_by_name
 # ON CONFLICT DO NOTHING (every unique index): a clash leaves the transaction usable, as
 # SQLite's does, for callers that catch StoreConflictError and go on.
-_INSERT = f"INSERT INTO records ({_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING"
-_BY_NAME = f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND namespace = %s AND name = %s"
+_INSERT = (
+    f"INSERT INTO records ({rows.COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING"
+)
+# A read's transaction: one snapshot for all its statements, which wait for no writer.
 _BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _IN_TRANSACTION = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 # Failures that mean "another transaction was in the way": nothing was written, retry.
@@ -137,47 +137,17 @@ def first_schema(search_path: str) -> str | None:
 
 
 def _record(row: Sequence[Any]) -> Record:
-    kind, id_, namespace, name, revision, state, attrs, labels, created, updated, body = row
-    return Record(
-        kind=kind,
-        id=id_,
-        namespace=namespace,
-        name=name,
-        revision=int(revision),
-        state=state,
-        attrs=attrs,
-        labels=labels,
-        create_time=created,
-        update_time=updated,
-        body=bytes(body),
-    )
+    return rows.record(row, rows.as_decoded)
 
 
 def _insert_params(record: Record) -> tuple[Any, ...]:
-    return (
-        record.kind,
-        record.id,
-        record.namespace,
-        record.name,
-        record.revision,
-        record.state,
-        Jsonb(record.attrs),
-        Jsonb(record.labels),
-        record.create_time,
-        record.update_time,
-        record.body,
-    )
+    return rows.record_params(record, Jsonb)
 
 
 def _clash(record: Record) -> StoreConflictError:
     return StoreConflictError(
         f"a {record.kind} with id {record.id} or name {record.name!r} exists in {record.namespace!r}"
     )
-
-
-def _lease(row: Sequence[Any]) -> Lease:
-    name, owner, token, expires, live, request = row
-    return Lease(name, owner, int(token), float(expires), bool(live) and bool(owner), request)
 
 
 def _event(row: Sequence[Any]) -> StoredEvent:
@@ -214,7 +184,7 @@ def _query_statement(query: ListQuery) -> tuple[str, list[Any]] | None:
             params.append(query.before_id)
         order = "id DESC"
     params.append(query.limit)
-    return f"SELECT {_COLUMNS} FROM records WHERE {' AND '.join(where)} ORDER BY {order} LIMIT %s", params
+    return f"SELECT {rows.COLUMNS} FROM records WHERE {' AND '.join(where)} ORDER BY {order} LIMIT %s", params
 
 
 class NulCharacterError(ACPError):
@@ -315,7 +285,11 @@ DURABLE_COMMITS = (
 )
 
 
-class PostgresStore(Store):
+class PostgresStore(SQLStore):
+    sql = _SQL
+    # jsonb comes back decoded (psycopg's loader, pg_wire's decoder).
+    read_maps = staticmethod(rows.as_decoded)
+
     def __init__(
         self,
         url: str,
@@ -519,15 +493,15 @@ class PostgresStore(Store):
         answers = await self._loop_read([(_GET, (kind, id))])
         if answers is PSYCOPG:
             return await super().read_get(kind, id)
-        (rows,) = answers
-        return _record(rows[0]) if rows else None
+        (found,) = answers
+        return _record(found[0]) if found else None
 
     async def read_get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
         answers = await self._loop_read([(_BY_NAME, (kind, namespace, name))])
         if answers is PSYCOPG:
             return await super().read_get_by_name(kind, namespace, name)
-        (rows,) = answers
-        return _record(rows[0]) if rows else None
+        (found,) = answers
+        return _record(found[0]) if found else None
 
     async def read_with_items(
         self, kind: str, id: str, collection: str
@@ -536,7 +510,7 @@ class PostgresStore(Store):
         if answers is PSYCOPG:
             return await super().read_with_items(kind, id, collection)
         records, items = answers
-        return (_record(records[0]) if records else None), [(int(idx), bytes(body)) for idx, body in items]
+        return (_record(records[0]) if records else None), rows.items(items)
 
     async def read_query(self, query: ListQuery) -> list[Record]:
         statement = _query_statement(query)
@@ -545,15 +519,15 @@ class PostgresStore(Store):
         answers = await self._loop_read([statement])
         if answers is PSYCOPG:
             return await super().read_query(query)
-        (rows,) = answers
-        return [_record(row) for row in rows]
+        (found,) = answers
+        return [_record(row) for row in found]
 
     async def read_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
         answers = await self._loop_read([(_ITEMS, (collection, owner_id))])
         if answers is PSYCOPG:
             return await super().read_items(collection, owner_id)
-        (rows,) = answers
-        return [(int(idx), bytes(body)) for idx, body in rows]
+        (found,) = answers
+        return rows.items(found)
 
     async def _loop_read(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[Rows] | Fallback:
         """The statements' rows in one snapshot, on this loop's own connections; errors
@@ -918,26 +892,24 @@ class PostgresStore(Store):
     def _count(self, statement: Any, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
         return int(self._run(statement, params, "count"))
 
+    def _list_statement(self, query: ListQuery) -> tuple[str, list[Any]] | None:
+        """One page: newest first (or by name), filters as indexed conditions; PostgreSQL's
+        planner walks the (kind, id) or (kind, namespace, id) index and stops at the page,
+        or reads a filter's GIN matches when they are few."""
+        return _query_statement(query)
+
     def execute(self, statement: str, params: Sequence[Any] = ()) -> list[Any]:
         """Run one statement where the store would (tests, tools); its rows, if any."""
         return cast(list[Any], self._run(statement, params, "all"))
 
     # records --------------------------------------------------------------------------
 
-    def _locking(self) -> str:
+    def _locked(self, statement: str) -> str:
         """In a write transaction a record read is locked until it ends (``FOR UPDATE``), so
         a read-modify-write (a session's message count, a plan's state) sees the newest
         version and no other replica's write slips between the read and the write: what
         SQLite's one writer gives for free. Reads in ``read`` lock nothing."""
-        return " FOR UPDATE" if self._thread.depth else ""
-
-    def get(self, kind: str, id: str) -> Record | None:
-        row = self._one(_GET + self._locking(), (kind, id))
-        return _record(row) if row else None
-
-    def get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
-        row = self._one(_BY_NAME + self._locking(), (kind, namespace, name))
-        return _record(row) if row else None
+        return statement + " FOR UPDATE" if self._thread.depth else statement
 
     def insert(self, record: Record) -> None:
         with self.transaction():
@@ -951,20 +923,7 @@ class PostgresStore(Store):
             changed = self._count(
                 "UPDATE records SET namespace=%s, name=%s, revision=%s, state=%s, attrs=%s, labels=%s, "
                 "update_time=%s, body=%s WHERE kind=%s AND id=%s AND (%s::bigint IS NULL OR revision=%s)",
-                (
-                    record.namespace,
-                    record.name,
-                    record.revision,
-                    record.state,
-                    Jsonb(record.attrs),
-                    Jsonb(record.labels),
-                    record.update_time,
-                    record.body,
-                    record.kind,
-                    record.id,
-                    expected_revision,
-                    expected_revision,
-                ),
+                (*rows.update_params(record, Jsonb), expected_revision, expected_revision),
             )
             if not changed:
                 current = self._one(
@@ -991,26 +950,6 @@ class PostgresStore(Store):
             if current is None:
                 return False
             raise StaleRevisionError(int(current[0]))
-
-    def query(self, query: ListQuery) -> list[Record]:
-        """One page: newest first (or by name), filters as indexed conditions; PostgreSQL's
-        planner walks the (kind, id) or (kind, namespace, id) index and stops at the page,
-        or reads a filter's GIN matches when they are few."""
-        statement = _query_statement(query)
-        if statement is None:
-            return []
-        rows = self._all(*statement)
-        return [_record(row) for row in rows]
-
-    def iter_kind(self, kind: str, namespace: str | None = None) -> Iterator[Record]:
-        if namespace is None:
-            rows = self._all(f"SELECT {_COLUMNS} FROM records WHERE kind=%s ORDER BY id", (kind,))
-        else:
-            rows = self._all(
-                f"SELECT {_COLUMNS} FROM records WHERE kind=%s AND namespace=%s ORDER BY id",
-                (kind, namespace),
-            )
-        return iter([_record(row) for row in rows])
 
     # items ----------------------------------------------------------------------------
 
@@ -1077,11 +1016,7 @@ class PostgresStore(Store):
         if answers is PSYCOPG:
             return super().get_with_items(kind, id, collection)
         records, items = answers
-        return (_record(records[0]) if records else None), [(int(idx), bytes(body)) for idx, body in items]
-
-    def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
-        rows = self._all(_ITEMS, (collection, owner_id))
-        return [(int(idx), bytes(body)) for idx, body in rows]
+        return (_record(records[0]) if records else None), rows.items(items)
 
     def delete_items(self, collection: str, owner_id: str) -> None:
         self._count("DELETE FROM items WHERE collection=%s AND owner_id=%s", (collection, owner_id))
@@ -1128,187 +1063,25 @@ class PostgresStore(Store):
         self, after_sequence: int, limit: int, where: EventFilter | None = None
     ) -> list[tuple[int, bytes]]:
         # Two columns: a backlog decodes only these, and each column is a Python object a row.
-        rows = self._events("sequence, body", after_sequence, limit, where)
-        return [(int(row[0]), bytes(row[1])) for row in rows]
-
-    def _events(self, columns: str, after_sequence: int, limit: int, where: EventFilter | None) -> list[Any]:
-        clauses = ["sequence > %s"]
-        params: list[Any] = [after_sequence]
-        if where is not None:
-            if where.namespaces is not None:
-                if not where.namespaces:
-                    return []
-                clauses.append("namespace = ANY(%s::text[])")
-                params.append(sorted(where.namespaces))
-            for column, value in (("plan_id", where.plan_id), ("session_id", where.session_id)):
-                if value:
-                    # The literal term matches the partial indexes events_by_plan/_by_session.
-                    clauses.append(f"{column} = %s AND {column} <> ''")
-                    params.append(value)
-            if where.types:
-                clauses.append("type = ANY(%s::text[])")
-                params.append(sorted(where.types))
-        params.append(limit)
-        return self._all(
-            f"SELECT {columns} FROM events WHERE {' AND '.join(clauses)} ORDER BY sequence LIMIT %s",
-            params,
-        )
+        return [
+            (int(row[0]), bytes(row[1]))
+            for row in self._events("sequence, body", after_sequence, limit, where)
+        ]
 
     def last_sequence(self) -> int:
         row = self._one("SELECT last FROM event_sequence")
         return int(row[0]) if row else 0
 
-    def first_sequence(self) -> int:
-        return int(self._one("SELECT COALESCE(MIN(sequence), 0) FROM events")[0])
-
-    def prune_events(self, *, keep_last: int | None = None, older_than: float | None = None) -> int:
-        with self.transaction():
-            last = self.last_sequence()
-            removed = 0
-            if keep_last is not None:
-                removed += self._count("DELETE FROM events WHERE sequence <= %s", (last - max(keep_last, 1),))
-            if older_than is not None:
-                removed += self._count(
-                    "DELETE FROM events WHERE time < %s AND sequence < %s", (older_than, last)
-                )
-            return removed
-
-    # request ids ----------------------------------------------------------------------
-
-    def stamp_request(self, entry: RequestEntry, cutoff: float) -> bool:
-        return self._put_request(entry, cutoff, answer=False)
-
-    def answer_request(self, entry: RequestEntry, cutoff: float) -> bool:
-        return self._put_request(entry, cutoff, answer=True)
-
-    def _put_request(self, entry: RequestEntry, cutoff: float, *, answer: bool) -> bool:
-        with self.transaction():
-            return bool(
-                self._count(
-                    "INSERT INTO requests (principal, request_id, operation, digest, owner, time, answer, "
-                    "error, written) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s) "
-                    "ON CONFLICT (principal, request_id) DO UPDATE SET operation=excluded.operation, "
-                    "digest=excluded.digest, owner=excluded.owner, time=excluded.time, "
-                    "answer=excluded.answer, error=excluded.error, written=excluded.written "
-                    "WHERE requests.owner = excluded.owner OR requests.time < %s",
-                    (
-                        entry.principal,
-                        entry.request_id,
-                        entry.operation,
-                        entry.digest,
-                        entry.owner,
-                        entry.time,
-                        entry.answer if answer else None,
-                        entry.error if answer else False,
-                        encode_written(entry.written),
-                        cutoff,
-                    ),
-                )
-            )
-
-    def get_request(self, principal: str, request_id: str) -> RequestEntry | None:
-        row = self._one(
-            "SELECT operation, digest, owner, time, answer, error, written FROM requests "
-            "WHERE principal=%s AND request_id=%s",
-            (principal, request_id),
-        )
-        if row is None:
-            return None
-        operation, digest, owner, time_, answer, error, written = row
-        return RequestEntry(
-            principal=principal,
-            request_id=request_id,
-            operation=operation,
-            digest=bytes(digest),
-            owner=owner,
-            time=float(time_),
-            answer=None if answer is None else bytes(answer),
-            error=bool(error),
-            written=decode_written(bytes(written)),
-        )
-
-    def prune_requests(self, older_than: float) -> int:
-        with self.transaction():
-            return self._count("DELETE FROM requests WHERE time < %s", (older_than,))
-
     # leases ---------------------------------------------------------------------------
 
-    def store_time(self) -> float:
-        return float(self._one(f"SELECT {_NOW}")[0])
-
-    def get_lease(self, name: str) -> Lease | None:
-        row = self._one(f"SELECT {_LEASE} FROM leases WHERE name = %s", (name,))
-        return _lease(row) if row else None
-
-    def held_leases(self, prefix: str, limit: int) -> list[Lease]:
-        rows = self._all(
-            f"SELECT {_LEASE} FROM leases WHERE owner <> '' AND left(name, %s) = %s "
-            "ORDER BY expires LIMIT %s",
-            (len(prefix), prefix, limit),
-        )
-        return [_lease(row) for row in rows]
-
-    def claim_lease(
-        self, name: str, owner: str, ttl: float, *, steal_token: int | None = None
-    ) -> Lease | None:
-        """The row exists first, so the conditional UPDATE always has one to lock: a second
-        claimant waits for the first's commit, then finds the lease held (READ COMMITTED
-        re-checks the WHERE on the row it waited for)."""
-        with self.transaction():
-            self._count("INSERT INTO leases (name) VALUES (%s) ON CONFLICT (name) DO NOTHING", (name,))
-            row = self._one(
-                f"UPDATE leases SET owner = %s, token = token + 1, expires = {_NOW} + %s, request = '' "
-                f"WHERE name = %s AND (owner = '' OR expires <= {_NOW} OR token = %s) RETURNING {_LEASE}",
-                (owner, ttl, name, -1 if steal_token is None else steal_token),
-            )
-            return _lease(row) if row else None
-
-    def renew_leases(self, owner: str, tokens: Mapping[str, int], ttl: float) -> dict[str, str]:
-        renewed: dict[str, str] = {}
-        with self.transaction():
-            for name, token in sorted(tokens.items()):
-                row = self._one(
-                    f"UPDATE leases SET expires = {_NOW} + %s "
-                    "WHERE name = %s AND owner = %s AND token = %s RETURNING request",
-                    (ttl, name, owner, token),
-                )
-                if row is not None:
-                    renewed[name] = row[0]
-        return renewed
-
-    def release_lease(self, name: str, token: int) -> bool:
-        with self.transaction():
-            row = self._one(
-                "UPDATE leases SET owner = '', expires = 0, request = '' "
-                "WHERE name = %s AND token = %s AND owner <> '' RETURNING name",
-                (name, token),
-            )
-            return row is not None
-
-    def check_lease(self, name: str, token: int | None) -> Lease | None:
+    def _fenced_lease(self, name: str, token: int | None) -> Lease | None:
         """FOR SHARE: a claim (an UPDATE of the row) waits until the guarded transaction
         ends, so the writes it guards commit before any new holder's token exists. Checking
         a lease nobody ever held makes its row, so there is a row to lock."""
-        with self.transaction():
-            if token is None:
-                self._count("INSERT INTO leases (name) VALUES (%s) ON CONFLICT (name) DO NOTHING", (name,))
-            row = self._one(f"SELECT {_LEASE} FROM leases WHERE name = %s FOR SHARE", (name,))
-        lease = _lease(row) if row else None
         if token is None:
-            if lease is not None and lease.live:
-                raise LeaseHeldError(lease)
-        elif lease is None or lease.token != token or not lease.live:
-            raise LeaseLostError(name, token, lease)
-        return lease
-
-    def request_lease(self, name: str, request: str) -> bool:
-        with self.transaction():
-            row = self._one(
-                "UPDATE leases SET request = %s "
-                f"WHERE name = %s AND owner <> '' AND expires > {_NOW} RETURNING name",
-                (request, name),
-            )
-            return row is not None
+            self._count(_SQL.make_lease, (name,))
+        row = self._one(_SQL.get_lease + " FOR SHARE", (name,))
+        return rows.lease(row) if row else None
 
     def event_wakeups(self) -> EventWakeups:
         """LISTEN on a connection of its own: woken when an append commits on any replica."""

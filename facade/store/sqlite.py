@@ -35,14 +35,13 @@ from typing import Any, TypeVar, cast
 
 import orjson
 
+from cleveragents.acp.facade.store import rows
 from cleveragents.acp.facade.store import sqlite_lists as lists
 from cleveragents.acp.facade.store.base import (
     DEFAULT_WRITE_TIMEOUT,
     EventFilter,
     EventWakeups,
     Lease,
-    LeaseHeldError,
-    LeaseLostError,
     ListQuery,
     Record,
     SchemaTooNewError,
@@ -57,7 +56,9 @@ from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_tas
 from cleveragents.acp.facade.store.migrations import MIGRATIONS
 from cleveragents.acp.facade.store.read_cache import ReadCache
 from cleveragents.acp.facade.store.reads import Outcome, ReadLane
-from cleveragents.acp.facade.store.requests import RequestEntry, decode_written, encode_written
+from cleveragents.acp.facade.store.requests import RequestEntry
+from cleveragents.acp.facade.store.sql_store import SQLStore
+from cleveragents.acp.facade.store.statements import SQLITE, Statements
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, DataVersionWakeups, PeerChannel
 from cleveragents.acp.facade.store.wal_index import WalIndex
 
@@ -66,11 +67,6 @@ log = logging.getLogger(__name__)
 _EVENT_COLUMNS = "sequence, namespace, type, plan_id, session_id, time, body"
 T = TypeVar("T")
 
-# The store's clock: SQLite's own 'now' (one value per statement), in seconds since the epoch.
-_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
-_LEASE = f"name, owner, token, expires, expires > {_NOW}, request"
-
-_COLUMNS = "kind, id, namespace, name, revision, state, attrs, labels, create_time, update_time, body"
 # Times as text of 17 significant digits: a REAL in JSON keeps only 15.
 _POINT_RECORD = (
     "json_array(r.kind, r.id, r.namespace, r.name, r.revision, r.state, r.attrs, r.labels, "
@@ -174,46 +170,13 @@ class _PointRead:
 
 
 _WITH_ITEMS = (
-    f"SELECT NULL, {_COLUMNS} FROM records WHERE kind=? AND id=? "
+    f"SELECT NULL, {rows.COLUMNS} FROM records WHERE kind=? AND id=? "
     "UNION ALL SELECT idx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, body "
     "FROM items WHERE collection=? AND owner_id=? ORDER BY 1"
 )
 
 
-def _record(row: sqlite3.Row | Sequence[Any]) -> Record:
-    kind, id_, namespace, name, revision, state, attrs, labels, created, updated, body = row
-    return Record(
-        kind=kind,
-        id=id_,
-        namespace=namespace,
-        name=name,
-        revision=revision,
-        state=state,
-        attrs=_loads(attrs),
-        labels=_loads(labels),
-        create_time=created,
-        update_time=updated,
-        body=bytes(body),
-    )
-
-
-_INSERT_RECORDS = f"INSERT INTO records ({_COLUMNS}) VALUES "
-
-
-def _record_params(record: Record) -> tuple[Any, ...]:
-    return (
-        record.kind,
-        record.id,
-        record.namespace,
-        record.name,
-        record.revision,
-        record.state,
-        _json(record.attrs),
-        _json(record.labels),
-        record.create_time,
-        record.update_time,
-        record.body,
-    )
+_INSERT_RECORDS = f"INSERT INTO records ({rows.COLUMNS}) VALUES "
 
 
 class _Insert:
@@ -231,11 +194,6 @@ class _Insert:
 
 def _is_insert(job: Job) -> bool:
     return type(job.fn) is _Insert
-
-
-def _lease(row: tuple[Any, ...]) -> Lease:
-    name, owner, token, expires, live, request = row
-    return Lease(name, owner, int(token), float(expires), bool(live) and bool(owner), request)
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -305,35 +263,11 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
-# Insert a request's row, or replace it when it is the same claim's or past retention.
-_PUT_REQUEST = (
-    "INSERT INTO requests (principal, request_id, operation, digest, owner, time, answer, error, written) "
-    "VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT (principal, request_id) DO UPDATE SET "
-    "operation=excluded.operation, digest=excluded.digest, owner=excluded.owner, time=excluded.time, "
-    "answer=excluded.answer, error=excluded.error, written=excluded.written "
-    "WHERE requests.owner = excluded.owner OR requests.time < ?"
-)
-
 _SWEEP_FIRST = "SELECT principal, request_id, time FROM requests ORDER BY principal, request_id LIMIT ?"
 _SWEEP_AFTER = (
     "SELECT principal, request_id, time FROM requests WHERE (principal, request_id) > (?, ?) "
     "ORDER BY principal, request_id LIMIT ?"
 )
-
-
-def _request_row(entry: RequestEntry, cutoff: float, *, answer: bool) -> tuple[Any, ...]:
-    return (
-        entry.principal,
-        entry.request_id,
-        entry.operation,
-        entry.digest,
-        entry.owner,
-        entry.time,
-        entry.answer if answer else None,
-        int(entry.error) if answer else 0,
-        encode_written(entry.written),
-        cutoff,
-    )
 
 
 def _create_private(path: pathlib.Path) -> None:
@@ -348,7 +282,10 @@ def _create_private(path: pathlib.Path) -> None:
     os.close(fd)
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SQLStore):
+    sql = Statements(SQLITE)
+    read_maps = staticmethod(_loads)
+
     def __init__(
         self,
         path: str | pathlib.Path,
@@ -631,7 +568,7 @@ class SQLiteStore(Store):
         for row in orjson.loads(found):
             # The times and the body as _POINT_RECORD wrote them: text, and hex.
             row[8:] = float(row[8]), float(row[9]), bytes.fromhex(row[10])
-            point = _record(row)
+            point = rows.record(row, _loads)
             records[point.kind, point.id] = point
         items: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
         for collection, owner_id, idx, body in orjson.loads(listed):
@@ -913,30 +850,22 @@ class SQLiteStore(Store):
     def _all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         return self.execute(sql, params).fetchall()
 
+    def _count(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return int(self.execute(sql, params).rowcount)
+
     # records --------------------------------------------------------------------------
-
-    def get(self, kind: str, id: str) -> Record | None:
-        row = self._one(f"SELECT {_COLUMNS} FROM records WHERE kind=? AND id=?", (kind, id))
-        return _record(row) if row else None
-
-    def get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
-        row = self._one(
-            f"SELECT {_COLUMNS} FROM records WHERE kind=? AND namespace=? AND name=?",
-            (kind, namespace, name),
-        )
-        return _record(row) if row else None
 
     def get_with_items(
         self, kind: str, id: str, collection: str
     ) -> tuple[Record | None, list[tuple[int, bytes]]]:
         """One statement: the record's row (an idx of NULL sorts first), then its items in
         order, merged from the two primary keys with no sort."""
-        rows = self._all(_WITH_ITEMS, (kind, id, collection, id))
+        found = self._all(_WITH_ITEMS, (kind, id, collection, id))
         record = None
-        if rows and rows[0][0] is None:
-            record = _record(rows[0][1:])
-            rows = rows[1:]
-        return record, [(int(row[0]), bytes(row[-1])) for row in rows]
+        if found and found[0][0] is None:
+            record = rows.record(found[0][1:], _loads)
+            found = found[1:]
+        return record, [(int(row[0]), bytes(row[-1])) for row in found]
 
     def insert(self, record: Record) -> None:
         try:
@@ -948,7 +877,9 @@ class SQLiteStore(Store):
 
     def _insert_records(self, records: Sequence[Record]) -> None:
         """Rows and tags of new records: two statements (in the write transaction)."""
-        lists.insert_rows(self._db, _INSERT_RECORDS, 11, [_record_params(record) for record in records])
+        lists.insert_rows(
+            self._db, _INSERT_RECORDS, 11, [rows.record_params(record, _json) for record in records]
+        )
         lists.add_records_tags(self._db, records)
 
     def update(self, record: Record, expected_revision: int | None = None) -> None:
@@ -964,18 +895,7 @@ class SQLiteStore(Store):
             self.execute(
                 "UPDATE records SET namespace=?, name=?, revision=?, state=?, attrs=?, labels=?, "
                 "update_time=?, body=? WHERE kind=? AND id=?",
-                (
-                    record.namespace,
-                    record.name,
-                    record.revision,
-                    record.state,
-                    _json(record.attrs),
-                    _json(record.labels),
-                    record.update_time,
-                    record.body,
-                    record.kind,
-                    record.id,
-                ),
+                rows.update_params(record, _json),
             )
             _, namespace, state, attrs, labels = current
             lists.retag(
@@ -1003,21 +923,9 @@ class SQLiteStore(Store):
             self.note_claim(kind, id, bytes(body))
             return True
 
-    def query(self, query: ListQuery) -> list[Record]:
+    def _list_statement(self, query: ListQuery) -> tuple[str, list[Any]] | None:
         """One page, reading about the page whatever the store holds (sqlite_lists)."""
-        statement = lists.select(query, _COLUMNS.split(", "))
-        if statement is None:
-            return []
-        return [_record(row) for row in self._all(*statement)]
-
-    def iter_kind(self, kind: str, namespace: str | None = None) -> Iterator[Record]:
-        if namespace is None:
-            rows = self._all(f"SELECT {_COLUMNS} FROM records WHERE kind=? ORDER BY id", (kind,))
-        else:
-            rows = self._all(
-                f"SELECT {_COLUMNS} FROM records WHERE kind=? AND namespace=? ORDER BY id", (kind, namespace)
-            )
-        return iter([_record(row) for row in rows])
+        return lists.select(query, rows.COLUMN_NAMES)
 
     # items ----------------------------------------------------------------------------
 
@@ -1044,13 +952,6 @@ class SQLiteStore(Store):
                 [(collection, owner_id, idx, body) for idx, body in items.items()],
             )
             self.note_claim()
-
-    def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
-        rows = self._all(
-            "SELECT idx, body FROM items WHERE collection=? AND owner_id=? ORDER BY idx",
-            (collection, owner_id),
-        )
-        return [(int(idx), bytes(body)) for idx, body in rows]
 
     def delete_items(self, collection: str, owner_id: str) -> None:
         with self.transaction():
@@ -1079,9 +980,8 @@ class SQLiteStore(Store):
     def read_events(
         self, after_sequence: int, limit: int, where: EventFilter | None = None
     ) -> list[StoredEvent]:
-        rows = self._events(_EVENT_COLUMNS, after_sequence, limit, where)
         # The columns' types are already the fields' (INTEGER PRIMARY KEY, TEXT, REAL, BLOB).
-        return list(map(StoredEvent._make, rows))
+        return list(map(StoredEvent._make, self._events(_EVENT_COLUMNS, after_sequence, limit, where)))
 
     def read_event_bodies(
         self, after_sequence: int, limit: int, where: EventFilter | None = None
@@ -1089,49 +989,8 @@ class SQLiteStore(Store):
         # Each column costs the reader thread a Python object per row.
         return self._events("sequence, body", after_sequence, limit, where)
 
-    def _events(self, columns: str, after_sequence: int, limit: int, where: EventFilter | None) -> list[Any]:
-        clauses = ["sequence > ?"]
-        params: list[Any] = [after_sequence]
-        if where is not None:
-            if where.namespaces is not None:
-                if not where.namespaces:
-                    return []
-                clauses.append(f"namespace IN ({','.join('?' * len(where.namespaces))})")
-                params.extend(sorted(where.namespaces))
-            for column, value in (("plan_id", where.plan_id), ("session_id", where.session_id)):
-                if value:
-                    # The literal term is what lets SQLite use the partial index
-                    # events_by_plan/events_by_session: resuming one plan or session from
-                    # sequence 0 then reads its events, not the whole log.
-                    clauses.append(f"{column} = ? AND {column} != ''")
-                    params.append(value)
-            if where.types:
-                clauses.append(f"type IN ({','.join('?' * len(where.types))})")
-                params.extend(sorted(where.types))
-        params.append(limit)
-        return self._all(
-            f"SELECT {columns} FROM events WHERE {' AND '.join(clauses)} ORDER BY sequence LIMIT ?", params
-        )
-
     def last_sequence(self) -> int:
         return int(self._one("SELECT COALESCE(MAX(sequence), 0) FROM events")[0])
-
-    def first_sequence(self) -> int:
-        return int(self._one("SELECT COALESCE(MIN(sequence), 0) FROM events")[0])
-
-    def prune_events(self, *, keep_last: int | None = None, older_than: float | None = None) -> int:
-        with self.transaction():
-            last = self.last_sequence()
-            removed = 0
-            if keep_last is not None:
-                removed += self.execute(
-                    "DELETE FROM events WHERE sequence <= ?", (last - max(keep_last, 1),)
-                ).rowcount
-            if older_than is not None:
-                removed += self.execute(
-                    "DELETE FROM events WHERE time < ? AND sequence < ?", (older_than, last)
-                ).rowcount
-            return removed
 
     def event_wakeups(self) -> EventWakeups:
         return DataVersionWakeups(
@@ -1143,134 +1002,40 @@ class SQLiteStore(Store):
     def stamp_request(self, entry: RequestEntry, cutoff: float) -> bool:
         if self._depth and self._owner_thread == threading.get_ident():
             # Inside the write's own transaction (note_claim, on every stamped write): the
-            # statement alone, no nested transaction to enter.
-            return self._db.execute(_PUT_REQUEST, _request_row(entry, cutoff, answer=False)).rowcount > 0
-        with self.transaction():
-            return self.execute(_PUT_REQUEST, _request_row(entry, cutoff, answer=False)).rowcount > 0
-
-    def answer_request(self, entry: RequestEntry, cutoff: float) -> bool:
-        with self.transaction():
-            return self.execute(_PUT_REQUEST, _request_row(entry, cutoff, answer=True)).rowcount > 0
-
-    def get_request(self, principal: str, request_id: str) -> RequestEntry | None:
-        row = self._one(
-            "SELECT operation, digest, owner, time, answer, error, written FROM requests "
-            "WHERE principal=? AND request_id=?",
-            (principal, request_id),
-        )
-        if row is None:
-            return None
-        operation, digest, owner, time_, answer, error, written = row
-        return RequestEntry(
-            principal=principal,
-            request_id=request_id,
-            operation=operation,
-            digest=bytes(digest),
-            owner=owner,
-            time=float(time_),
-            answer=None if answer is None else bytes(answer),
-            error=bool(error),
-            written=decode_written(bytes(written)),
-        )
-
-    def prune_requests(self, older_than: float) -> int:
-        """Reads the whole table (no index on time: migration 5); ``sweep_requests`` is the
-        step a server takes."""
-        with self.transaction():
-            return int(self.execute("DELETE FROM requests WHERE time < ?", (older_than,)).rowcount)
+            # statement alone, no nested transaction to enter (the shared path, sql_store.py,
+            # for the rest).
+            params = rows.request_params(entry, cutoff, answer=False)
+            return self._db.execute(self.sql.put_request, params).rowcount > 0
+        return super().stamp_request(entry, cutoff)
 
     def sweep_requests(
         self, older_than: float, after: tuple[str, str] | None, limit: int
     ) -> tuple[int, tuple[str, str] | None]:
+        """The step a server takes: ``prune_requests`` reads the whole table here (no index
+        on time: migration 5)."""
         with self.transaction():
             if after is None:
-                rows = self._all(_SWEEP_FIRST, (limit,))
+                found = self._all(_SWEEP_FIRST, (limit,))
             else:
-                rows = self._all(_SWEEP_AFTER, (*after, limit))
+                found = self._all(_SWEEP_AFTER, (*after, limit))
             expired = [
                 (principal, request_id, older_than)
-                for principal, request_id, time_ in rows
+                for principal, request_id, time_ in found
                 if time_ < older_than
             ]
             if expired:
                 self._db.executemany(
                     "DELETE FROM requests WHERE principal=? AND request_id=? AND time < ?", expired
                 )
-            last = (str(rows[-1][0]), str(rows[-1][1])) if len(rows) == limit else None
+            last = (str(found[-1][0]), str(found[-1][1])) if len(found) == limit else None
             return len(expired), last
 
     # leases ---------------------------------------------------------------------------
 
-    def store_time(self) -> float:
-        return float(self._one(f"SELECT {_NOW}")[0])
-
-    def get_lease(self, name: str) -> Lease | None:
-        row = self._one(f"SELECT {_LEASE} FROM leases WHERE name=?", (name,))
-        return _lease(row) if row else None
-
-    def held_leases(self, prefix: str, limit: int) -> list[Lease]:
-        rows = self._all(
-            f"SELECT {_LEASE} FROM leases WHERE owner != '' AND substr(name, 1, ?) = ? "
-            "ORDER BY expires LIMIT ?",
-            (len(prefix), prefix, limit),
-        )
-        return [_lease(row) for row in rows]
-
-    def claim_lease(
-        self, name: str, owner: str, ttl: float, *, steal_token: int | None = None
-    ) -> Lease | None:
-        """Inside BEGIN IMMEDIATE: no other process claims between the look and the update."""
-        with self.transaction():
-            self.execute("INSERT INTO leases (name) VALUES (?) ON CONFLICT (name) DO NOTHING", (name,))
-            row = self._one(
-                f"UPDATE leases SET owner=?, token=token + 1, expires={_NOW} + ?, request='' "
-                f"WHERE name=? AND (owner = '' OR expires <= {_NOW} OR token = ?) RETURNING {_LEASE}",
-                (owner, ttl, name, -1 if steal_token is None else steal_token),
-            )
-            return _lease(row) if row else None
-
-    def renew_leases(self, owner: str, tokens: Mapping[str, int], ttl: float) -> dict[str, str]:
-        renewed: dict[str, str] = {}
-        with self.transaction():
-            for name, token in tokens.items():
-                row = self._one(
-                    f"UPDATE leases SET expires={_NOW} + ? "
-                    "WHERE name=? AND owner=? AND token=? RETURNING request",
-                    (ttl, name, owner, token),
-                )
-                if row is not None:
-                    renewed[name] = row[0]
-        return renewed
-
-    def release_lease(self, name: str, token: int) -> bool:
-        with self.transaction():
-            row = self._one(
-                "UPDATE leases SET owner='', expires=0, request='' WHERE name=? AND token=? AND owner != '' "
-                "RETURNING name",
-                (name, token),
-            )
-            return row is not None
-
-    def check_lease(self, name: str, token: int | None) -> Lease | None:
-        """In the write transaction (BEGIN IMMEDIATE holds every other writer off until it
-        ends, so the answer holds until the guarded writes commit)."""
-        with self.transaction():
-            lease = self.get_lease(name)
-        if token is None:
-            if lease is not None and lease.live:
-                raise LeaseHeldError(lease)
-        elif lease is None or lease.token != token or not lease.live:
-            raise LeaseLostError(name, token, lease)
-        return lease
-
-    def request_lease(self, name: str, request: str) -> bool:
-        with self.transaction():
-            row = self._one(
-                "UPDATE leases SET request=? "
-                f"WHERE name=? AND owner != '' AND expires > {_NOW} RETURNING name",
-                (request, name),
-            )
-            return row is not None
+    def _fenced_lease(self, name: str, token: int | None) -> Lease | None:
+        """In the write transaction: BEGIN IMMEDIATE holds every other writer off until it
+        ends, so the answer holds until the guarded writes commit."""
+        return self.get_lease(name)
 
     def close(self) -> None:
         """Commit what is queued, stop the threads, close every connection."""

@@ -48,12 +48,7 @@ def record_params(record: Record, maps: Callable[[dict[str, str]], Any]) -> tupl
     return (
         record.kind,
         record.id,
-        record.namespace,
-        record.name,
-        record.revision,
-        record.state,
-        maps(record.attrs),
-        maps(record.labels),
+        *_changing(record, maps),
         record.create_time,
         record.update_time,
         record.body,
@@ -63,6 +58,11 @@ def record_params(record: Record, maps: Callable[[dict[str, str]], Any]) -> tupl
 def update_params(record: Record, maps: Callable[[dict[str, str]], Any]) -> tuple[Any, ...]:
     """An UPDATE's values: namespace, name, revision, state, attrs, labels, update_time and
     body set, then kind and id for its WHERE."""
+    return (*_changing(record, maps), record.update_time, record.body, record.kind, record.id)
+
+
+def _changing(record: Record, maps: Callable[[dict[str, str]], Any]) -> tuple[Any, ...]:
+    """The values an update may change but its time and body, in ``COLUMNS`` order."""
     return (
         record.namespace,
         record.name,
@@ -70,10 +70,6 @@ def update_params(record: Record, maps: Callable[[dict[str, str]], Any]) -> tupl
         record.state,
         maps(record.attrs),
         maps(record.labels),
-        record.update_time,
-        record.body,
-        record.kind,
-        record.id,
     )
 
 

@@ -3,35 +3,29 @@
 ``synchronous=FULL``: a commit returns only after the WAL is on disk, so an acknowledged
 write survives a ``kill -9`` and a power cut alike.
 
-One writer thread owns the write connection: ``write`` queues a function, and the writer
-runs every function queued while its previous commit ran (each in a savepoint, so one
-failing undoes only its own writes) and commits them as one (group commit: one fsync for
-many calls). A write asked for while the writer sleeps wakes it once its event loop has
-run what is ready (at most ``HOLD`` later): the writes of that turn of the loop go in one
-commit. Readers use their own connections on a small thread pool; in WAL mode a read never
-waits for the write lock, whoever holds it. A write lock held by another process
-(the ``agents`` CLI on the same file, a backup, an ``sqlite3`` shell) is waited for on the
+Writes go through one writer thread that commits what queued meanwhile as one transaction
+(group commit: ``sqlite_writes.py``); reads run on reader threads with connections of their
+own, or from memory while nobody commits (``sqlite_reads.py``); in WAL mode a read never
+waits for the write lock, whoever holds it. A write lock held by another process (the
+``agents`` CLI on the same file, a backup, an ``sqlite3`` shell) is waited for on the
 writer thread, in short slices, up to ``write_timeout``: then the waiting calls fail with
-StoreBusyError and nothing of them was written.
+StoreBusyError and nothing of them was written. This module holds the file, its schema,
+its transactions and the statements only SQLite runs; those both stores run are
+``sql_store.py``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextvars
-import functools
-import itertools
 import json
-import logging
 import os
 import pathlib
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import orjson
 
@@ -46,128 +40,20 @@ from cleveragents.acp.facade.store.base import (
     Record,
     SchemaTooNewError,
     StaleRevisionError,
-    Store,
     StoreBusyError,
     StoreConflictError,
     StoredEvent,
-    StoreFullError,
 )
-from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
+from cleveragents.acp.facade.store.delivery import CommitOrder, current_task, done, run_callback
 from cleveragents.acp.facade.store.migrations import MIGRATIONS
-from cleveragents.acp.facade.store.read_cache import ReadCache
-from cleveragents.acp.facade.store.reads import Outcome, ReadLane
 from cleveragents.acp.facade.store.requests import RequestEntry
-from cleveragents.acp.facade.store.sql_store import SQLStore
+from cleveragents.acp.facade.store.sqlite_reads import SQLiteReads
+from cleveragents.acp.facade.store.sqlite_writes import GroupCommit, busy
 from cleveragents.acp.facade.store.statements import SQLITE, Statements
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, DataVersionWakeups, PeerChannel
 from cleveragents.acp.facade.store.wal_index import WalIndex
 
-log = logging.getLogger(__name__)
-
 _EVENT_COLUMNS = "sequence, namespace, type, plan_id, session_id, time, body"
-T = TypeVar("T")
-
-# Times as text of 17 significant digits: a REAL in JSON keeps only 15.
-_POINT_RECORD = (
-    "json_array(r.kind, r.id, r.namespace, r.name, r.revision, r.state, r.attrs, r.labels, "
-    "printf('%!.17g', r.create_time), printf('%!.17g', r.update_time), hex(r.body))"
-)
-
-
-@functools.cache
-def _points_statement(records: int, owners: int) -> str:
-    """The records of ``records`` (kind, id) pairs and the items of ``owners`` (collection,
-    owner_id) pairs, each as a JSON array; both looked up by primary key."""
-    keys = ",".join(["(?,?)"] * records)
-    found = (
-        f"SELECT json_group_array({_POINT_RECORD}) FROM (VALUES {keys}) AS k "
-        "CROSS JOIN records AS r ON r.kind = k.column1 AND r.id = k.column2"
-    )
-    if not owners:
-        return f"SELECT ({found}), '[]'"
-    pairs = ",".join(["(?,?)"] * owners)
-    listed = (
-        "SELECT json_group_array(json_array(i.collection, i.owner_id, i.idx, hex(i.body))) "
-        f"FROM (VALUES {pairs}) AS k "
-        "CROSS JOIN items AS i ON i.collection = k.column1 AND i.owner_id = k.column2"
-    )
-    return f"SELECT ({found}), ({listed})"
-
-
-def _first(item: tuple[int, bytes]) -> int:
-    return item[0]
-
-
-# A point read's answer: the record (None: there is none) and its items, if any were asked.
-_Answer = tuple[Record | None, list[tuple[int, bytes]]]
-# What a kept answer costs beside its bodies (the objects around them), roughly.
-_KEPT_OVERHEAD = 300
-
-
-def _copied(answer: _Answer) -> _Answer:
-    """An answer no caller of ``read_cache`` shares with another: a Record and its dicts
-    may be changed by whoever got them (bodies and item tuples are immutable)."""
-    record, items = answer
-    if record is not None:
-        # The constructor, not copy.copy: a third of the cost, on every answer from memory.
-        record = Record(
-            kind=record.kind,
-            id=record.id,
-            namespace=record.namespace,
-            body=record.body,
-            name=record.name,
-            revision=record.revision,
-            state=record.state,
-            attrs=dict(record.attrs),
-            labels=dict(record.labels),
-            create_time=record.create_time,
-            update_time=record.update_time,
-        )
-    return record, list(items)
-
-
-def _size(answer: _Answer) -> int:
-    record, items = answer
-    size = _KEPT_OVERHEAD + (len(record.body) if record is not None else 0)
-    return size + sum(len(body) + 64 for _, body in items)
-
-
-class _PointRead:
-    """A read of one record, and of its items in ``collection`` when one is named, by
-    primary key: the reader answers those it takes at once together (``ReadLane``)."""
-
-    __slots__ = ("collection", "id", "kind", "queued", "together")
-
-    def __init__(
-        self,
-        together: Callable[[list[_PointRead]], list[Outcome]],
-        kind: str,
-        id: str,
-        collection: str | None,
-        queued: float,
-    ) -> None:
-        self.together = together
-        self.kind = kind
-        self.id = id
-        self.collection = collection
-        self.queued = queued
-
-    def answer(
-        self,
-        records: Mapping[tuple[str, str], Record],
-        items: Mapping[tuple[str, str], list[tuple[int, bytes]]],
-    ) -> tuple[Record | None, list[tuple[int, bytes]]]:
-        """Its answer from what one statement found for it and the others."""
-        if self.collection is None:
-            return records.get((self.kind, self.id)), []
-        return records.get((self.kind, self.id)), items.get((self.collection, self.id), [])
-
-    def __call__(self) -> tuple[Record | None, list[tuple[int, bytes]]]:
-        error, result = self.together([self])[0]
-        if error is not None:
-            raise error
-        return cast(tuple[Record | None, list[tuple[int, bytes]]], result)
-
 
 _WITH_ITEMS = (
     f"SELECT NULL, {rows.COLUMNS} FROM records WHERE kind=? AND id=? "
@@ -177,23 +63,6 @@ _WITH_ITEMS = (
 
 
 _INSERT_RECORDS = f"INSERT INTO records ({rows.COLUMNS}) VALUES "
-
-
-class _Insert:
-    """``insert(record)`` with nothing read before it (``insert_alone``): the writer makes
-    those of a batch that follow one another together (``SQLiteStore._insert_together``)."""
-
-    __slots__ = ("record",)
-
-    def __init__(self, record: Record) -> None:
-        self.record = record
-
-    def __call__(self, store: Store) -> None:
-        store.insert(self.record)
-
-
-def _is_insert(job: Job) -> bool:
-    return type(job.fn) is _Insert
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -235,32 +104,12 @@ def _json(value: dict[str, str]) -> str:
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-# The most writes one commit takes: bounds how long the first of them waits for the last.
-MAX_BATCH = 256
-# How long a write asked for while the writer sleeps waits at most for its busy loop to
-# run out of ready callbacks before the writer is woken.
-HOLD = 0.0005
 # How long one attempt at the write lock blocks the writer thread before it looks again.
 _LOCK_SLICE_MS = 50
 
 
 # How often a store opening a file another process is creating tries WAL mode again.
 _WAL_RETRY_SECONDS = 0.01
-
-
-# SQLite's primary result code for a full disk (ENOSPC on the database, journal or WAL).
-_SQLITE_FULL = 13
-
-
-def _disk_full(exc: BaseException) -> bool:
-    return (
-        isinstance(exc, sqlite3.Error) and (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == _SQLITE_FULL
-    )
-
-
-def _busy(exc: sqlite3.OperationalError) -> bool:
-    text = str(exc)
-    return "locked" in text or "busy" in text
 
 
 _SWEEP_FIRST = "SELECT principal, request_id, time FROM requests ORDER BY principal, request_id LIMIT ?"
@@ -282,7 +131,7 @@ def _create_private(path: pathlib.Path) -> None:
     os.close(fd)
 
 
-class SQLiteStore(SQLStore):
+class SQLiteStore(SQLiteReads, GroupCommit):
     sql = Statements(SQLITE)
     read_maps = staticmethod(_loads)
 
@@ -332,26 +181,11 @@ class SQLiteStore(SQLStore):
         except BaseException:
             self._db.close()
             raise
-        # Read connections, one per thread that reads (reader pool, or a blocking caller).
-        self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
-        self._readers_lock = threading.Lock()
-        self._reads = ReadLane(readers, "acp-store-read")
-        # Point and by-name reads answered on the loop while nobody commits (read_cache.py).
-        # Only in WAL mode: a -shm file left by an earlier WAL session would never change.
+        # The read cache only in WAL mode: a -shm file left by an earlier WAL session would
+        # never change.
         self._index = WalIndex(self.path) if wal and cache_reads else None
-        self._cache: ReadCache[_Answer] | None = ReadCache(self._index) if self._index else None
-        # The one event loop that uses the cache (it has no lock): another one's reads go
-        # to the readers, until the first is closed.
-        self._cache_loop: asyncio.AbstractEventLoop | None = None
-        # Writes queued for the writer thread, started on the first write().
-        self._queue: collections.deque[Job] = collections.deque()
-        self._wake = threading.Condition()
-        self._writer: threading.Thread | None = None
-        # The writer waits for work and nobody woke it yet (under ``_wake``); the loops
-        # whose wake-up of it is held until they run out of ready callbacks.
-        self._sleeping = False
-        self._holding: set[asyncio.AbstractEventLoop] = set()
+        self._open_reads(readers, self._index)
+        self._open_writer()
         self._closing = False
         self._closed = False
         # Committed writes whose callbacks and answers are due, in commit order.
@@ -367,7 +201,7 @@ class SQLiteStore(SQLStore):
             try:
                 return bool(self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal")
             except sqlite3.OperationalError as exc:
-                if not _busy(exc) or time.monotonic() >= deadline:
+                if not busy(exc) or time.monotonic() >= deadline:
                     self._db.close()
                     raise
             time.sleep(_WAL_RETRY_SECONDS)
@@ -419,190 +253,10 @@ class SQLiteStore(SQLStore):
                 self._db.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                if not _busy(exc):
+                if not busy(exc):
                     raise
                 if time.monotonic() >= deadline:
                     raise StoreBusyError(time.monotonic() - started) from None
-
-    # the event loop's interface --------------------------------------------------------
-
-    async def read(self, fn: Callable[[Store], T], *, urgent: bool = False) -> T:
-        return await self._read(fn, urgent=urgent)
-
-    # One statement each, which is its own snapshot: no BEGIN and COMMIT around it. The
-    # sqlite3 module lets go of the GIL at each statement's start and end and twice per row,
-    # and the busy event loop takes it each time: the reader thread then sleeps until it gets
-    # it back (a loop thread busy meanwhile: 111 µs of reader CPU for a read of 4
-    # statements against 27 µs for one).
-    # Reads by primary key the reader takes at once go in one statement (``_read_points``).
-
-    async def read_get(self, kind: str, id: str) -> Record | None:
-        record, _ = await self._read_point(kind, id, None)
-        return record
-
-    async def read_with_items(
-        self, kind: str, id: str, collection: str
-    ) -> tuple[Record | None, list[tuple[int, bytes]]]:
-        return await self._read_point(kind, id, collection)
-
-    async def _read_point(
-        self, kind: str, id: str, collection: str | None
-    ) -> tuple[Record | None, list[tuple[int, bytes]]]:
-        async def read() -> _Answer:
-            point = _PointRead(self._read_points, kind, id, collection, time.monotonic())
-            return cast(_Answer, await self._reads.run(point))
-
-        return await self._cached((kind, id, collection), read)
-
-    async def _cached(self, key: tuple[str | None, ...], read: Callable[[], Awaitable[_Answer]]) -> _Answer:
-        """``read()``'s answer, or the one kept for ``key`` if nobody committed since."""
-        if self._closed:
-            raise RuntimeError("the store is closed")
-        cache = self._cache_here()
-        if cache is None:
-            return await read()
-        state = cache.look()
-        found, kept = cache.get(state, key)
-        if found:
-            return _copied(cast(_Answer, kept))
-        answer = await read()
-        cache.put(state, key, _copied(answer), _size(answer))
-        return answer
-
-    def read_cache_counts(self) -> tuple[int, int]:
-        cache = self._cache
-        return (cache.hits, cache.misses) if cache is not None else (0, 0)
-
-    def _cache_here(self) -> ReadCache[_Answer] | None:
-        """The read cache, if this loop is the one using it."""
-        if self._cache is None:
-            return None
-        loop = asyncio.get_running_loop()
-        owner = self._cache_loop
-        if owner is loop:
-            return self._cache
-        if owner is not None and not owner.is_closed():
-            return None
-        with self._readers_lock:
-            if self._cache_loop is not owner:
-                return None
-            self._cache.clear()
-            self._cache_loop = loop
-        return self._cache
-
-    async def read_get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
-        def get(store: Store) -> Record | None:
-            return store.get_by_name(kind, namespace, name)
-
-        async def read() -> _Answer:
-            return await self._read(get, transaction=False), []
-
-        record, _ = await self._cached(("by-name", kind, namespace, name), read)
-        return record
-
-    async def read_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
-        return await self._read(lambda store: store.list_items(collection, owner_id), transaction=False)
-
-    async def _read(self, fn: Callable[[Store], T], *, urgent: bool = False, transaction: bool = True) -> T:
-        """``transaction``: ``fn`` makes more than one statement, which must see one snapshot."""
-        if self._closed:
-            raise RuntimeError("the store is closed")
-        # The caller's context travels with fn (its trace, read by what fn records).
-        context = contextvars.copy_context()
-        queued = time.monotonic()
-        return await self._reads.run(
-            functools.partial(context.run, self._read_now, fn, queued, transaction), urgent=urgent
-        )
-
-    def _read_now(self, fn: Callable[[Store], T], queued: float, transaction: bool) -> T:
-        observer = self.observer
-        if observer is not None:
-            observer.waited("read", time.monotonic() - queued)
-        if not transaction:
-            return fn(self)
-        db = self._reader()
-        db.execute("BEGIN")
-        try:
-            return fn(self)
-        finally:
-            db.execute("COMMIT")
-
-    def _read_points(self, reads: list[_PointRead]) -> list[Outcome]:
-        """On a reader thread: the records (and items) of ``reads``, in one statement. If it
-        fails (one answer over SQLite's length limit, SQLITE_TOOBIG, though each fits
-        alone; or a fault), each read is made alone and meets its own fault, if any."""
-        observer = self.observer
-        if observer is not None:
-            now = time.monotonic()
-            for read in reads:
-                observer.waited("read", now - read.queued)
-        if len(reads) > 1:
-            try:
-                records, items = self._points(reads)
-            except sqlite3.Error:
-                log.debug("point reads made one by one after their statement failed", exc_info=True)
-            else:
-                return [(None, read.answer(records, items)) for read in reads]
-        return [self._read_point_alone(read) for read in reads]
-
-    def _read_point_alone(self, read: _PointRead) -> Outcome:
-        try:
-            if read.collection is None:
-                return None, (self.get(read.kind, read.id), [])
-            return None, self.get_with_items(read.kind, read.id, read.collection)
-        except Exception as exc:  # handed to the caller
-            return exc, None
-
-    def _points(
-        self, reads: list[_PointRead]
-    ) -> tuple[dict[tuple[str, str], Record], dict[tuple[str, str], list[tuple[int, bytes]]]]:
-        """One row whatever the number of reads and items: each row costs the reader two
-        more hand-offs of the GIL (``_read_point``), so the rows come as two JSON arrays."""
-        keys = list(dict.fromkeys((read.kind, read.id) for read in reads))
-        owners = list(
-            dict.fromkeys((read.collection, read.id) for read in reads if read.collection is not None)
-        )
-        params = [value for key in keys + owners for value in key]
-        found, listed = self._one(_points_statement(len(keys), len(owners)), params)
-        records: dict[tuple[str, str], Record] = {}
-        for row in orjson.loads(found):
-            # The times and the body as _POINT_RECORD wrote them: text, and hex.
-            row[8:] = float(row[8]), float(row[9]), bytes.fromhex(row[10])
-            point = rows.record(row, _loads)
-            records[point.kind, point.id] = point
-        items: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
-        for collection, owner_id, idx, body in orjson.loads(listed):
-            items.setdefault((collection, owner_id), []).append((idx, bytes.fromhex(body)))
-        for owned in items.values():
-            owned.sort(key=_first)
-        return records, items
-
-    async def insert_alone(self, record: Record) -> None:
-        await self.write(_Insert(record))
-
-    async def write(self, fn: Callable[[Store], T]) -> T:
-        loop = asyncio.get_running_loop()
-        job = Job(fn, loop, time.monotonic() + self.write_timeout)
-        with self._wake:
-            if self._closing:
-                raise RuntimeError("the store is closed")
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_loop, name="acp-store-write", daemon=True)
-                self._writer.start()
-            self._queue.append(job)
-            if self._sleeping:
-                self._wake_writer(loop)
-        assert job.future is not None
-        try:
-            result = await job.future
-        except sqlite3.Error as exc:
-            if not _disk_full(exc):
-                raise
-            self.note_full()
-            raise StoreFullError(str(exc)) from None
-        if self.full is not None:
-            self.full = None
-        return cast(T, result)
 
     def free_bytes(self) -> int | None:
         """Free bytes on the file system of the database (where its WAL grows)."""
@@ -612,167 +266,7 @@ class SQLiteStore(SQLStore):
             return None
         return stat.f_bavail * stat.f_frsize
 
-    def _wake_writer(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Wake the sleeping writer now if ``loop`` has nothing else ready, else once it has
-        run what is (under ``_wake``). Woken at once, the writer took the first write alone
-        to its fsync while the loop's next ones waited for another, and found the GIL held
-        by the loop at each statement (asyncio's loops keep their ready callbacks in
-        ``_ready``; a loop without one wakes the writer at once)."""
-        if not getattr(loop, "_ready", None):
-            self._sleeping = False
-            self._wake.notify()
-        elif loop not in self._holding:
-            self._holding.add(loop)
-            loop.call_soon(self._release, loop, time.monotonic() + HOLD)
-
-    def _release(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
-        if getattr(loop, "_ready", None) and time.monotonic() < deadline:
-            loop.call_soon(self._release, loop, deadline)
-            return
-        with self._wake:
-            self._holding.discard(loop)
-            self._sleeping = False
-            self._wake.notify()
-
-    def _write_loop(self) -> None:
-        while True:
-            with self._wake:
-                while not self._queue and not self._closing:
-                    self._sleeping = True
-                    self._wake.wait()
-                    self._sleeping = False
-                if not self._queue:
-                    return
-                batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
-            self._commit(batch)
-
-    def _commit(self, batch: list[Job]) -> None:
-        """Run a batch in one transaction; due in commit order once it is durable."""
-        with self._lock:
-            batch = self._begin_batch(batch)
-            if batch:
-                began = time.monotonic()
-                observer = self.observer
-                if observer is not None:
-                    for job in batch:
-                        observer.waited("write", began - job.queued)
-                self._run_batch(batch)
-                if observer is not None:
-                    observer.committed(time.monotonic() - began)
-            # Still under the write lock: the due queue is in commit order.
-            self._order.due(batch)
-        self._order.announce(batch)
-
-    def _begin_batch(self, batch: list[Job]) -> list[Job]:
-        """Start the transaction; calls that waited their whole bound fail meanwhile."""
-        while True:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                return batch
-            except sqlite3.OperationalError as exc:
-                if not _busy(exc):
-                    for job in batch:
-                        job.error = exc
-                    self._order.settle(batch)
-                    return []
-            now = time.monotonic()
-            expired = [job for job in batch if job.deadline <= now]
-            for job in expired:
-                job.error = StoreBusyError(self.write_timeout)
-            self._order.settle(expired)
-            batch = [job for job in batch if job.deadline > now]
-            if not batch:
-                return []
-
-    def _run_batch(self, batch: list[Job]) -> None:
-        """Each call in a savepoint, so one failing undoes only its own writes; a call alone
-        in its transaction needs none. Each statement costs the writer GIL hand-offs with
-        the busy loop (a sleep and a wake-up each), so inserts that follow one another go
-        in a few statements together (``_insert_together``)."""
-        self._depth, self._owner_thread, self._owner = 1, threading.get_ident(), None
-        try:
-            if len(batch) == 1:
-                self._run_alone(batch[0])
-            else:
-                for inserts, group in itertools.groupby(batch, _is_insert):
-                    jobs = list(group)
-                    if inserts and len(jobs) > 1 and self._insert_together(jobs):
-                        continue
-                    for job in jobs:
-                        self._run_in_savepoint(job)
-            if len(batch) == 1 and batch[0].error is not None:
-                # The call alone failed: its transaction was rolled back.
-                self._appended = False
-            else:
-                self._db.execute("COMMIT")
-                self._committed()
-        except BaseException as exc:  # the commit failed: nothing is durable
-            self._appended = False
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            for job in batch:
-                job.callbacks = []
-                if job.error is None:
-                    job.error = exc
-        finally:
-            self._depth, self._owner_thread, self._after_commit = 0, None, []
-
-    def _run_alone(self, job: Job) -> None:
-        self._after_commit = []
-        try:
-            job.result = job.run(self)
-            job.callbacks = self._after_commit
-        except BaseException as exc:  # handed to the caller
-            job.error = exc
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-
-    def _run_in_savepoint(self, job: Job) -> None:
-        self._after_commit = []
-        self._db.execute("SAVEPOINT job")
-        try:
-            job.result = job.run(self)
-            job.callbacks = self._after_commit
-        except BaseException as exc:  # handed to the caller
-            job.error = exc
-            self._db.execute("ROLLBACK TO job")
-        self._db.execute("RELEASE job")
-
-    def _insert_together(self, jobs: list[Job]) -> bool:
-        """``_Insert`` calls in one savepoint: their records in one statement, their tags in
-        another, and the request rows of those under a request id (``note_claim``, in the
-        caller's context). False when any of it failed (an id or name taken, a request id
-        another run holds, ...): then nothing of it is kept, and each call is to be made
-        alone, in its own savepoint, to meet only its own fault."""
-        records = [cast(_Insert, job.fn).record for job in jobs]
-        self._db.execute("SAVEPOINT together")
-        try:
-            self._insert_records(records)
-            for job, record in zip(jobs, records, strict=True):
-                job.context.run(self.note_claim, record.kind, record.id, record.body)
-        except Exception:
-            self._db.execute("ROLLBACK TO together")
-            self._db.execute("RELEASE together")
-            return False
-        self._db.execute("RELEASE together")
-        for job in jobs:
-            job.result, job.callbacks = None, []
-        return True
-
     # connections ----------------------------------------------------------------------
-
-    def _reader(self) -> sqlite3.Connection:
-        db: sqlite3.Connection | None = getattr(self._local, "db", None)
-        if db is None:
-            if self._closed:
-                raise RuntimeError("the store is closed")
-            db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA query_only=ON")
-            db.execute("PRAGMA busy_timeout=5000")
-            with self._readers_lock:
-                self._readers.append(db)
-            self._local.db = db
-        return db
 
     def _conn(self) -> sqlite3.Connection:
         """The write connection on the thread in a write transaction, else a reader."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cleveragents.acp.facade.store import migrations, sqlite
+from cleveragents.acp.facade.store import migrations, sqlite, sqlite_reads
 from cleveragents.acp.facade.store.base import EventFilter, ListQuery, SchemaTooNewError
 from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestEntry
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
@@ -429,7 +429,7 @@ async def test_point_reads_one_turn_of_the_loop_asks_for_are_one_statement(
             return db
 
         monkeypatch.setattr(store, "_reader", limited)
-        together = [sqlite._PointRead(counted, "session", f"01{n}", None, 0.0) for n in range(5)]
+        together = [sqlite_reads.PointRead(counted, "session", f"01{n}", None, 0.0) for n in range(5)]
         with pytest.raises(sqlite3.DataError, match="too big"):
             await asyncio.to_thread(points, together)
         assert await ask() == expected

@@ -4,6 +4,7 @@ busy or full or unreachable database, a NUL the caller sent), else the failure i
 from __future__ import annotations
 
 import time
+from typing import NoReturn
 
 import psycopg
 from psycopg import errors
@@ -67,3 +68,12 @@ def store_error(exc: Exception, started: float) -> Exception | None:
     if isinstance(exc, psycopg.DataError) and ("NUL" in str(exc) or "\\u0000" in str(exc)):
         return NulCharacterError()
     return None
+
+
+def reraise(exc: Exception, started: float) -> NoReturn:
+    """Raise ``exc`` (being handled) as what it is to the store's callers (``store_error``,
+    its cause hidden), else as itself."""
+    mapped = store_error(exc, started)
+    if mapped is None:
+        raise exc
+    raise mapped from None

@@ -13,7 +13,7 @@ from typing import Any
 
 from cleveragents.acp.facade.store import rows
 from cleveragents.acp.facade.store.base import ListQuery, Record
-from cleveragents.acp.facade.store.pg_errors import store_error
+from cleveragents.acp.facade.store.pg_errors import reraise
 from cleveragents.acp.facade.store.pg_loop import LoopReads, LoopWrites, Rows
 from cleveragents.acp.facade.store.pg_settings import CONNECT_TIMEOUT
 from cleveragents.acp.facade.store.pg_statements import INSERT, clash, insert_params
@@ -93,10 +93,7 @@ class LoopPaths(PgTransactions):
         try:
             return await reads.run(statements)
         except Exception as exc:
-            mapped = store_error(exc, started)
-            if mapped is None:
-                raise
-            raise mapped from None
+            reraise(exc, started)
 
     # a write on the loop's own connections ---------------------------------------------
 
@@ -118,10 +115,7 @@ class LoopPaths(PgTransactions):
         try:
             written = await writes.write(INSERT, insert_params(record))
         except Exception as exc:
-            mapped = store_error(exc, started)
-            if mapped is None:
-                raise
-            raise mapped from None
+            reraise(exc, started)
         if written is PSYCOPG:
             await super().insert_alone(record)
             return

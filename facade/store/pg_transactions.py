@@ -30,7 +30,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.store.base import Store, StoreBusyError, StoreDownError, StoreFullError
 from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
-from cleveragents.acp.facade.store.pg_errors import BUSY, first_line, store_error
+from cleveragents.acp.facade.store.pg_errors import BUSY, first_line, reraise, store_error
 from cleveragents.acp.facade.store.pg_wire import PSYCOPG, Wire
 from cleveragents.acp.facade.store.reads import ReadLane
 from cleveragents.acp.facade.store.sql_store import SQLStore
@@ -45,7 +45,7 @@ IN_TRANSACTION = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 _STARVED_CONNECT_TIMEOUT = 3
 
 
-def command(conn: psycopg.Connection[Any], command: bytes) -> None:
+def _command(conn: psycopg.Connection[Any], command: bytes) -> None:
     """A statement without parameters or rows (BEGIN, COMMIT) straight through libpq: a
     third of what ``conn.execute`` costs, paid twice by every read and write."""
     result = conn.pgconn.exec_(command)
@@ -53,7 +53,7 @@ def command(conn: psycopg.Connection[Any], command: bytes) -> None:
         raise errors.error_from_result(result, encoding=conn.info.encoding)
 
 
-def rollback(conn: psycopg.Connection[Any]) -> None:
+def _rollback(conn: psycopg.Connection[Any]) -> None:
     """Roll back after a failure; a broken connection (rolled back by the server when it
     went) must not hide the failure that matters, and the pool discards it."""
     try:
@@ -119,10 +119,7 @@ class PgTransactions(SQLStore):
                 functools.partial(context.run, self._read_now, fn, queued), urgent=urgent
             )
         except Exception as exc:
-            mapped = store_error(exc, queued)
-            if mapped is None:
-                raise
-            raise mapped from None
+            reraise(exc, queued)
 
     def _read_now(self, fn: Callable[[Store], T], queued: float) -> T:
         here = self._thread
@@ -140,14 +137,14 @@ class PgTransactions(SQLStore):
             except BaseException:
                 here.read = None
                 if here.began:
-                    rollback(conn)
+                    _rollback(conn)
                 raise
             here.read = None
             if here.began:
                 if conn is here.pinned:
                     self._wire.commit_later(conn)
                 else:
-                    command(conn, b"COMMIT")
+                    _command(conn, b"COMMIT")
             return result
 
     async def write(self, fn: Callable[[Store], T]) -> T:
@@ -190,7 +187,7 @@ class PgTransactions(SQLStore):
                 except BaseException as exc:  # handed to the caller
                     job.error = exc
                     if here.write_began:
-                        rollback(conn)
+                        _rollback(conn)
                 else:
                     job.callbacks = here.callbacks
                     self._commit(conn, [job])
@@ -216,7 +213,7 @@ class PgTransactions(SQLStore):
         with lock:
             try:
                 if self._thread.write_began:
-                    command(conn, b"COMMIT")
+                    _command(conn, b"COMMIT")
             except BUSY:
                 raise StoreBusyError(time.monotonic() - started) from None
             self._order.due(jobs)
@@ -278,7 +275,7 @@ class PgTransactions(SQLStore):
                 here.pinned = None
             # (A read's COMMIT on its way is left for the next use to read: pg_wire.py.)
             elif not self._wire.owes(conn) and conn.info.transaction_status != pq.TransactionStatus.IDLE:
-                rollback(conn)
+                _rollback(conn)
 
     def _unpin(self, conn: psycopg.Connection[Any]) -> None:
         """Hand a kept connection back: the pool replaces it when it is broken."""
@@ -315,7 +312,7 @@ class PgTransactions(SQLStore):
             except BaseException:
                 here.callbacks = []
                 if here.write_began:
-                    rollback(conn)
+                    _rollback(conn)
                 raise
             else:
                 self._commit(conn, [done(here.callbacks)])
@@ -382,7 +379,7 @@ class PgTransactions(SQLStore):
                     return result
             if begin is not None:
                 self._wire.settle(conn)
-                command(conn, begin)
+                _command(conn, begin)
             cursor = conn.execute(statement, params)
             if fetch == "one":
                 return cursor.fetchone()
@@ -390,10 +387,7 @@ class PgTransactions(SQLStore):
                 return cursor.fetchall()
             return cursor.rowcount
         except Exception as exc:
-            mapped = store_error(exc, started)
-            if mapped is None:
-                raise
-            raise mapped from None
+            reraise(exc, started)
 
     def _one(self, statement: Any, params: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
         return self._run(statement, params, "one")

@@ -66,7 +66,7 @@ from cleveragents.acp.facade.store.base import (
 )
 from cleveragents.acp.facade.store.delivery import CommitOrder
 from cleveragents.acp.facade.store.pg_errors import NulCharacterError as NulCharacterError
-from cleveragents.acp.facade.store.pg_errors import store_error
+from cleveragents.acp.facade.store.pg_errors import reraise
 from cleveragents.acp.facade.store.pg_loop import CUSTOM_PLANS
 from cleveragents.acp.facade.store.pg_loop_paths import LoopPaths
 from cleveragents.acp.facade.store.pg_migrations import PG_MIGRATIONS
@@ -353,10 +353,7 @@ class PostgresStore(LoopPaths):
                 BEGIN_READ,
             )
         except Exception as exc:
-            mapped = store_error(exc, started)
-            if mapped is None:
-                raise
-            raise mapped from None
+            reraise(exc, started)
         finally:
             # Begun unless it failed before anything was sent.
             here.began = conn.info.transaction_status in IN_TRANSACTION

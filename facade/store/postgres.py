@@ -84,7 +84,6 @@ from cleveragents.acp.facade.store.pg_wire import PSYCOPG
 
 log = logging.getLogger(__name__)
 
-_EVENT_COLUMNS = "sequence, namespace, type, plan_id, session_id, time, body"
 # How long a replica waits for another one's migration before it gives up.
 MIGRATION_WAIT = 300.0
 # The statements a read's first round trip sends together (``get_with_items``).
@@ -363,7 +362,8 @@ class PostgresStore(LoopPaths):
         return (rows.record(records[0], rows.as_decoded) if records else None), rows.items(items)
 
     def delete_items(self, collection: str, owner_id: str) -> None:
-        self._count("DELETE FROM items WHERE collection=%s AND owner_id=%s", (collection, owner_id))
+        # One statement, alone outside a write (autocommit): SQLite's needs a transaction.
+        self._count(SQL.delete_items, (collection, owner_id))
 
     # events ---------------------------------------------------------------------------
 
@@ -401,7 +401,7 @@ class PostgresStore(LoopPaths):
     def read_events(
         self, after_sequence: int, limit: int, where: EventFilter | None = None
     ) -> list[StoredEvent]:
-        return [_event(row) for row in self._events(_EVENT_COLUMNS, after_sequence, limit, where)]
+        return [_event(row) for row in self._events(rows.EVENT_COLUMNS, after_sequence, limit, where)]
 
     def read_event_bodies(
         self, after_sequence: int, limit: int, where: EventFilter | None = None

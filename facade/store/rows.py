@@ -16,6 +16,8 @@ from cleveragents.acp.facade.store.requests import RequestEntry, decode_written,
 # A record's columns, in the order ``record`` reads and ``record_params`` writes them.
 COLUMNS = "kind, id, namespace, name, revision, state, attrs, labels, create_time, update_time, body"
 COLUMN_NAMES = tuple(COLUMNS.split(", "))
+# An event's columns, in ``StoredEvent``'s order.
+EVENT_COLUMNS = "sequence, namespace, type, plan_id, session_id, time, body"
 # A request row's columns after its key (principal, request_id), as ``request`` reads them.
 REQUEST_COLUMNS = "operation, digest, owner, time, answer, error, written"
 

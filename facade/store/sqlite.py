@@ -53,8 +53,6 @@ from cleveragents.acp.facade.store.statements import SQLITE, Statements
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, DataVersionWakeups, PeerChannel
 from cleveragents.acp.facade.store.wal_index import WalIndex
 
-_EVENT_COLUMNS = "sequence, namespace, type, plan_id, session_id, time, body"
-
 _WITH_ITEMS = (
     f"SELECT NULL, {rows.COLUMNS} FROM records WHERE kind=? AND id=? "
     "UNION ALL SELECT idx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, body "
@@ -448,8 +446,9 @@ class SQLiteStore(SQLiteReads, GroupCommit):
             self.note_claim()
 
     def delete_items(self, collection: str, owner_id: str) -> None:
+        # In a transaction, unlike PostgreSQL's: outside a write this connection is read-only.
         with self.transaction():
-            self.execute("DELETE FROM items WHERE collection=? AND owner_id=?", (collection, owner_id))
+            self._count(self.sql.delete_items, (collection, owner_id))
 
     # events ---------------------------------------------------------------------------
 
@@ -474,8 +473,9 @@ class SQLiteStore(SQLiteReads, GroupCommit):
     def read_events(
         self, after_sequence: int, limit: int, where: EventFilter | None = None
     ) -> list[StoredEvent]:
-        # The columns' types are already the fields' (INTEGER PRIMARY KEY, TEXT, REAL, BLOB).
-        return list(map(StoredEvent._make, self._events(_EVENT_COLUMNS, after_sequence, limit, where)))
+        # The columns' types are already the fields' (INTEGER PRIMARY KEY, TEXT, REAL, BLOB):
+        # no conversion per field, unlike PostgreSQL's (a backlog read's hot path).
+        return list(map(StoredEvent._make, self._events(rows.EVENT_COLUMNS, after_sequence, limit, where)))
 
     def read_event_bodies(
         self, after_sequence: int, limit: int, where: EventFilter | None = None

@@ -58,6 +58,7 @@ class Statements:
         self.kind = sql(f"SELECT {COLUMNS} FROM records WHERE kind = ? ORDER BY id")
         self.kind_in = sql(f"SELECT {COLUMNS} FROM records WHERE kind = ? AND namespace = ? ORDER BY id")
         self.items = sql("SELECT idx, body FROM items WHERE collection = ? AND owner_id = ? ORDER BY idx")
+        self.delete_items = sql("DELETE FROM items WHERE collection = ? AND owner_id = ?")
         # events
         self.first_sequence = "SELECT COALESCE(MIN(sequence), 0) FROM events"
         self.prune_events_before = sql("DELETE FROM events WHERE sequence <= ?")

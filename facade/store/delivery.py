@@ -26,12 +26,15 @@ log = logging.getLogger(__name__)
 def current_task() -> asyncio.Task[Any] | None:
     """The task running on this thread's loop; None on a thread without one (a store
     thread), found without raising: the writer asks at every statement of every write."""
-    loop = asyncio._get_running_loop()
+    # The lookup get_running_loop makes, without its raise: a store thread has no loop, so
+    # the public call would raise (and be caught) at every statement there.
+    loop = asyncio._get_running_loop()  # noqa: SLF001 - deliberate fast path under asyncio
     return None if loop is None else asyncio.current_task(loop)
 
 
 def running_loop() -> asyncio.AbstractEventLoop | None:
-    return asyncio._get_running_loop()
+    """This thread's running loop, or None, without raising (``current_task``'s fast path)."""
+    return asyncio._get_running_loop()  # noqa: SLF001 - deliberate fast path under asyncio
 
 
 def run_callback(callback: Callable[[], None]) -> None:

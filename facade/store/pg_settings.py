@@ -20,6 +20,8 @@ from __future__ import annotations
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 DEFAULT_IDLE_SECONDS = 10.0
+# How long opening a connection may take before the store gives up on the server.
+CONNECT_TIMEOUT = 10
 # libpq's: keepalives after 5 s of silence, every 2 s, 3 unanswered ones drop the socket.
 CLIENT_KEEPALIVES = {
     "keepalives": "1",
@@ -52,3 +54,29 @@ def connection_info(url: str, idle: float = DEFAULT_IDLE_SECONDS) -> str:
     theirs = str(given.get("options") or "")
     extra["options"] = f"{server_options(idle)} {theirs}".strip()
     return make_conninfo(url, **extra)
+
+
+def first_schema(search_path: str) -> str | None:
+    """The first schema a ``search_path`` setting names (``$user`` aside), unquoted."""
+    names: list[str] = []
+    current, quoted, i = "", False, 0
+    while i < len(search_path):
+        char = search_path[i]
+        if quoted:
+            if char == '"' and search_path[i + 1 : i + 2] == '"':
+                current += '"'
+                i += 1
+            elif char == '"':
+                quoted = False
+            else:
+                current += char
+        elif char == '"':
+            quoted = True
+        elif char == ",":
+            names.append(current.strip())
+            current = ""
+        else:
+            current += char
+        i += 1
+    names.append(current.strip())
+    return next((name for name in names if name and name != "$user"), None)

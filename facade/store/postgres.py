@@ -6,9 +6,10 @@ waits and several writes are in flight at once (PostgreSQL commits them concurre
 group-commit writer thread is needed).
 
 - ``read(fn)``: one ``REPEATABLE READ, READ ONLY`` transaction, so every statement of
-  ``fn`` sees one snapshot and none waits for a writer. The plain reads (``read_get``,
-  ``read_with_items``, ``read_query``...) need no thread: the event loop sends them on
-  connections of its own in libpq's nonblocking pipeline mode (pg_loop.py).
+  ``fn`` sees one snapshot and none waits for a writer (pg_transactions.py). The plain
+  reads (``read_get``, ``read_with_items``, ``read_query``...) need no thread: the event
+  loop sends them on connections of its own in libpq's nonblocking pipeline mode
+  (pg_loop_paths.py, pg_loop.py).
 - A write's ``BEGIN`` goes with its first statement, in one round trip.
 - ``write(fn)``: one ``READ COMMITTED`` transaction; the commit is durable
   (``synchronous_commit`` at least ``on``, whatever the server's default) before ``write``
@@ -30,281 +31,72 @@ group-commit writer thread is needed).
 
 The URL is any libpq URL (``postgresql://user@host:5432/db?options=-csearch_path%3Dacp``);
 tables live in the first schema of its search path, created when missing.
+
+This module holds the schema and the statements only PostgreSQL runs; those both stores
+run are sql_store.py's, failures are mapped in pg_errors.py, and event wake-ups are
+pg_wakeups.py's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import contextvars
-import functools
 import hashlib
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from typing import Any, TypeVar, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import orjson
 import psycopg
-from psycopg import errors, pq, sql
+from psycopg import sql
 from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.store import rows
 from cleveragents.acp.facade.store.base import (
     DEFAULT_WRITE_TIMEOUT,
     EventFilter,
     EventWakeups,
     Lease,
-    LeaseHeldError,
-    LeaseLostError,
     ListQuery,
     Record,
     SchemaTooNewError,
     StaleRevisionError,
-    Store,
-    StoreBusyError,
-    StoreConflictError,
     StoredEvent,
-    StoreDownError,
-    StoreFullError,
     StoreUnavailableError,
 )
-from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
-from cleveragents.acp.facade.store.pg_loop import CUSTOM_PLANS, LoopReads, LoopWrites, Rows
+from cleveragents.acp.facade.store.delivery import CommitOrder
+from cleveragents.acp.facade.store.pg_errors import NulCharacterError as NulCharacterError
+from cleveragents.acp.facade.store.pg_errors import reraise
+from cleveragents.acp.facade.store.pg_loop import CUSTOM_PLANS
+from cleveragents.acp.facade.store.pg_loop_paths import LoopPaths
 from cleveragents.acp.facade.store.pg_migrations import PG_MIGRATIONS
-from cleveragents.acp.facade.store.pg_settings import DEFAULT_IDLE_SECONDS, connection_info
+from cleveragents.acp.facade.store.pg_settings import (
+    CONNECT_TIMEOUT,
+    DEFAULT_IDLE_SECONDS,
+    connection_info,
+    first_schema,
+)
+from cleveragents.acp.facade.store.pg_statements import INSERT, SQL, clash, insert_params, query_statement
+from cleveragents.acp.facade.store.pg_transactions import BEGIN_READ, IN_TRANSACTION
 from cleveragents.acp.facade.store.pg_urls import is_postgres_url, redacted
-from cleveragents.acp.facade.store.pg_wire import PSYCOPG, Fallback, NulInTextError, Wire
-from cleveragents.acp.facade.store.reads import ReadLane
-from cleveragents.acp.facade.store.requests import CLAIM, RequestEntry, decode_written, encode_written
+from cleveragents.acp.facade.store.pg_wakeups import PostgresWakeups
+from cleveragents.acp.facade.store.pg_wire import PSYCOPG
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-_COLUMNS = "kind, id, namespace, name, revision, state, attrs, labels, create_time, update_time, body"
-# The database server's clock, in seconds since the epoch (clock_timestamp: the time now,
-# not the transaction's start, so a long transaction does not see a lease as younger).
-_NOW = "extract(epoch FROM clock_timestamp())::double precision"
-_LEASE = f"name, owner, token, expires, expires > {_NOW}, request"
-_EVENT_COLUMNS = "sequence, namespace, type, plan_id, session_id, time, body"
-# How long opening a connection may take before the store gives up on the server.
-CONNECT_TIMEOUT = 10
-# The one connection attempt that tells a starved pool from a database that is down.
-_STARVED_CONNECT_TIMEOUT = 3
 # How long a replica waits for another one's migration before it gives up.
 MIGRATION_WAIT = 300.0
-# A read's transaction: one snapshot for all its statements, which wait for no writer.
-_ITEMS = "SELECT idx, body FROM items WHERE collection=%s AND owner_id=%s ORDER BY idx"
-_GET = f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND id = %s"
-# ON CONFLICT DO NOTHING (every unique index): a clash leaves the transaction usable, as
-# SQLite's does, for callers that catch StoreConflictError and go on.
-_INSERT = f"INSERT INTO records ({_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING"
-_BY_NAME = f"SELECT {_COLUMNS} FROM records WHERE kind = %s AND namespace = %s AND name = %s"
-_BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-_IN_TRANSACTION = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
-# Failures that mean "another transaction was in the way": nothing was written, retry.
-_BUSY = (errors.LockNotAvailable, errors.DeadlockDetected, errors.SerializationFailure)
-
-
-def first_schema(search_path: str) -> str | None:
-    """The first schema a ``search_path`` setting names (``$user`` aside), unquoted."""
-    names: list[str] = []
-    current, quoted, i = "", False, 0
-    while i < len(search_path):
-        char = search_path[i]
-        if quoted:
-            if char == '"' and search_path[i + 1 : i + 2] == '"':
-                current += '"'
-                i += 1
-            elif char == '"':
-                quoted = False
-            else:
-                current += char
-        elif char == '"':
-            quoted = True
-        elif char == ",":
-            names.append(current.strip())
-            current = ""
-        else:
-            current += char
-        i += 1
-    names.append(current.strip())
-    return next((name for name in names if name and name != "$user"), None)
-
-
-def _record(row: Sequence[Any]) -> Record:
-    kind, id_, namespace, name, revision, state, attrs, labels, created, updated, body = row
-    return Record(
-        kind=kind,
-        id=id_,
-        namespace=namespace,
-        name=name,
-        revision=int(revision),
-        state=state,
-        attrs=attrs,
-        labels=labels,
-        create_time=created,
-        update_time=updated,
-        body=bytes(body),
-    )
-
-
-def _insert_params(record: Record) -> tuple[Any, ...]:
-    return (
-        record.kind,
-        record.id,
-        record.namespace,
-        record.name,
-        record.revision,
-        record.state,
-        Jsonb(record.attrs),
-        Jsonb(record.labels),
-        record.create_time,
-        record.update_time,
-        record.body,
-    )
-
-
-def _clash(record: Record) -> StoreConflictError:
-    return StoreConflictError(
-        f"a {record.kind} with id {record.id} or name {record.name!r} exists in {record.namespace!r}"
-    )
-
-
-def _lease(row: Sequence[Any]) -> Lease:
-    name, owner, token, expires, live, request = row
-    return Lease(name, owner, int(token), float(expires), bool(live) and bool(owner), request)
+# The statements a read's first round trip sends together (``get_with_items``).
+_GET = SQL.get
+_ITEMS = SQL.items
 
 
 def _event(row: Sequence[Any]) -> StoredEvent:
     return StoredEvent(int(row[0]), row[1], row[2], row[3], row[4], float(row[5]), bytes(row[6]))
 
 
-def _query_statement(query: ListQuery) -> tuple[str, list[Any]] | None:
-    """``query``'s statement and parameters; None when it can match nothing."""
-    where = ["kind = %s"]
-    params: list[Any] = [query.kind]
-    if query.namespaces is not None:
-        if not query.namespaces:
-            return None
-        where.append("namespace = ANY(%s::text[])")
-        params.append(sorted(query.namespaces))
-    if query.state:
-        where.append("state = %s")
-        params.append(query.state)
-    if query.attrs:
-        where.append("attrs @> %s")
-        params.append(Jsonb(dict(query.attrs)))
-    if query.labels:
-        where.append("labels @> %s")
-        params.append(Jsonb(dict(query.labels)))
-    if query.by_name:
-        where.append("name IS NOT NULL")
-        if query.after_name is not None:
-            where.append("(namespace, name) > (%s, %s)")
-            params.extend(query.after_name)
-        order = "namespace, name"
-    else:
-        if query.before_id:
-            where.append("id < %s")
-            params.append(query.before_id)
-        order = "id DESC"
-    params.append(query.limit)
-    return f"SELECT {_COLUMNS} FROM records WHERE {' AND '.join(where)} ORDER BY {order} LIMIT %s", params
-
-
-class NulCharacterError(ACPError):
-    """A value for a text column holds U+0000, which PostgreSQL cannot store (nor look up)."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            ErrorCode.INVALID_PARAMS,
-            "a name, id, label or attribute holds a NUL character (U+0000), which this server's "
-            "PostgreSQL store cannot keep",
-            {"reason": "NUL_CHARACTER"},
-        )
-
-
-def _unreachable(exc: BaseException) -> bool:
-    """The connection is gone or the server refuses work: a restart, a failover, a network
-    cut (no SQLSTATE, class 08, or an operator's shutdown, 57P01-57P03). A statement sent
-    through libpq directly (pg_wire.py) reports a lost connection as a bare DatabaseError
-    with no SQLSTATE."""
-    if isinstance(exc, _BUSY) or not isinstance(exc, psycopg.DatabaseError):
-        return False
-    if not isinstance(exc, psycopg.OperationalError) and type(exc) is not psycopg.DatabaseError:
-        return False
-    state = exc.sqlstate
-    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def _store_error(exc: Exception, started: float) -> Exception | None:
-    """What a statement's failure is to the store's callers; None: itself."""
-    if isinstance(exc, errors.UniqueViolation):
-        return StoreConflictError(str(exc).splitlines()[0])
-    if isinstance(exc, _BUSY):
-        return StoreBusyError(time.monotonic() - started)
-    if isinstance(exc, errors.DiskFull):
-        return StoreFullError(_first_line(exc))
-    if _unreachable(exc):
-        return StoreDownError(_first_line(exc))
-    if isinstance(exc, NulInTextError):
-        return NulCharacterError()
-    # PostgreSQL's text (and jsonb) cannot hold U+0000, which SQLite's can: a value with one
-    # is refused as the caller's, never an internal error.
-    if isinstance(exc, psycopg.DataError) and ("NUL" in str(exc) or "\\u0000" in str(exc)):
-        return NulCharacterError()
-    return None
-
-
 def _lock_timeout_ms(write_timeout: float) -> int:
     return max(1, round(write_timeout * 1000))
-
-
-def _command(conn: psycopg.Connection[Any], command: bytes) -> None:
-    """A statement without parameters or rows (BEGIN, COMMIT) straight through libpq: a
-    third of what ``conn.execute`` costs, paid twice by every read and write."""
-    result = conn.pgconn.exec_(command)
-    if result.status != pq.ExecStatus.COMMAND_OK:
-        raise errors.error_from_result(result, encoding=conn.info.encoding)
-
-
-def _rollback(conn: psycopg.Connection[Any]) -> None:
-    """Roll back after a failure; a broken connection (rolled back by the server when it
-    went) must not hide the failure that matters, and the pool discards it."""
-    try:
-        conn.execute("ROLLBACK")
-    except psycopg.Error as exc:
-        log.warning("rollback failed: %s", exc)
-
-
-class _Thread(threading.local):
-    """The transactions open on one thread: a read snapshot, a write (possibly nested)."""
-
-    def __init__(self) -> None:
-        self.read: psycopg.Connection[Any] | None = None
-        self.write: psycopg.Connection[Any] | None = None
-        self.depth = 0
-        self.owner: asyncio.Task[Any] | None = None
-        self.callbacks: list[Callable[[], None]] = []
-        # A thread of the store's own pools keeps a connection (``pinned``) while it lives.
-        self.own = False
-        self.pinned: psycopg.Connection[Any] | None = None
-        self.busy = False
-        # The open write transaction appended events (its commit takes the commit lock).
-        self.appended = False
-        # The open read's transaction has begun (with its first statement).
-        self.began = False
-        # The open write's transaction has begun (its BEGIN goes with its first statement).
-        self.write_began = False
 
 
 # A write is acknowledged once durable (docs/events.md), whatever default the
@@ -315,7 +107,11 @@ DURABLE_COMMITS = (
 )
 
 
-class PostgresStore(Store):
+class PostgresStore(LoopPaths):
+    sql = SQL
+    # jsonb comes back decoded (psycopg's loader, pg_wire's decoder).
+    read_maps = staticmethod(rows.as_decoded)
+
     def __init__(
         self,
         url: str,
@@ -334,13 +130,7 @@ class PostgresStore(Store):
         # replica that stopped answering inside a transaction keeps its locks.
         self.idle_timeout = idle_timeout
         self._conninfo = connection_info(url, idle_timeout)
-        self._thread = _Thread()
         self._order = CommitOrder()
-        # Taken around committing (and queueing the callbacks of) a transaction that appended
-        # events: those commit one at a time anyway (the sequence row's lock), and this keeps
-        # their callbacks queued in commit, so sequence, order. Others commit concurrently,
-        # so PostgreSQL can flush their commits together.
-        self._commit_lock = threading.Lock()
         self._closing = False
         self._closed = False
         try:
@@ -358,22 +148,12 @@ class PostgresStore(Store):
             name="acp-store",
         )
         self._pool.open()
-        self._wire = Wire()
-        self._pinned: set[psycopg.Connection[Any]] = set()
-        self._pinned_lock = threading.Lock()
-        self._reads = ReadLane(readers, "acp-store-read")
+        self._open_threads(readers, writers)
         # The plain reads (``read_get`` and the like) each event loop drives itself (pg_loop.py).
-        self._loop_connections = loop_connections
-        self._loops: dict[asyncio.AbstractEventLoop, LoopReads] = {}
-        # A record insert with nothing read before it, the same way (``insert_alone``).
-        self._loop_writes: dict[asyncio.AbstractEventLoop, LoopWrites] = {}
-        self._write_setup = (
-            f"SET lock_timeout = {_lock_timeout_ms(write_timeout)}",
-            CUSTOM_PLANS,
-            DURABLE_COMMITS,
+        self._open_loop_paths(
+            loop_connections,
+            (f"SET lock_timeout = {_lock_timeout_ms(write_timeout)}", CUSTOM_PLANS, DURABLE_COMMITS),
         )
-        self._loops_lock = threading.Lock()
-        self._writers = ThreadPoolExecutor(writers, "acp-store-write", initializer=self._own_thread)
 
     def __repr__(self) -> str:
         return f"PostgresStore({redacted(self.url)!r})"
@@ -469,480 +249,18 @@ class PostgresStore(Store):
         row = self._one("SELECT version FROM acp_schema")
         return int(row[0]) if row else 0
 
-    # the event loop's interface --------------------------------------------------------
-
-    async def read(self, fn: Callable[[Store], T], *, urgent: bool = False) -> T:
-        if self._closing:
-            raise RuntimeError("the store is closed")
-        # The caller's context travels with fn (its trace, read by what fn records).
-        context = contextvars.copy_context()
-        queued = time.monotonic()
-        try:
-            return await self._reads.run(
-                functools.partial(context.run, self._read_now, fn, queued), urgent=urgent
-            )
-        except Exception as exc:
-            mapped = _store_error(exc, queued)
-            if mapped is None:
-                raise
-            raise mapped from None
-
-    def _read_now(self, fn: Callable[[Store], T], queued: float) -> T:
-        here = self._thread
-        # The read lane's threads are the store's own: each keeps its connection.
-        here.own = True
-        # The transaction begins with fn's first statement, in its round trip (``_run``), and
-        # its COMMIT is not waited for on the thread's own connection (pg_wire.py).
-        with self._borrow(settle=False) as conn:
-            observer = self.observer
-            if observer is not None:
-                observer.waited("read", time.monotonic() - queued)
-            here.read, here.began = conn, False
-            try:
-                result = fn(self)
-            except BaseException:
-                here.read = None
-                if here.began:
-                    _rollback(conn)
-                raise
-            here.read = None
-            if here.began:
-                if conn is here.pinned:
-                    self._wire.commit_later(conn)
-                else:
-                    _command(conn, b"COMMIT")
-            return result
-
-    # reads on the loop's own connections ----------------------------------------------
-
-    async def read_get(self, kind: str, id: str) -> Record | None:
-        answers = await self._loop_read([(_GET, (kind, id))])
-        if answers is PSYCOPG:
-            return await super().read_get(kind, id)
-        (rows,) = answers
-        return _record(rows[0]) if rows else None
-
-    async def read_get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
-        answers = await self._loop_read([(_BY_NAME, (kind, namespace, name))])
-        if answers is PSYCOPG:
-            return await super().read_get_by_name(kind, namespace, name)
-        (rows,) = answers
-        return _record(rows[0]) if rows else None
-
-    async def read_with_items(
-        self, kind: str, id: str, collection: str
-    ) -> tuple[Record | None, list[tuple[int, bytes]]]:
-        answers = await self._loop_read([(_GET, (kind, id)), (_ITEMS, (collection, id))])
-        if answers is PSYCOPG:
-            return await super().read_with_items(kind, id, collection)
-        records, items = answers
-        return (_record(records[0]) if records else None), [(int(idx), bytes(body)) for idx, body in items]
-
-    async def read_query(self, query: ListQuery) -> list[Record]:
-        statement = _query_statement(query)
-        if statement is None:
-            return []
-        answers = await self._loop_read([statement])
-        if answers is PSYCOPG:
-            return await super().read_query(query)
-        (rows,) = answers
-        return [_record(row) for row in rows]
-
-    async def read_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
-        answers = await self._loop_read([(_ITEMS, (collection, owner_id))])
-        if answers is PSYCOPG:
-            return await super().read_items(collection, owner_id)
-        (rows,) = answers
-        return [(int(idx), bytes(body)) for idx, body in rows]
-
-    async def _loop_read(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[Rows] | Fallback:
-        """The statements' rows in one snapshot, on this loop's own connections; errors
-        as the same statements give in ``read``."""
-        if self._closing:
-            raise RuntimeError("the store is closed")
-        loop = asyncio.get_running_loop()
-        reads = self._loops.get(loop)
-        if reads is None:
-            reads = self._loop_reads(loop)
-        started = time.monotonic()
-        try:
-            return await reads.run(statements)
-        except Exception as exc:
-            mapped = _store_error(exc, started)
-            if mapped is None:
-                raise
-            raise mapped from None
-
-    # a write on the loop's own connections ---------------------------------------------
-
-    async def insert_alone(self, record: Record) -> None:
-        """One INSERT committed on this loop's write connections (pg_loop.py), with the
-        others queued meanwhile; under a request id (its row is written in the same
-        transaction) through the writer threads."""
-        claim = CLAIM.get()
-        if self._closing:
-            raise RuntimeError("the store is closed")
-        if claim is not None and claim.open:
-            await super().insert_alone(record)
-            return
-        loop = asyncio.get_running_loop()
-        writes = self._loop_writes.get(loop)
-        if writes is None:
-            writes = self._loop_writes_of(loop)
-        started = time.monotonic()
-        try:
-            written = await writes.write(_INSERT, _insert_params(record))
-        except Exception as exc:
-            mapped = _store_error(exc, started)
-            if mapped is None:
-                raise
-            raise mapped from None
-        if written is PSYCOPG:
-            await super().insert_alone(record)
-            return
-        observer = self.observer
-        if observer is not None:
-            observer.waited("write", 0.0)
-            observer.committed(time.monotonic() - started)
-        if not written:
-            raise _clash(record)
-
-    def _loop_reads(self, loop: asyncio.AbstractEventLoop) -> LoopReads:
-        """This loop's reads, made on its first; those of loops closed meanwhile let go."""
-        with self._loops_lock:
-            _let_go_of_closed(self._loops)
-            reads = self._loops[loop] = LoopReads(
-                loop, self._conninfo, CONNECT_TIMEOUT, self._loop_connections
-            )
-            return reads
-
-    def _loop_writes_of(self, loop: asyncio.AbstractEventLoop) -> LoopWrites:
-        """This loop's writes, made on its first; those of loops closed meanwhile let go."""
-        with self._loops_lock:
-            _let_go_of_closed(self._loop_writes)
-            writes = self._loop_writes[loop] = LoopWrites(
-                loop, self._conninfo, CONNECT_TIMEOUT, self._loop_connections, self._write_setup
-            )
-            return writes
-
-    def _close_loop_reads(self) -> None:
-        """Fail the loop reads and writes still waiting and close their connections, each on
-        its own loop's thread (or here, where that loop is closed, stopped, or this one)."""
-        with self._loops_lock:
-            lanes = [*self._loops.items(), *self._loop_writes.items()]
-            self._loops, self._loop_writes = {}, {}
-        try:
-            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            here = None
-        why = RuntimeError("the store is closed")
-        for loop, reads in lanes:
-            if loop.is_running() and not loop.is_closed() and loop is not here:
-                closed = threading.Event()
-
-                def close_there(reads: LoopReads = reads, closed: threading.Event = closed) -> None:
-                    try:
-                        reads.close(why)
-                    finally:
-                        closed.set()
-
-                try:
-                    loop.call_soon_threadsafe(close_there)
-                except RuntimeError:  # closed meanwhile
-                    reads.close(why)
-                else:
-                    closed.wait(CONNECT_TIMEOUT)
-            else:
-                reads.close(why)
-
-    async def aclose(self) -> None:
-        """Let the reads and writes under way on this loop finish, then close."""
-        self._closing = True
-        loop = asyncio.get_running_loop()
-        for lane in (self._loops.get(loop), self._loop_writes.get(loop)):
-            if lane is not None:
-                await lane.drain()
-        await asyncio.to_thread(self.close)
-
-    async def write(self, fn: Callable[[Store], T]) -> T:
-        job = Job(
-            fn,
-            asyncio.get_running_loop(),
-            time.monotonic() + self.write_timeout,
-        )
-        if self._closing:
-            raise RuntimeError("the store is closed")
-        self._writers.submit(self._write_now, job)
-        assert job.future is not None
-        try:
-            result = await job.future
-        except Exception as exc:
-            mapped = _store_error(exc, job.queued)
-            if mapped is None:
-                raise
-            if isinstance(mapped, StoreFullError):
-                self.note_full()
-            raise mapped from None
-        if self.full is not None:
-            self.full = None
-        return cast(T, result)
-
-    def _write_now(self, job: Job) -> None:
-        """Run one write in its own transaction; due in commit order once committed."""
-        here = self._thread
-        committed = False
-        try:
-            with self._borrow(max(0.0, job.deadline - time.monotonic())) as conn:
-                began = time.monotonic()
-                observer = self.observer
-                if observer is not None:
-                    observer.waited("write", began - job.queued)
-                here.write, here.depth, here.owner, here.callbacks = conn, 1, None, []
-                here.write_began = False
-                try:
-                    job.result = job.run(self)
-                except BaseException as exc:  # handed to the caller
-                    job.error = exc
-                    if here.write_began:
-                        _rollback(conn)
-                else:
-                    job.callbacks = here.callbacks
-                    self._commit(conn, [job])
-                    committed = True
-                    if observer is not None:
-                        observer.committed(time.monotonic() - began)
-                finally:
-                    here.write, here.depth, here.callbacks, here.appended = None, 0, [], False
-                    here.write_began = False
-        except BaseException as exc:  # the commit (or the connection) failed: nothing is durable
-            if job.error is None:
-                job.error = exc
-        if committed:
-            self._order.announce([job])
-        else:
-            self._order.settle([job])
-
-    def _commit(self, conn: psycopg.Connection[Any], jobs: list[Job]) -> None:
-        """Commit, then queue the jobs' callbacks and answers (in sequence order when the
-        transaction appended events). A transaction that ran no statement never began."""
-        lock = self._commit_lock if self._thread.appended else contextlib.nullcontext()
-        started = time.monotonic()
-        with lock:
-            try:
-                if self._thread.write_began:
-                    _command(conn, b"COMMIT")
-            except _BUSY:
-                raise StoreBusyError(time.monotonic() - started) from None
-            self._order.due(jobs)
-
-    def _starved(self, waited: float) -> ACPError:
-        """No pooled connection came within the bound: every one in use (STORE_BUSY), or
-        none can be made, the database being down (STORE_UNAVAILABLE; one connection
-        attempt tells, on this store thread)."""
-        try:
-            psycopg.connect(self.url, autocommit=True, connect_timeout=_STARVED_CONNECT_TIMEOUT).close()
-        except psycopg.OperationalError as exc:
-            return StoreDownError(_first_line(exc))
-        return StoreBusyError(waited, "no database connection of this server came free")
-
-    @contextmanager
-    def _borrow(
-        self, timeout: float | None = None, *, settle: bool = True
-    ) -> Iterator[psycopg.Connection[Any]]:
-        """A connection for one transaction or statement. The store's own reader and writer
-        threads each keep one (taking it from the pool once, not per call: the pool's
-        checkout costs about what a statement does); other threads, and a store thread
-        needing a second one (a write inside a read), take one from the pool and give it
-        back. Waiting longer than the write bound for one is STORE_BUSY. A kept connection
-        comes with the answer to its last read's COMMIT read, unless ``settle`` is False
-        (a read, which reads it with its first statement)."""
-        if self._closed:
-            raise RuntimeError("the store is closed")
-        wait = self.write_timeout if timeout is None else timeout
-        here = self._thread
-        if not here.own or here.busy:
-            try:
-                with self._pool.connection(timeout=wait) as borrowed:
-                    yield borrowed
-            except PoolTimeout:
-                raise self._starved(wait) from None
-            return
-        kept = here.pinned
-        if kept is None or kept.closed or kept.broken:
-            if kept is not None:
-                self._unpin(kept)
-            try:
-                conn = self._pool.getconn(timeout=wait)
-            except PoolTimeout:
-                raise self._starved(wait) from None
-            with self._pinned_lock:
-                self._pinned.add(conn)
-            here.pinned = conn
-        else:
-            conn = kept
-        here.busy = True
-        try:
-            if settle:
-                self._wire.settle(conn)
-            yield conn
-        finally:
-            here.busy = False
-            if conn.broken or conn.closed:
-                self._unpin(conn)
-                here.pinned = None
-            # (A read's COMMIT on its way is left for the next use to read: pg_wire.py.)
-            elif not self._wire.owes(conn) and conn.info.transaction_status != pq.TransactionStatus.IDLE:
-                _rollback(conn)
-
-    def _unpin(self, conn: psycopg.Connection[Any]) -> None:
-        """Hand a kept connection back: the pool replaces it when it is broken."""
-        with self._pinned_lock:
-            self._pinned.discard(conn)
-        self._pool.putconn(conn)
-
-    def _own_thread(self) -> None:
-        """Marks a thread of the store's reader or writer pool (ThreadPoolExecutor's initializer)."""
-        self._thread.own = True
-
-    # transactions ---------------------------------------------------------------------
-
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """Inside ``write`` it joins the call's transaction; elsewhere it blocks its thread
-        for a connection and commits at its end. A transaction belongs to the task that
-        opened it: another task of the same thread touching the store meanwhile (the opener
-        awaited inside it) is refused, instead of joining it or reading its writes."""
-        here = self._thread
-        if here.depth:
-            self._check_owner()
-            here.depth += 1
-            try:
-                yield
-            finally:
-                here.depth -= 1
-            return
-        with self._borrow() as conn:
-            here.write, here.depth, here.owner, here.callbacks = conn, 1, current_task(), []
-            here.write_began = False
-            try:
-                yield
-            except BaseException:
-                here.callbacks = []
-                if here.write_began:
-                    _rollback(conn)
-                raise
-            else:
-                self._commit(conn, [done(here.callbacks)])
-            finally:
-                here.write, here.depth, here.owner, here.callbacks, here.appended = None, 0, None, [], False
-                here.write_began = False
-        self._order.drain()
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        here = self._thread
-        if here.depth:
-            self._check_owner()
-            here.callbacks.append(callback)
-        else:
-            run_callback(callback)
-
-    def _check_owner(self) -> None:
-        if current_task() is not self._thread.owner:
-            raise RuntimeError(
-                "the store is inside a transaction another task opened; "
-                "a transaction must not be held across an await"
-            )
-
-    def _run(self, statement: Any, params: Sequence[Any] | Mapping[str, Any], fetch: str) -> Any:
-        """One statement: in this thread's write transaction, else its read snapshot, else
-        on a connection borrowed for it alone (autocommit)."""
-        here = self._thread
-        if here.depth:
-            self._check_owner()
-            conn = cast(psycopg.Connection[Any], here.write)
-            if here.write_began:
-                return self._on(conn, statement, params, fetch)
-            # A write's BEGIN goes with its first statement, in one round trip.
-            try:
-                return self._on(conn, statement, params, fetch, b"BEGIN")
-            finally:
-                # Begun unless it failed before anything was sent.
-                here.write_began = conn.info.transaction_status in _IN_TRANSACTION
-        if here.read is not None:
-            if here.began:
-                return self._on(here.read, statement, params, fetch)
-            try:
-                return self._on(here.read, statement, params, fetch, _BEGIN_READ)
-            finally:
-                # Begun unless it failed before anything was sent.
-                here.began = here.read.info.transaction_status in _IN_TRANSACTION
-        with self._borrow() as conn:
-            return self._on(conn, statement, params, fetch)
-
-    def _on(
-        self,
-        conn: psycopg.Connection[Any],
-        statement: Any,
-        params: Any,
-        fetch: str,
-        begin: bytes | None = None,
-    ) -> Any:
-        """One statement on ``conn``; after ``begin`` (a transaction's BEGIN) when given."""
-        started = time.monotonic()
-        try:
-            if isinstance(statement, str) and not isinstance(params, Mapping):
-                result = self._wire.run(conn, statement, params, fetch, begin)
-                if result is not PSYCOPG:
-                    return result
-            if begin is not None:
-                self._wire.settle(conn)
-                _command(conn, begin)
-            cursor = conn.execute(statement, params)
-            if fetch == "one":
-                return cursor.fetchone()
-            if fetch == "all":
-                return cursor.fetchall()
-            return cursor.rowcount
-        except Exception as exc:
-            mapped = _store_error(exc, started)
-            if mapped is None:
-                raise
-            raise mapped from None
-
-    def _one(self, statement: Any, params: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
-        return self._run(statement, params, "one")
-
-    def _all(self, statement: Any, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[Any]:
-        return cast(list[Any], self._run(statement, params, "all"))
-
-    def _count(self, statement: Any, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
-        return int(self._run(statement, params, "count"))
-
-    def execute(self, statement: str, params: Sequence[Any] = ()) -> list[Any]:
-        """Run one statement where the store would (tests, tools); its rows, if any."""
-        return cast(list[Any], self._run(statement, params, "all"))
+    def _list_statement(self, query: ListQuery) -> tuple[str, list[Any]] | None:
+        """One page: newest first (or by name), filters as indexed conditions; PostgreSQL's
+        planner walks the (kind, id) or (kind, namespace, id) index and stops at the page,
+        or reads a filter's GIN matches when they are few."""
+        return query_statement(query)
 
     # records --------------------------------------------------------------------------
 
-    def _locking(self) -> str:
-        """In a write transaction a record read is locked until it ends (``FOR UPDATE``), so
-        a read-modify-write (a session's message count, a plan's state) sees the newest
-        version and no other replica's write slips between the read and the write: what
-        SQLite's one writer gives for free. Reads in ``read`` lock nothing."""
-        return " FOR UPDATE" if self._thread.depth else ""
-
-    def get(self, kind: str, id: str) -> Record | None:
-        row = self._one(_GET + self._locking(), (kind, id))
-        return _record(row) if row else None
-
-    def get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
-        row = self._one(_BY_NAME + self._locking(), (kind, namespace, name))
-        return _record(row) if row else None
-
     def insert(self, record: Record) -> None:
         with self.transaction():
-            if not self._count(_INSERT, _insert_params(record)):
-                raise _clash(record)
+            if not self._count(INSERT, insert_params(record)):
+                raise clash(record)
             self.note_claim(record.kind, record.id, record.body)
 
     def update(self, record: Record, expected_revision: int | None = None) -> None:
@@ -951,20 +269,7 @@ class PostgresStore(Store):
             changed = self._count(
                 "UPDATE records SET namespace=%s, name=%s, revision=%s, state=%s, attrs=%s, labels=%s, "
                 "update_time=%s, body=%s WHERE kind=%s AND id=%s AND (%s::bigint IS NULL OR revision=%s)",
-                (
-                    record.namespace,
-                    record.name,
-                    record.revision,
-                    record.state,
-                    Jsonb(record.attrs),
-                    Jsonb(record.labels),
-                    record.update_time,
-                    record.body,
-                    record.kind,
-                    record.id,
-                    expected_revision,
-                    expected_revision,
-                ),
+                (*rows.update_params(record, Jsonb), expected_revision, expected_revision),
             )
             if not changed:
                 current = self._one(
@@ -991,26 +296,6 @@ class PostgresStore(Store):
             if current is None:
                 return False
             raise StaleRevisionError(int(current[0]))
-
-    def query(self, query: ListQuery) -> list[Record]:
-        """One page: newest first (or by name), filters as indexed conditions; PostgreSQL's
-        planner walks the (kind, id) or (kind, namespace, id) index and stops at the page,
-        or reads a filter's GIN matches when they are few."""
-        statement = _query_statement(query)
-        if statement is None:
-            return []
-        rows = self._all(*statement)
-        return [_record(row) for row in rows]
-
-    def iter_kind(self, kind: str, namespace: str | None = None) -> Iterator[Record]:
-        if namespace is None:
-            rows = self._all(f"SELECT {_COLUMNS} FROM records WHERE kind=%s ORDER BY id", (kind,))
-        else:
-            rows = self._all(
-                f"SELECT {_COLUMNS} FROM records WHERE kind=%s AND namespace=%s ORDER BY id",
-                (kind, namespace),
-            )
-        return iter([_record(row) for row in rows])
 
     # items ----------------------------------------------------------------------------
 
@@ -1064,27 +349,21 @@ class PostgresStore(Store):
                     (_GET, (kind, id)),
                     (_ITEMS, (collection, id)),
                 ],
-                _BEGIN_READ,
+                BEGIN_READ,
             )
         except Exception as exc:
-            mapped = _store_error(exc, started)
-            if mapped is None:
-                raise
-            raise mapped from None
+            reraise(exc, started)
         finally:
             # Begun unless it failed before anything was sent.
-            here.began = conn.info.transaction_status in _IN_TRANSACTION
+            here.began = conn.info.transaction_status in IN_TRANSACTION
         if answers is PSYCOPG:
             return super().get_with_items(kind, id, collection)
         records, items = answers
-        return (_record(records[0]) if records else None), [(int(idx), bytes(body)) for idx, body in items]
-
-    def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
-        rows = self._all(_ITEMS, (collection, owner_id))
-        return [(int(idx), bytes(body)) for idx, body in rows]
+        return (rows.record(records[0], rows.as_decoded) if records else None), rows.items(items)
 
     def delete_items(self, collection: str, owner_id: str) -> None:
-        self._count("DELETE FROM items WHERE collection=%s AND owner_id=%s", (collection, owner_id))
+        # One statement, alone outside a write (autocommit): SQLite's needs a transaction.
+        self._count(SQL.delete_items, (collection, owner_id))
 
     # events ---------------------------------------------------------------------------
 
@@ -1122,193 +401,31 @@ class PostgresStore(Store):
     def read_events(
         self, after_sequence: int, limit: int, where: EventFilter | None = None
     ) -> list[StoredEvent]:
-        return [_event(row) for row in self._events(_EVENT_COLUMNS, after_sequence, limit, where)]
+        return [_event(row) for row in self._events(rows.EVENT_COLUMNS, after_sequence, limit, where)]
 
     def read_event_bodies(
         self, after_sequence: int, limit: int, where: EventFilter | None = None
     ) -> list[tuple[int, bytes]]:
         # Two columns: a backlog decodes only these, and each column is a Python object a row.
-        rows = self._events("sequence, body", after_sequence, limit, where)
-        return [(int(row[0]), bytes(row[1])) for row in rows]
-
-    def _events(self, columns: str, after_sequence: int, limit: int, where: EventFilter | None) -> list[Any]:
-        clauses = ["sequence > %s"]
-        params: list[Any] = [after_sequence]
-        if where is not None:
-            if where.namespaces is not None:
-                if not where.namespaces:
-                    return []
-                clauses.append("namespace = ANY(%s::text[])")
-                params.append(sorted(where.namespaces))
-            for column, value in (("plan_id", where.plan_id), ("session_id", where.session_id)):
-                if value:
-                    # The literal term matches the partial indexes events_by_plan/_by_session.
-                    clauses.append(f"{column} = %s AND {column} <> ''")
-                    params.append(value)
-            if where.types:
-                clauses.append("type = ANY(%s::text[])")
-                params.append(sorted(where.types))
-        params.append(limit)
-        return self._all(
-            f"SELECT {columns} FROM events WHERE {' AND '.join(clauses)} ORDER BY sequence LIMIT %s",
-            params,
-        )
+        return [
+            (int(row[0]), bytes(row[1]))
+            for row in self._events("sequence, body", after_sequence, limit, where)
+        ]
 
     def last_sequence(self) -> int:
         row = self._one("SELECT last FROM event_sequence")
         return int(row[0]) if row else 0
 
-    def first_sequence(self) -> int:
-        return int(self._one("SELECT COALESCE(MIN(sequence), 0) FROM events")[0])
-
-    def prune_events(self, *, keep_last: int | None = None, older_than: float | None = None) -> int:
-        with self.transaction():
-            last = self.last_sequence()
-            removed = 0
-            if keep_last is not None:
-                removed += self._count("DELETE FROM events WHERE sequence <= %s", (last - max(keep_last, 1),))
-            if older_than is not None:
-                removed += self._count(
-                    "DELETE FROM events WHERE time < %s AND sequence < %s", (older_than, last)
-                )
-            return removed
-
-    # request ids ----------------------------------------------------------------------
-
-    def stamp_request(self, entry: RequestEntry, cutoff: float) -> bool:
-        return self._put_request(entry, cutoff, answer=False)
-
-    def answer_request(self, entry: RequestEntry, cutoff: float) -> bool:
-        return self._put_request(entry, cutoff, answer=True)
-
-    def _put_request(self, entry: RequestEntry, cutoff: float, *, answer: bool) -> bool:
-        with self.transaction():
-            return bool(
-                self._count(
-                    "INSERT INTO requests (principal, request_id, operation, digest, owner, time, answer, "
-                    "error, written) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s) "
-                    "ON CONFLICT (principal, request_id) DO UPDATE SET operation=excluded.operation, "
-                    "digest=excluded.digest, owner=excluded.owner, time=excluded.time, "
-                    "answer=excluded.answer, error=excluded.error, written=excluded.written "
-                    "WHERE requests.owner = excluded.owner OR requests.time < %s",
-                    (
-                        entry.principal,
-                        entry.request_id,
-                        entry.operation,
-                        entry.digest,
-                        entry.owner,
-                        entry.time,
-                        entry.answer if answer else None,
-                        entry.error if answer else False,
-                        encode_written(entry.written),
-                        cutoff,
-                    ),
-                )
-            )
-
-    def get_request(self, principal: str, request_id: str) -> RequestEntry | None:
-        row = self._one(
-            "SELECT operation, digest, owner, time, answer, error, written FROM requests "
-            "WHERE principal=%s AND request_id=%s",
-            (principal, request_id),
-        )
-        if row is None:
-            return None
-        operation, digest, owner, time_, answer, error, written = row
-        return RequestEntry(
-            principal=principal,
-            request_id=request_id,
-            operation=operation,
-            digest=bytes(digest),
-            owner=owner,
-            time=float(time_),
-            answer=None if answer is None else bytes(answer),
-            error=bool(error),
-            written=decode_written(bytes(written)),
-        )
-
-    def prune_requests(self, older_than: float) -> int:
-        with self.transaction():
-            return self._count("DELETE FROM requests WHERE time < %s", (older_than,))
-
     # leases ---------------------------------------------------------------------------
 
-    def store_time(self) -> float:
-        return float(self._one(f"SELECT {_NOW}")[0])
-
-    def get_lease(self, name: str) -> Lease | None:
-        row = self._one(f"SELECT {_LEASE} FROM leases WHERE name = %s", (name,))
-        return _lease(row) if row else None
-
-    def held_leases(self, prefix: str, limit: int) -> list[Lease]:
-        rows = self._all(
-            f"SELECT {_LEASE} FROM leases WHERE owner <> '' AND left(name, %s) = %s "
-            "ORDER BY expires LIMIT %s",
-            (len(prefix), prefix, limit),
-        )
-        return [_lease(row) for row in rows]
-
-    def claim_lease(
-        self, name: str, owner: str, ttl: float, *, steal_token: int | None = None
-    ) -> Lease | None:
-        """The row exists first, so the conditional UPDATE always has one to lock: a second
-        claimant waits for the first's commit, then finds the lease held (READ COMMITTED
-        re-checks the WHERE on the row it waited for)."""
-        with self.transaction():
-            self._count("INSERT INTO leases (name) VALUES (%s) ON CONFLICT (name) DO NOTHING", (name,))
-            row = self._one(
-                f"UPDATE leases SET owner = %s, token = token + 1, expires = {_NOW} + %s, request = '' "
-                f"WHERE name = %s AND (owner = '' OR expires <= {_NOW} OR token = %s) RETURNING {_LEASE}",
-                (owner, ttl, name, -1 if steal_token is None else steal_token),
-            )
-            return _lease(row) if row else None
-
-    def renew_leases(self, owner: str, tokens: Mapping[str, int], ttl: float) -> dict[str, str]:
-        renewed: dict[str, str] = {}
-        with self.transaction():
-            for name, token in sorted(tokens.items()):
-                row = self._one(
-                    f"UPDATE leases SET expires = {_NOW} + %s "
-                    "WHERE name = %s AND owner = %s AND token = %s RETURNING request",
-                    (ttl, name, owner, token),
-                )
-                if row is not None:
-                    renewed[name] = row[0]
-        return renewed
-
-    def release_lease(self, name: str, token: int) -> bool:
-        with self.transaction():
-            row = self._one(
-                "UPDATE leases SET owner = '', expires = 0, request = '' "
-                "WHERE name = %s AND token = %s AND owner <> '' RETURNING name",
-                (name, token),
-            )
-            return row is not None
-
-    def check_lease(self, name: str, token: int | None) -> Lease | None:
+    def _fenced_lease(self, name: str, token: int | None) -> Lease | None:
         """FOR SHARE: a claim (an UPDATE of the row) waits until the guarded transaction
         ends, so the writes it guards commit before any new holder's token exists. Checking
         a lease nobody ever held makes its row, so there is a row to lock."""
-        with self.transaction():
-            if token is None:
-                self._count("INSERT INTO leases (name) VALUES (%s) ON CONFLICT (name) DO NOTHING", (name,))
-            row = self._one(f"SELECT {_LEASE} FROM leases WHERE name = %s FOR SHARE", (name,))
-        lease = _lease(row) if row else None
         if token is None:
-            if lease is not None and lease.live:
-                raise LeaseHeldError(lease)
-        elif lease is None or lease.token != token or not lease.live:
-            raise LeaseLostError(name, token, lease)
-        return lease
-
-    def request_lease(self, name: str, request: str) -> bool:
-        with self.transaction():
-            row = self._one(
-                "UPDATE leases SET request = %s "
-                f"WHERE name = %s AND owner <> '' AND expires > {_NOW} RETURNING name",
-                (request, name),
-            )
-            return row is not None
+            self._count(SQL.make_lease, (name,))
+        row = self._one(SQL.get_lease + " FOR SHARE", (name,))
+        return rows.lease(row) if row else None
 
     def event_wakeups(self) -> EventWakeups:
         """LISTEN on a connection of its own: woken when an append commits on any replica."""
@@ -1333,69 +450,3 @@ class PostgresStore(Store):
                 log.warning("a read's COMMIT was lost at close: %s", exc)
             self._pool.putconn(conn)
         self._pool.close()
-
-
-def _let_go_of_closed(lanes: dict[asyncio.AbstractEventLoop, Any]) -> None:
-    """Close and forget the loop connections of event loops closed since."""
-    for loop, lane in list(lanes.items()):
-        if loop.is_closed():
-            del lanes[loop]
-            lane.close(RuntimeError("the event loop is closed"))
-
-
-class PostgresWakeups(EventWakeups):
-    """LISTEN on a connection of its own, used by the follower's thread alone. A hint, never
-    the truth: a notification lost with a dropped connection is covered by the follower's
-    poll, and the connection is made again at the next wait."""
-
-    # How long one look at the connection blocks, so a close is noticed soon.
-    SLICE = 0.2
-
-    def __init__(self, url: str, channel: str, conninfo: str | None = None) -> None:
-        super().__init__()
-        self._url = url
-        self._conninfo = url if conninfo is None else conninfo
-        self._channel = channel
-        self._conn: psycopg.Connection[Any] | None = None
-        # Held while the connection is in use: close() releases it only between waits.
-        self._using = threading.Lock()
-
-    def _listening(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
-            self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-        return self._conn
-
-    def wait(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        with self._using:
-            while not self._closed.is_set():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                try:
-                    conn = self._listening()
-                    for _ in conn.notifies(timeout=min(self.SLICE, remaining), stop_after=1):
-                        return True
-                except psycopg.Error as exc:
-                    log.warning(
-                        "event wake-ups from %s lost (%s); polling until back", redacted(self._url), exc
-                    )
-                    self._drop()
-                    self._closed.wait(min(remaining, 1.0))
-            self._drop()
-        return False
-
-    def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.closed:
-            conn.close()
-
-    def close(self) -> None:
-        super().close()
-        # A wait in progress sees the flag within SLICE and drops the connection itself.
-        if self._using.acquire(timeout=self.SLICE * 10):
-            try:
-                self._drop()
-            finally:
-                self._using.release()

@@ -3,239 +3,64 @@
 ``synchronous=FULL``: a commit returns only after the WAL is on disk, so an acknowledged
 write survives a ``kill -9`` and a power cut alike.
 
-One writer thread owns the write connection: ``write`` queues a function, and the writer
-runs every function queued while its previous commit ran (each in a savepoint, so one
-failing undoes only its own writes) and commits them as one (group commit: one fsync for
-many calls). A write asked for while the writer sleeps wakes it once its event loop has
-run what is ready (at most ``HOLD`` later): the writes of that turn of the loop go in one
-commit. Readers use their own connections on a small thread pool; in WAL mode a read never
-waits for the write lock, whoever holds it. A write lock held by another process
-(the ``agents`` CLI on the same file, a backup, an ``sqlite3`` shell) is waited for on the
+Writes go through one writer thread that commits what queued meanwhile as one transaction
+(group commit: ``sqlite_writes.py``); reads run on reader threads with connections of their
+own, or from memory while nobody commits (``sqlite_reads.py``); in WAL mode a read never
+waits for the write lock, whoever holds it. A write lock held by another process (the
+``agents`` CLI on the same file, a backup, an ``sqlite3`` shell) is waited for on the
 writer thread, in short slices, up to ``write_timeout``: then the waiting calls fail with
-StoreBusyError and nothing of them was written.
+StoreBusyError and nothing of them was written. This module holds the file, its schema,
+its transactions and the statements only SQLite runs; those both stores run are
+``sql_store.py``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextvars
-import functools
-import itertools
 import json
-import logging
 import os
 import pathlib
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import orjson
 
+from cleveragents.acp.facade.store import rows
 from cleveragents.acp.facade.store import sqlite_lists as lists
 from cleveragents.acp.facade.store.base import (
     DEFAULT_WRITE_TIMEOUT,
     EventFilter,
     EventWakeups,
     Lease,
-    LeaseHeldError,
-    LeaseLostError,
     ListQuery,
     Record,
     SchemaTooNewError,
     StaleRevisionError,
-    Store,
     StoreBusyError,
     StoreConflictError,
     StoredEvent,
-    StoreFullError,
 )
-from cleveragents.acp.facade.store.delivery import CommitOrder, Job, current_task, done, run_callback
+from cleveragents.acp.facade.store.delivery import CommitOrder, current_task, done, run_callback
 from cleveragents.acp.facade.store.migrations import MIGRATIONS
-from cleveragents.acp.facade.store.read_cache import ReadCache
-from cleveragents.acp.facade.store.reads import Outcome, ReadLane
-from cleveragents.acp.facade.store.requests import RequestEntry, decode_written, encode_written
+from cleveragents.acp.facade.store.requests import RequestEntry
+from cleveragents.acp.facade.store.sqlite_reads import SQLiteReads
+from cleveragents.acp.facade.store.sqlite_writes import GroupCommit, busy
+from cleveragents.acp.facade.store.statements import SQLITE, Statements
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, DataVersionWakeups, PeerChannel
 from cleveragents.acp.facade.store.wal_index import WalIndex
 
-log = logging.getLogger(__name__)
-
-_EVENT_COLUMNS = "sequence, namespace, type, plan_id, session_id, time, body"
-T = TypeVar("T")
-
-# The store's clock: SQLite's own 'now' (one value per statement), in seconds since the epoch.
-_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
-_LEASE = f"name, owner, token, expires, expires > {_NOW}, request"
-
-_COLUMNS = "kind, id, namespace, name, revision, state, attrs, labels, create_time, update_time, body"
-# Times as text of 17 significant digits: a REAL in JSON keeps only 15.
-_POINT_RECORD = (
-    "json_array(r.kind, r.id, r.namespace, r.name, r.revision, r.state, r.attrs, r.labels, "
-    "printf('%!.17g', r.create_time), printf('%!.17g', r.update_time), hex(r.body))"
-)
-
-
-@functools.cache
-def _points_statement(records: int, owners: int) -> str:
-    """The records of ``records`` (kind, id) pairs and the items of ``owners`` (collection,
-    owner_id) pairs, each as a JSON array; both looked up by primary key."""
-    keys = ",".join(["(?,?)"] * records)
-    found = (
-        f"SELECT json_group_array({_POINT_RECORD}) FROM (VALUES {keys}) AS k "
-        "CROSS JOIN records AS r ON r.kind = k.column1 AND r.id = k.column2"
-    )
-    if not owners:
-        return f"SELECT ({found}), '[]'"
-    pairs = ",".join(["(?,?)"] * owners)
-    listed = (
-        "SELECT json_group_array(json_array(i.collection, i.owner_id, i.idx, hex(i.body))) "
-        f"FROM (VALUES {pairs}) AS k "
-        "CROSS JOIN items AS i ON i.collection = k.column1 AND i.owner_id = k.column2"
-    )
-    return f"SELECT ({found}), ({listed})"
-
-
-def _first(item: tuple[int, bytes]) -> int:
-    return item[0]
-
-
-# A point read's answer: the record (None: there is none) and its items, if any were asked.
-_Answer = tuple[Record | None, list[tuple[int, bytes]]]
-# What a kept answer costs beside its bodies (the objects around them), roughly.
-_KEPT_OVERHEAD = 300
-
-
-def _copied(answer: _Answer) -> _Answer:
-    """An answer no caller of ``read_cache`` shares with another: a Record and its dicts
-    may be changed by whoever got them (bodies and item tuples are immutable)."""
-    record, items = answer
-    if record is not None:
-        # The constructor, not copy.copy: a third of the cost, on every answer from memory.
-        record = Record(
-            kind=record.kind,
-            id=record.id,
-            namespace=record.namespace,
-            body=record.body,
-            name=record.name,
-            revision=record.revision,
-            state=record.state,
-            attrs=dict(record.attrs),
-            labels=dict(record.labels),
-            create_time=record.create_time,
-            update_time=record.update_time,
-        )
-    return record, list(items)
-
-
-def _size(answer: _Answer) -> int:
-    record, items = answer
-    size = _KEPT_OVERHEAD + (len(record.body) if record is not None else 0)
-    return size + sum(len(body) + 64 for _, body in items)
-
-
-class _PointRead:
-    """A read of one record, and of its items in ``collection`` when one is named, by
-    primary key: the reader answers those it takes at once together (``ReadLane``)."""
-
-    __slots__ = ("collection", "id", "kind", "queued", "together")
-
-    def __init__(
-        self,
-        together: Callable[[list[_PointRead]], list[Outcome]],
-        kind: str,
-        id: str,
-        collection: str | None,
-        queued: float,
-    ) -> None:
-        self.together = together
-        self.kind = kind
-        self.id = id
-        self.collection = collection
-        self.queued = queued
-
-    def answer(
-        self,
-        records: Mapping[tuple[str, str], Record],
-        items: Mapping[tuple[str, str], list[tuple[int, bytes]]],
-    ) -> tuple[Record | None, list[tuple[int, bytes]]]:
-        """Its answer from what one statement found for it and the others."""
-        if self.collection is None:
-            return records.get((self.kind, self.id)), []
-        return records.get((self.kind, self.id)), items.get((self.collection, self.id), [])
-
-    def __call__(self) -> tuple[Record | None, list[tuple[int, bytes]]]:
-        error, result = self.together([self])[0]
-        if error is not None:
-            raise error
-        return cast(tuple[Record | None, list[tuple[int, bytes]]], result)
-
-
 _WITH_ITEMS = (
-    f"SELECT NULL, {_COLUMNS} FROM records WHERE kind=? AND id=? "
+    f"SELECT NULL, {rows.COLUMNS} FROM records WHERE kind=? AND id=? "
     "UNION ALL SELECT idx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, body "
     "FROM items WHERE collection=? AND owner_id=? ORDER BY 1"
 )
 
 
-def _record(row: sqlite3.Row | Sequence[Any]) -> Record:
-    kind, id_, namespace, name, revision, state, attrs, labels, created, updated, body = row
-    return Record(
-        kind=kind,
-        id=id_,
-        namespace=namespace,
-        name=name,
-        revision=revision,
-        state=state,
-        attrs=_loads(attrs),
-        labels=_loads(labels),
-        create_time=created,
-        update_time=updated,
-        body=bytes(body),
-    )
-
-
-_INSERT_RECORDS = f"INSERT INTO records ({_COLUMNS}) VALUES "
-
-
-def _record_params(record: Record) -> tuple[Any, ...]:
-    return (
-        record.kind,
-        record.id,
-        record.namespace,
-        record.name,
-        record.revision,
-        record.state,
-        _json(record.attrs),
-        _json(record.labels),
-        record.create_time,
-        record.update_time,
-        record.body,
-    )
-
-
-class _Insert:
-    """``insert(record)`` with nothing read before it (``insert_alone``): the writer makes
-    those of a batch that follow one another together (``SQLiteStore._insert_together``)."""
-
-    __slots__ = ("record",)
-
-    def __init__(self, record: Record) -> None:
-        self.record = record
-
-    def __call__(self, store: Store) -> None:
-        store.insert(self.record)
-
-
-def _is_insert(job: Job) -> bool:
-    return type(job.fn) is _Insert
-
-
-def _lease(row: tuple[Any, ...]) -> Lease:
-    name, owner, token, expires, live, request = row
-    return Lease(name, owner, int(token), float(expires), bool(live) and bool(owner), request)
+_INSERT_RECORDS = f"INSERT INTO records ({rows.COLUMNS}) VALUES "
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -277,11 +102,6 @@ def _json(value: dict[str, str]) -> str:
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-# The most writes one commit takes: bounds how long the first of them waits for the last.
-MAX_BATCH = 256
-# How long a write asked for while the writer sleeps waits at most for its busy loop to
-# run out of ready callbacks before the writer is woken.
-HOLD = 0.0005
 # How long one attempt at the write lock blocks the writer thread before it looks again.
 _LOCK_SLICE_MS = 50
 
@@ -290,59 +110,11 @@ _LOCK_SLICE_MS = 50
 _WAL_RETRY_SECONDS = 0.01
 
 
-# SQLite's primary result code for a full disk (ENOSPC on the database, journal or WAL).
-_SQLITE_FULL = 13
-
-
-def _disk_full(exc: BaseException) -> bool:
-    return (
-        isinstance(exc, sqlite3.Error) and (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == _SQLITE_FULL
-    )
-
-
-# Lock contention with another connection or process, which passes: SQLITE_PROTOCOL is what
-# a WAL-index lock race answers after SQLite's own retries (seen opening a file beside a
-# process frozen mid-write on a loaded machine), as transient as SQLITE_BUSY.
-_CONTENDED = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_PROTOCOL})
-
-
-def _busy(exc: sqlite3.OperationalError) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in _CONTENDED
-    text = str(exc)
-    return "locked" in text or "busy" in text or "locking protocol" in text
-
-
-# Insert a request's row, or replace it when it is the same claim's or past retention.
-_PUT_REQUEST = (
-    "INSERT INTO requests (principal, request_id, operation, digest, owner, time, answer, error, written) "
-    "VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT (principal, request_id) DO UPDATE SET "
-    "operation=excluded.operation, digest=excluded.digest, owner=excluded.owner, time=excluded.time, "
-    "answer=excluded.answer, error=excluded.error, written=excluded.written "
-    "WHERE requests.owner = excluded.owner OR requests.time < ?"
-)
-
 _SWEEP_FIRST = "SELECT principal, request_id, time FROM requests ORDER BY principal, request_id LIMIT ?"
 _SWEEP_AFTER = (
     "SELECT principal, request_id, time FROM requests WHERE (principal, request_id) > (?, ?) "
     "ORDER BY principal, request_id LIMIT ?"
 )
-
-
-def _request_row(entry: RequestEntry, cutoff: float, *, answer: bool) -> tuple[Any, ...]:
-    return (
-        entry.principal,
-        entry.request_id,
-        entry.operation,
-        entry.digest,
-        entry.owner,
-        entry.time,
-        entry.answer if answer else None,
-        int(entry.error) if answer else 0,
-        encode_written(entry.written),
-        cutoff,
-    )
 
 
 def _create_private(path: pathlib.Path) -> None:
@@ -357,7 +129,10 @@ def _create_private(path: pathlib.Path) -> None:
     os.close(fd)
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SQLiteReads, GroupCommit):
+    sql = Statements(SQLITE)
+    read_maps = staticmethod(_loads)
+
     def __init__(
         self,
         path: str | pathlib.Path,
@@ -404,26 +179,11 @@ class SQLiteStore(Store):
         except BaseException:
             self._db.close()
             raise
-        # Read connections, one per thread that reads (reader pool, or a blocking caller).
-        self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
-        self._readers_lock = threading.Lock()
-        self._reads = ReadLane(readers, "acp-store-read")
-        # Point and by-name reads answered on the loop while nobody commits (read_cache.py).
-        # Only in WAL mode: a -shm file left by an earlier WAL session would never change.
+        # The read cache only in WAL mode: a -shm file left by an earlier WAL session would
+        # never change.
         self._index = WalIndex(self.path) if wal and cache_reads else None
-        self._cache: ReadCache[_Answer] | None = ReadCache(self._index) if self._index else None
-        # The one event loop that uses the cache (it has no lock): another one's reads go
-        # to the readers, until the first is closed.
-        self._cache_loop: asyncio.AbstractEventLoop | None = None
-        # Writes queued for the writer thread, started on the first write().
-        self._queue: collections.deque[Job] = collections.deque()
-        self._wake = threading.Condition()
-        self._writer: threading.Thread | None = None
-        # The writer waits for work and nobody woke it yet (under ``_wake``); the loops
-        # whose wake-up of it is held until they run out of ready callbacks.
-        self._sleeping = False
-        self._holding: set[asyncio.AbstractEventLoop] = set()
+        self._open_reads(readers, self._index)
+        self._open_writer()
         self._closing = False
         self._closed = False
         # Committed writes whose callbacks and answers are due, in commit order.
@@ -439,7 +199,7 @@ class SQLiteStore(Store):
             try:
                 return bool(self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal")
             except sqlite3.OperationalError as exc:
-                if not _busy(exc):
+                if not busy(exc):
                     self._db.close()
                     raise
                 if time.monotonic() - started >= self.write_timeout:
@@ -494,190 +254,10 @@ class SQLiteStore(Store):
                 self._db.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                if not _busy(exc):
+                if not busy(exc):
                     raise
                 if time.monotonic() >= deadline:
                     raise StoreBusyError(time.monotonic() - started) from None
-
-    # the event loop's interface --------------------------------------------------------
-
-    async def read(self, fn: Callable[[Store], T], *, urgent: bool = False) -> T:
-        return await self._read(fn, urgent=urgent)
-
-    # One statement each, which is its own snapshot: no BEGIN and COMMIT around it. The
-    # sqlite3 module lets go of the GIL at each statement's start and end and twice per row,
-    # and the busy event loop takes it each time: the reader thread then sleeps until it gets
-    # it back (a loop thread busy meanwhile: 111 µs of reader CPU for a read of 4
-    # statements against 27 µs for one).
-    # Reads by primary key the reader takes at once go in one statement (``_read_points``).
-
-    async def read_get(self, kind: str, id: str) -> Record | None:
-        record, _ = await self._read_point(kind, id, None)
-        return record
-
-    async def read_with_items(
-        self, kind: str, id: str, collection: str
-    ) -> tuple[Record | None, list[tuple[int, bytes]]]:
-        return await self._read_point(kind, id, collection)
-
-    async def _read_point(
-        self, kind: str, id: str, collection: str | None
-    ) -> tuple[Record | None, list[tuple[int, bytes]]]:
-        async def read() -> _Answer:
-            point = _PointRead(self._read_points, kind, id, collection, time.monotonic())
-            return cast(_Answer, await self._reads.run(point))
-
-        return await self._cached((kind, id, collection), read)
-
-    async def _cached(self, key: tuple[str | None, ...], read: Callable[[], Awaitable[_Answer]]) -> _Answer:
-        """``read()``'s answer, or the one kept for ``key`` if nobody committed since."""
-        if self._closed:
-            raise RuntimeError("the store is closed")
-        cache = self._cache_here()
-        if cache is None:
-            return await read()
-        state = cache.look()
-        found, kept = cache.get(state, key)
-        if found:
-            return _copied(cast(_Answer, kept))
-        answer = await read()
-        cache.put(state, key, _copied(answer), _size(answer))
-        return answer
-
-    def read_cache_counts(self) -> tuple[int, int]:
-        cache = self._cache
-        return (cache.hits, cache.misses) if cache is not None else (0, 0)
-
-    def _cache_here(self) -> ReadCache[_Answer] | None:
-        """The read cache, if this loop is the one using it."""
-        if self._cache is None:
-            return None
-        loop = asyncio.get_running_loop()
-        owner = self._cache_loop
-        if owner is loop:
-            return self._cache
-        if owner is not None and not owner.is_closed():
-            return None
-        with self._readers_lock:
-            if self._cache_loop is not owner:
-                return None
-            self._cache.clear()
-            self._cache_loop = loop
-        return self._cache
-
-    async def read_get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
-        def get(store: Store) -> Record | None:
-            return store.get_by_name(kind, namespace, name)
-
-        async def read() -> _Answer:
-            return await self._read(get, transaction=False), []
-
-        record, _ = await self._cached(("by-name", kind, namespace, name), read)
-        return record
-
-    async def read_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
-        return await self._read(lambda store: store.list_items(collection, owner_id), transaction=False)
-
-    async def _read(self, fn: Callable[[Store], T], *, urgent: bool = False, transaction: bool = True) -> T:
-        """``transaction``: ``fn`` makes more than one statement, which must see one snapshot."""
-        if self._closed:
-            raise RuntimeError("the store is closed")
-        # The caller's context travels with fn (its trace, read by what fn records).
-        context = contextvars.copy_context()
-        queued = time.monotonic()
-        return await self._reads.run(
-            functools.partial(context.run, self._read_now, fn, queued, transaction), urgent=urgent
-        )
-
-    def _read_now(self, fn: Callable[[Store], T], queued: float, transaction: bool) -> T:
-        observer = self.observer
-        if observer is not None:
-            observer.waited("read", time.monotonic() - queued)
-        if not transaction:
-            return fn(self)
-        db = self._reader()
-        db.execute("BEGIN")
-        try:
-            return fn(self)
-        finally:
-            db.execute("COMMIT")
-
-    def _read_points(self, reads: list[_PointRead]) -> list[Outcome]:
-        """On a reader thread: the records (and items) of ``reads``, in one statement. If it
-        fails (one answer over SQLite's length limit, SQLITE_TOOBIG, though each fits
-        alone; or a fault), each read is made alone and meets its own fault, if any."""
-        observer = self.observer
-        if observer is not None:
-            now = time.monotonic()
-            for read in reads:
-                observer.waited("read", now - read.queued)
-        if len(reads) > 1:
-            try:
-                records, items = self._points(reads)
-            except sqlite3.Error:
-                log.debug("point reads made one by one after their statement failed", exc_info=True)
-            else:
-                return [(None, read.answer(records, items)) for read in reads]
-        return [self._read_point_alone(read) for read in reads]
-
-    def _read_point_alone(self, read: _PointRead) -> Outcome:
-        try:
-            if read.collection is None:
-                return None, (self.get(read.kind, read.id), [])
-            return None, self.get_with_items(read.kind, read.id, read.collection)
-        except Exception as exc:  # handed to the caller
-            return exc, None
-
-    def _points(
-        self, reads: list[_PointRead]
-    ) -> tuple[dict[tuple[str, str], Record], dict[tuple[str, str], list[tuple[int, bytes]]]]:
-        """One row whatever the number of reads and items: each row costs the reader two
-        more hand-offs of the GIL (``_read_point``), so the rows come as two JSON arrays."""
-        keys = list(dict.fromkeys((read.kind, read.id) for read in reads))
-        owners = list(
-            dict.fromkeys((read.collection, read.id) for read in reads if read.collection is not None)
-        )
-        params = [value for key in keys + owners for value in key]
-        found, listed = self._one(_points_statement(len(keys), len(owners)), params)
-        records: dict[tuple[str, str], Record] = {}
-        for row in orjson.loads(found):
-            # The times and the body as _POINT_RECORD wrote them: text, and hex.
-            row[8:] = float(row[8]), float(row[9]), bytes.fromhex(row[10])
-            point = _record(row)
-            records[point.kind, point.id] = point
-        items: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
-        for collection, owner_id, idx, body in orjson.loads(listed):
-            items.setdefault((collection, owner_id), []).append((idx, bytes.fromhex(body)))
-        for owned in items.values():
-            owned.sort(key=_first)
-        return records, items
-
-    async def insert_alone(self, record: Record) -> None:
-        await self.write(_Insert(record))
-
-    async def write(self, fn: Callable[[Store], T]) -> T:
-        loop = asyncio.get_running_loop()
-        job = Job(fn, loop, time.monotonic() + self.write_timeout)
-        with self._wake:
-            if self._closing:
-                raise RuntimeError("the store is closed")
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_loop, name="acp-store-write", daemon=True)
-                self._writer.start()
-            self._queue.append(job)
-            if self._sleeping:
-                self._wake_writer(loop)
-        assert job.future is not None
-        try:
-            result = await job.future
-        except sqlite3.Error as exc:
-            if not _disk_full(exc):
-                raise
-            self.note_full()
-            raise StoreFullError(str(exc)) from None
-        if self.full is not None:
-            self.full = None
-        return cast(T, result)
 
     def free_bytes(self) -> int | None:
         """Free bytes on the file system of the database (where its WAL grows)."""
@@ -687,167 +267,7 @@ class SQLiteStore(Store):
             return None
         return stat.f_bavail * stat.f_frsize
 
-    def _wake_writer(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Wake the sleeping writer now if ``loop`` has nothing else ready, else once it has
-        run what is (under ``_wake``). Woken at once, the writer took the first write alone
-        to its fsync while the loop's next ones waited for another, and found the GIL held
-        by the loop at each statement (asyncio's loops keep their ready callbacks in
-        ``_ready``; a loop without one wakes the writer at once)."""
-        if not getattr(loop, "_ready", None):
-            self._sleeping = False
-            self._wake.notify()
-        elif loop not in self._holding:
-            self._holding.add(loop)
-            loop.call_soon(self._release, loop, time.monotonic() + HOLD)
-
-    def _release(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
-        if getattr(loop, "_ready", None) and time.monotonic() < deadline:
-            loop.call_soon(self._release, loop, deadline)
-            return
-        with self._wake:
-            self._holding.discard(loop)
-            self._sleeping = False
-            self._wake.notify()
-
-    def _write_loop(self) -> None:
-        while True:
-            with self._wake:
-                while not self._queue and not self._closing:
-                    self._sleeping = True
-                    self._wake.wait()
-                    self._sleeping = False
-                if not self._queue:
-                    return
-                batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
-            self._commit(batch)
-
-    def _commit(self, batch: list[Job]) -> None:
-        """Run a batch in one transaction; due in commit order once it is durable."""
-        with self._lock:
-            batch = self._begin_batch(batch)
-            if batch:
-                began = time.monotonic()
-                observer = self.observer
-                if observer is not None:
-                    for job in batch:
-                        observer.waited("write", began - job.queued)
-                self._run_batch(batch)
-                if observer is not None:
-                    observer.committed(time.monotonic() - began)
-            # Still under the write lock: the due queue is in commit order.
-            self._order.due(batch)
-        self._order.announce(batch)
-
-    def _begin_batch(self, batch: list[Job]) -> list[Job]:
-        """Start the transaction; calls that waited their whole bound fail meanwhile."""
-        while True:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                return batch
-            except sqlite3.OperationalError as exc:
-                if not _busy(exc):
-                    for job in batch:
-                        job.error = exc
-                    self._order.settle(batch)
-                    return []
-            now = time.monotonic()
-            expired = [job for job in batch if job.deadline <= now]
-            for job in expired:
-                job.error = StoreBusyError(self.write_timeout)
-            self._order.settle(expired)
-            batch = [job for job in batch if job.deadline > now]
-            if not batch:
-                return []
-
-    def _run_batch(self, batch: list[Job]) -> None:
-        """Each call in a savepoint, so one failing undoes only its own writes; a call alone
-        in its transaction needs none. Each statement costs the writer GIL hand-offs with
-        the busy loop (a sleep and a wake-up each), so inserts that follow one another go
-        in a few statements together (``_insert_together``)."""
-        self._depth, self._owner_thread, self._owner = 1, threading.get_ident(), None
-        try:
-            if len(batch) == 1:
-                self._run_alone(batch[0])
-            else:
-                for inserts, group in itertools.groupby(batch, _is_insert):
-                    jobs = list(group)
-                    if inserts and len(jobs) > 1 and self._insert_together(jobs):
-                        continue
-                    for job in jobs:
-                        self._run_in_savepoint(job)
-            if len(batch) == 1 and batch[0].error is not None:
-                # The call alone failed: its transaction was rolled back.
-                self._appended = False
-            else:
-                self._db.execute("COMMIT")
-                self._committed()
-        except BaseException as exc:  # the commit failed: nothing is durable
-            self._appended = False
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            for job in batch:
-                job.callbacks = []
-                if job.error is None:
-                    job.error = exc
-        finally:
-            self._depth, self._owner_thread, self._after_commit = 0, None, []
-
-    def _run_alone(self, job: Job) -> None:
-        self._after_commit = []
-        try:
-            job.result = job.run(self)
-            job.callbacks = self._after_commit
-        except BaseException as exc:  # handed to the caller
-            job.error = exc
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-
-    def _run_in_savepoint(self, job: Job) -> None:
-        self._after_commit = []
-        self._db.execute("SAVEPOINT job")
-        try:
-            job.result = job.run(self)
-            job.callbacks = self._after_commit
-        except BaseException as exc:  # handed to the caller
-            job.error = exc
-            self._db.execute("ROLLBACK TO job")
-        self._db.execute("RELEASE job")
-
-    def _insert_together(self, jobs: list[Job]) -> bool:
-        """``_Insert`` calls in one savepoint: their records in one statement, their tags in
-        another, and the request rows of those under a request id (``note_claim``, in the
-        caller's context). False when any of it failed (an id or name taken, a request id
-        another run holds, ...): then nothing of it is kept, and each call is to be made
-        alone, in its own savepoint, to meet only its own fault."""
-        records = [cast(_Insert, job.fn).record for job in jobs]
-        self._db.execute("SAVEPOINT together")
-        try:
-            self._insert_records(records)
-            for job, record in zip(jobs, records, strict=True):
-                job.context.run(self.note_claim, record.kind, record.id, record.body)
-        except Exception:
-            self._db.execute("ROLLBACK TO together")
-            self._db.execute("RELEASE together")
-            return False
-        self._db.execute("RELEASE together")
-        for job in jobs:
-            job.result, job.callbacks = None, []
-        return True
-
     # connections ----------------------------------------------------------------------
-
-    def _reader(self) -> sqlite3.Connection:
-        db: sqlite3.Connection | None = getattr(self._local, "db", None)
-        if db is None:
-            if self._closed:
-                raise RuntimeError("the store is closed")
-            db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA query_only=ON")
-            db.execute("PRAGMA busy_timeout=5000")
-            with self._readers_lock:
-                self._readers.append(db)
-            self._local.db = db
-        return db
 
     def _conn(self) -> sqlite3.Connection:
         """The write connection on the thread in a write transaction, else a reader."""
@@ -925,30 +345,22 @@ class SQLiteStore(Store):
     def _all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         return self.execute(sql, params).fetchall()
 
+    def _count(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return int(self.execute(sql, params).rowcount)
+
     # records --------------------------------------------------------------------------
-
-    def get(self, kind: str, id: str) -> Record | None:
-        row = self._one(f"SELECT {_COLUMNS} FROM records WHERE kind=? AND id=?", (kind, id))
-        return _record(row) if row else None
-
-    def get_by_name(self, kind: str, namespace: str, name: str) -> Record | None:
-        row = self._one(
-            f"SELECT {_COLUMNS} FROM records WHERE kind=? AND namespace=? AND name=?",
-            (kind, namespace, name),
-        )
-        return _record(row) if row else None
 
     def get_with_items(
         self, kind: str, id: str, collection: str
     ) -> tuple[Record | None, list[tuple[int, bytes]]]:
         """One statement: the record's row (an idx of NULL sorts first), then its items in
         order, merged from the two primary keys with no sort."""
-        rows = self._all(_WITH_ITEMS, (kind, id, collection, id))
+        found = self._all(_WITH_ITEMS, (kind, id, collection, id))
         record = None
-        if rows and rows[0][0] is None:
-            record = _record(rows[0][1:])
-            rows = rows[1:]
-        return record, [(int(row[0]), bytes(row[-1])) for row in rows]
+        if found and found[0][0] is None:
+            record = rows.record(found[0][1:], _loads)
+            found = found[1:]
+        return record, [(int(row[0]), bytes(row[-1])) for row in found]
 
     def insert(self, record: Record) -> None:
         try:
@@ -960,7 +372,9 @@ class SQLiteStore(Store):
 
     def _insert_records(self, records: Sequence[Record]) -> None:
         """Rows and tags of new records: two statements (in the write transaction)."""
-        lists.insert_rows(self._db, _INSERT_RECORDS, 11, [_record_params(record) for record in records])
+        lists.insert_rows(
+            self._db, _INSERT_RECORDS, 11, [rows.record_params(record, _json) for record in records]
+        )
         lists.add_records_tags(self._db, records)
 
     def update(self, record: Record, expected_revision: int | None = None) -> None:
@@ -976,18 +390,7 @@ class SQLiteStore(Store):
             self.execute(
                 "UPDATE records SET namespace=?, name=?, revision=?, state=?, attrs=?, labels=?, "
                 "update_time=?, body=? WHERE kind=? AND id=?",
-                (
-                    record.namespace,
-                    record.name,
-                    record.revision,
-                    record.state,
-                    _json(record.attrs),
-                    _json(record.labels),
-                    record.update_time,
-                    record.body,
-                    record.kind,
-                    record.id,
-                ),
+                rows.update_params(record, _json),
             )
             _, namespace, state, attrs, labels = current
             lists.retag(
@@ -1015,21 +418,9 @@ class SQLiteStore(Store):
             self.note_claim(kind, id, bytes(body))
             return True
 
-    def query(self, query: ListQuery) -> list[Record]:
+    def _list_statement(self, query: ListQuery) -> tuple[str, list[Any]] | None:
         """One page, reading about the page whatever the store holds (sqlite_lists)."""
-        statement = lists.select(query, _COLUMNS.split(", "))
-        if statement is None:
-            return []
-        return [_record(row) for row in self._all(*statement)]
-
-    def iter_kind(self, kind: str, namespace: str | None = None) -> Iterator[Record]:
-        if namespace is None:
-            rows = self._all(f"SELECT {_COLUMNS} FROM records WHERE kind=? ORDER BY id", (kind,))
-        else:
-            rows = self._all(
-                f"SELECT {_COLUMNS} FROM records WHERE kind=? AND namespace=? ORDER BY id", (kind, namespace)
-            )
-        return iter([_record(row) for row in rows])
+        return lists.select(query, rows.COLUMN_NAMES)
 
     # items ----------------------------------------------------------------------------
 
@@ -1057,16 +448,10 @@ class SQLiteStore(Store):
             )
             self.note_claim()
 
-    def list_items(self, collection: str, owner_id: str) -> list[tuple[int, bytes]]:
-        rows = self._all(
-            "SELECT idx, body FROM items WHERE collection=? AND owner_id=? ORDER BY idx",
-            (collection, owner_id),
-        )
-        return [(int(idx), bytes(body)) for idx, body in rows]
-
     def delete_items(self, collection: str, owner_id: str) -> None:
+        # In a transaction, unlike PostgreSQL's: outside a write this connection is read-only.
         with self.transaction():
-            self.execute("DELETE FROM items WHERE collection=? AND owner_id=?", (collection, owner_id))
+            self._count(self.sql.delete_items, (collection, owner_id))
 
     # events ---------------------------------------------------------------------------
 
@@ -1091,9 +476,9 @@ class SQLiteStore(Store):
     def read_events(
         self, after_sequence: int, limit: int, where: EventFilter | None = None
     ) -> list[StoredEvent]:
-        rows = self._events(_EVENT_COLUMNS, after_sequence, limit, where)
-        # The columns' types are already the fields' (INTEGER PRIMARY KEY, TEXT, REAL, BLOB).
-        return list(map(StoredEvent._make, rows))
+        # The columns' types are already the fields' (INTEGER PRIMARY KEY, TEXT, REAL, BLOB):
+        # no conversion per field, unlike PostgreSQL's (a backlog read's hot path).
+        return list(map(StoredEvent._make, self._events(rows.EVENT_COLUMNS, after_sequence, limit, where)))
 
     def read_event_bodies(
         self, after_sequence: int, limit: int, where: EventFilter | None = None
@@ -1101,49 +486,8 @@ class SQLiteStore(Store):
         # Each column costs the reader thread a Python object per row.
         return self._events("sequence, body", after_sequence, limit, where)
 
-    def _events(self, columns: str, after_sequence: int, limit: int, where: EventFilter | None) -> list[Any]:
-        clauses = ["sequence > ?"]
-        params: list[Any] = [after_sequence]
-        if where is not None:
-            if where.namespaces is not None:
-                if not where.namespaces:
-                    return []
-                clauses.append(f"namespace IN ({','.join('?' * len(where.namespaces))})")
-                params.extend(sorted(where.namespaces))
-            for column, value in (("plan_id", where.plan_id), ("session_id", where.session_id)):
-                if value:
-                    # The literal term is what lets SQLite use the partial index
-                    # events_by_plan/events_by_session: resuming one plan or session from
-                    # sequence 0 then reads its events, not the whole log.
-                    clauses.append(f"{column} = ? AND {column} != ''")
-                    params.append(value)
-            if where.types:
-                clauses.append(f"type IN ({','.join('?' * len(where.types))})")
-                params.extend(sorted(where.types))
-        params.append(limit)
-        return self._all(
-            f"SELECT {columns} FROM events WHERE {' AND '.join(clauses)} ORDER BY sequence LIMIT ?", params
-        )
-
     def last_sequence(self) -> int:
         return int(self._one("SELECT COALESCE(MAX(sequence), 0) FROM events")[0])
-
-    def first_sequence(self) -> int:
-        return int(self._one("SELECT COALESCE(MIN(sequence), 0) FROM events")[0])
-
-    def prune_events(self, *, keep_last: int | None = None, older_than: float | None = None) -> int:
-        with self.transaction():
-            last = self.last_sequence()
-            removed = 0
-            if keep_last is not None:
-                removed += self.execute(
-                    "DELETE FROM events WHERE sequence <= ?", (last - max(keep_last, 1),)
-                ).rowcount
-            if older_than is not None:
-                removed += self.execute(
-                    "DELETE FROM events WHERE time < ? AND sequence < ?", (older_than, last)
-                ).rowcount
-            return removed
 
     def event_wakeups(self) -> EventWakeups:
         return DataVersionWakeups(
@@ -1155,134 +499,40 @@ class SQLiteStore(Store):
     def stamp_request(self, entry: RequestEntry, cutoff: float) -> bool:
         if self._depth and self._owner_thread == threading.get_ident():
             # Inside the write's own transaction (note_claim, on every stamped write): the
-            # statement alone, no nested transaction to enter.
-            return self._db.execute(_PUT_REQUEST, _request_row(entry, cutoff, answer=False)).rowcount > 0
-        with self.transaction():
-            return self.execute(_PUT_REQUEST, _request_row(entry, cutoff, answer=False)).rowcount > 0
-
-    def answer_request(self, entry: RequestEntry, cutoff: float) -> bool:
-        with self.transaction():
-            return self.execute(_PUT_REQUEST, _request_row(entry, cutoff, answer=True)).rowcount > 0
-
-    def get_request(self, principal: str, request_id: str) -> RequestEntry | None:
-        row = self._one(
-            "SELECT operation, digest, owner, time, answer, error, written FROM requests "
-            "WHERE principal=? AND request_id=?",
-            (principal, request_id),
-        )
-        if row is None:
-            return None
-        operation, digest, owner, time_, answer, error, written = row
-        return RequestEntry(
-            principal=principal,
-            request_id=request_id,
-            operation=operation,
-            digest=bytes(digest),
-            owner=owner,
-            time=float(time_),
-            answer=None if answer is None else bytes(answer),
-            error=bool(error),
-            written=decode_written(bytes(written)),
-        )
-
-    def prune_requests(self, older_than: float) -> int:
-        """Reads the whole table (no index on time: migration 5); ``sweep_requests`` is the
-        step a server takes."""
-        with self.transaction():
-            return int(self.execute("DELETE FROM requests WHERE time < ?", (older_than,)).rowcount)
+            # statement alone, no nested transaction to enter (the shared path, sql_store.py,
+            # for the rest).
+            params = rows.request_params(entry, cutoff, answer=False)
+            return self._db.execute(self.sql.put_request, params).rowcount > 0
+        return super().stamp_request(entry, cutoff)
 
     def sweep_requests(
         self, older_than: float, after: tuple[str, str] | None, limit: int
     ) -> tuple[int, tuple[str, str] | None]:
+        """The step a server takes: ``prune_requests`` reads the whole table here (no index
+        on time: migration 5)."""
         with self.transaction():
             if after is None:
-                rows = self._all(_SWEEP_FIRST, (limit,))
+                found = self._all(_SWEEP_FIRST, (limit,))
             else:
-                rows = self._all(_SWEEP_AFTER, (*after, limit))
+                found = self._all(_SWEEP_AFTER, (*after, limit))
             expired = [
                 (principal, request_id, older_than)
-                for principal, request_id, time_ in rows
+                for principal, request_id, time_ in found
                 if time_ < older_than
             ]
             if expired:
                 self._db.executemany(
                     "DELETE FROM requests WHERE principal=? AND request_id=? AND time < ?", expired
                 )
-            last = (str(rows[-1][0]), str(rows[-1][1])) if len(rows) == limit else None
+            last = (str(found[-1][0]), str(found[-1][1])) if len(found) == limit else None
             return len(expired), last
 
     # leases ---------------------------------------------------------------------------
 
-    def store_time(self) -> float:
-        return float(self._one(f"SELECT {_NOW}")[0])
-
-    def get_lease(self, name: str) -> Lease | None:
-        row = self._one(f"SELECT {_LEASE} FROM leases WHERE name=?", (name,))
-        return _lease(row) if row else None
-
-    def held_leases(self, prefix: str, limit: int) -> list[Lease]:
-        rows = self._all(
-            f"SELECT {_LEASE} FROM leases WHERE owner != '' AND substr(name, 1, ?) = ? "
-            "ORDER BY expires LIMIT ?",
-            (len(prefix), prefix, limit),
-        )
-        return [_lease(row) for row in rows]
-
-    def claim_lease(
-        self, name: str, owner: str, ttl: float, *, steal_token: int | None = None
-    ) -> Lease | None:
-        """Inside BEGIN IMMEDIATE: no other process claims between the look and the update."""
-        with self.transaction():
-            self.execute("INSERT INTO leases (name) VALUES (?) ON CONFLICT (name) DO NOTHING", (name,))
-            row = self._one(
-                f"UPDATE leases SET owner=?, token=token + 1, expires={_NOW} + ?, request='' "
-                f"WHERE name=? AND (owner = '' OR expires <= {_NOW} OR token = ?) RETURNING {_LEASE}",
-                (owner, ttl, name, -1 if steal_token is None else steal_token),
-            )
-            return _lease(row) if row else None
-
-    def renew_leases(self, owner: str, tokens: Mapping[str, int], ttl: float) -> dict[str, str]:
-        renewed: dict[str, str] = {}
-        with self.transaction():
-            for name, token in tokens.items():
-                row = self._one(
-                    f"UPDATE leases SET expires={_NOW} + ? "
-                    "WHERE name=? AND owner=? AND token=? RETURNING request",
-                    (ttl, name, owner, token),
-                )
-                if row is not None:
-                    renewed[name] = row[0]
-        return renewed
-
-    def release_lease(self, name: str, token: int) -> bool:
-        with self.transaction():
-            row = self._one(
-                "UPDATE leases SET owner='', expires=0, request='' WHERE name=? AND token=? AND owner != '' "
-                "RETURNING name",
-                (name, token),
-            )
-            return row is not None
-
-    def check_lease(self, name: str, token: int | None) -> Lease | None:
-        """In the write transaction (BEGIN IMMEDIATE holds every other writer off until it
-        ends, so the answer holds until the guarded writes commit)."""
-        with self.transaction():
-            lease = self.get_lease(name)
-        if token is None:
-            if lease is not None and lease.live:
-                raise LeaseHeldError(lease)
-        elif lease is None or lease.token != token or not lease.live:
-            raise LeaseLostError(name, token, lease)
-        return lease
-
-    def request_lease(self, name: str, request: str) -> bool:
-        with self.transaction():
-            row = self._one(
-                "UPDATE leases SET request=? "
-                f"WHERE name=? AND owner != '' AND expires > {_NOW} RETURNING name",
-                (request, name),
-            )
-            return row is not None
+    def _fenced_lease(self, name: str, token: int | None) -> Lease | None:
+        """In the write transaction: BEGIN IMMEDIATE holds every other writer off until it
+        ends, so the answer holds until the guarded writes commit."""
+        return self.get_lease(name)
 
     def close(self) -> None:
         """Commit what is queued, stop the threads, close every connection."""

@@ -74,7 +74,7 @@ def freeze_in_renewal(pid_file: str) -> None:
             signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
         return renewed
 
-    PostgresStore.renew_leases = renew  # type: ignore[method-assign]
+    PostgresStore.renew_leases = renew  # type: ignore[method-assign, assignment]
 
 
 async def main(mode: str, db: str, folder: str, *rest: str) -> None:

@@ -16,7 +16,6 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.factory import open_facade
-from cleveragents.acp.facade.store.base import StoreBusyError
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import session_pb2
 from tests.server_process import Children
@@ -169,32 +168,3 @@ def test_an_open_beside_a_process_holding_the_wal_index_waits_it_out(
         assert store.schema_version > 0
     finally:
         store.close()
-
-
-# A file still in rollback-journal mode, its write lock held: switching it to WAL needs an
-# exclusive lock, which SQLite refuses at once ("database is locked").
-JOURNAL_LOCKER = """
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("CREATE TABLE IF NOT EXISTS t (x)")
-db.execute("BEGIN IMMEDIATE")
-db.execute("INSERT INTO t VALUES (1)")
-print("locked", flush=True)
-sys.stdin.readline()
-"""
-
-
-def test_an_open_that_finds_the_file_locked_past_its_bound_is_store_busy_and_retryable(
-    db_path: pathlib.Path, children: Children
-) -> None:
-    holder = children.popen(
-        [sys.executable, "-c", JOURNAL_LOCKER, str(db_path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdout is not None
-    assert holder.stdout.readline().strip() == "locked"
-    with pytest.raises(StoreBusyError) as busy:
-        SQLiteStore(db_path, write_timeout=0.5)
-    assert busy.value.details["retryable"] is True

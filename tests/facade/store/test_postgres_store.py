@@ -37,8 +37,9 @@ from cleveragents.acp.facade.store.base import (
     StoreDownError,
     StoreUnavailableError,
 )
+from cleveragents.acp.facade.store.pg_settings import first_schema
 from cleveragents.acp.facade.store.pg_urls import db_problem, is_postgres_url, redacted
-from cleveragents.acp.facade.store.postgres import PostgresStore, first_schema
+from cleveragents.acp.facade.store.postgres import PostgresStore
 from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestEntry
 from cleveragents.acp.v1 import session_pb2
 from tests import postgres as pg

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from cleveragents.acp.facade.store import migrations, sqlite
-from cleveragents.acp.facade.store.base import EventFilter, ListQuery, SchemaTooNewError
+from cleveragents.acp.facade.store import migrations, sqlite, sqlite_reads
+from cleveragents.acp.facade.store.base import EventFilter, ListQuery, SchemaTooNewError, StoreBusyError
 from cleveragents.acp.facade.store.requests import CLAIM, Claim, RequestEntry
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from tests.facade.store.conformance import event, record
@@ -164,9 +164,10 @@ def test_a_new_file_locked_past_the_write_bound_is_refused(tmp_path: pathlib.Pat
     other.execute("BEGIN IMMEDIATE")
     started = time.monotonic()
     try:
-        with pytest.raises(sqlite3.OperationalError, match="locked"):
+        with pytest.raises(StoreBusyError) as busy:
             SQLiteStore(path, write_timeout=0.3)
         assert 0.3 <= time.monotonic() - started < 5
+        assert busy.value.details["retryable"] is True
     finally:
         other.close()
 
@@ -429,7 +430,7 @@ async def test_point_reads_one_turn_of_the_loop_asks_for_are_one_statement(
             return db
 
         monkeypatch.setattr(store, "_reader", limited)
-        together = [sqlite._PointRead(counted, "session", f"01{n}", None, 0.0) for n in range(5)]
+        together = [sqlite_reads.PointRead(counted, "session", f"01{n}", None, 0.0) for n in range(5)]
         with pytest.raises(sqlite3.DataError, match="too big"):
             await asyncio.to_thread(points, together)
         assert await ask() == expected

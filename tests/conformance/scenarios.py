@@ -5,6 +5,8 @@ would, wrong inputs and other namespaces included; ``test_scenarios`` runs each 
 three transports and compares the traces. Together they call every operation of the
 catalog and provoke every error an operation can answer (``test_coverage`` checks both).
 Principals (``tests.server_process.Tokens``): alice uses ``default``, bob ``other``, root all.
+Longer than 600 lines: one scenario per area of the catalog, read one at a time, and
+``test_coverage`` needs them in one module to see the whole catalog covered.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The ``Store`` contract, written once and run over every backend: ``test_conformance.py``
 runs ``StoreConformance`` with ``open_store`` giving a fresh SQLite file or a fresh
-PostgreSQL schema (tests/facade/store/conftest.py)."""
+PostgreSQL schema (tests/facade/store/conftest.py). Longer than 600 lines: it is one
+class, the whole ``Store`` contract, each method a case any backend must pass."""
 
 from __future__ import annotations
 

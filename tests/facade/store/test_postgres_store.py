@@ -1,7 +1,9 @@
 """PostgresStore: what only the replica store has (the conformance suite runs in
 test_conformance.py): its URL and schema, migrations under an advisory lock, the
 gap-free event sequence with writers in several processes, a bounded wait for a foreign
-lock, conditional writes across connections, and event wake-ups."""
+lock, conditional writes across connections, and event wake-ups. Longer than 600 lines:
+the cases above share its fixtures (fresh schemas, a second process appending), and each
+is short."""
 
 from __future__ import annotations
 

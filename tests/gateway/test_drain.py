@@ -60,7 +60,9 @@ async def served(
 
 
 def _http(served: Served) -> ACPClient:
-    transport = HTTPTransport(httpx.AsyncClient(base_url=served.http_url, timeout=30), retry=RetryPolicy.OFF)
+    transport = HTTPTransport(
+        httpx.AsyncClient(base_url=served.http_url, timeout=30), owns_client=True, retry=RetryPolicy.OFF
+    )
     return ACPClient(transport, token=served.token)
 
 

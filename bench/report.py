@@ -37,6 +37,10 @@ GOALS = {
     "gateway_rest_p99_ratio": Goal(1.5, at_most=True),
     # Issue 35: agents gateway --upstream / the in-process gateway, envelope req/s.
     "upstream_gateway_ratio": Goal(0.6, at_most=False),
+    # Issue 35: the product / the A2A Python SDK's GetTask (family peer; only where the
+    # peer's virtualenv is, so not among FIGURES).
+    "grpc_vs_peer_ratio": Goal(1.5, at_most=False),
+    "http_vs_peer_ratio": Goal(2.5, at_most=False),
     # Issue 19 raised these four (the first goals were 0.5, 50,000 events/s, 5 ms, 200 MiB).
     "sse_single_ratio": Goal(0.8, at_most=False),
     "sse_fanout_ratio": Goal(1.5, at_most=False),

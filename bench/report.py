@@ -29,7 +29,9 @@ class Goal:
 
 
 GOALS = {
-    "local_call_ratio": Goal(1.2, at_most=True),
+    # Issue 35: the client's own µs per call, not the ratio (whose denominator, the facade
+    # call, got 2.3x faster: the ratio rose while the call got faster).
+    "local_client_overhead_us": Goal(3, at_most=True),
     "grpc_unary_ratio": Goal(0.7, at_most=False),
     "gateway_envelope_ratio": Goal(0.6, at_most=False),
     "gateway_rest_ratio": Goal(0.6, at_most=False),
@@ -81,6 +83,7 @@ GOALS = {
 
 # Every figure a complete run reports, in the order of the table.
 FIGURES = [
+    "local_client_overhead_us",
     "local_call_ratio",
     "grpc_unary_ratio",
     "grpc_unary_rps",

@@ -30,10 +30,11 @@ import orjson
 
 from bench import load
 from bench.load import LoadResult
-from bench.peer_server import GRPC_METHOD, JSONRPC_PATH, READY, VERSION, VERSION_HEADER
+from bench.peer_server import GRPC_METHOD, JSONRPC_PATH, VERSION, VERSION_HEADER
 from bench.procs import ServerProcess
 from bench.product import Product
 from bench.run import Run
+from bench.serving import READY
 from bench.unary import IN_FLIGHT, Generator, Measured, _check_gateway, _http, alternated, seed_session
 from cleveragents.acp.contract import catalog
 from cleveragents.acp.v1 import session_pb2

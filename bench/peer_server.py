@@ -10,8 +10,8 @@ stops it.
 
 Set up as a user of the SDK would run it in production, at its fastest: uvicorn's defaults
 with ``uvicorn[standard]`` (uvloop, httptools) but no access log, grpc.aio on the same loop.
-Only uvicorn (in both virtualenvs) and the standard library are imported at module level:
-the project's venv imports ``READY`` and the names of the calls from here.
+At module level only what both virtualenvs have (the standard library, uvicorn,
+``bench/serving.py``): the project's venv imports the names of the calls from here.
 """
 
 from __future__ import annotations
@@ -19,49 +19,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import importlib.metadata
 import json
 import os
-import signal
-import socket
-from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
 
-READY = "bench-ready "
+from bench.serving import READY, Uvicorn, listening_socket, until_signalled
+
 GRPC_METHOD = "/lf.a2a.v1.A2AService/GetTask"
 JSONRPC_PATH = "/a2a/jsonrpc"
 # The A2A version a 1.x request names (without it the SDK takes it for 0.3 and refuses).
 VERSION_HEADER = "A2A-Version"
 VERSION = "1.0"
-
-
-async def _until_signalled() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-
-
-def _listening_socket() -> socket.socket:
-    """IPPROTO_TCP, so asyncio sets TCP_NODELAY on what it accepts (bench/baselines.py)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
-class _Uvicorn(uvicorn.Server):
-    """Leaves SIGTERM to ``_until_signalled``, as ``bench/baselines.py`` does."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 async def serve(http: str) -> None:
@@ -120,9 +91,9 @@ async def serve(http: str) -> None:
     await server.start()
 
     app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, JSONRPC_PATH)])
-    sock = _listening_socket()
+    sock = listening_socket()
     config = uvicorn.Config(app, http=http, lifespan="off", log_level="warning", access_log=False)
-    web = _Uvicorn(config)
+    web = Uvicorn(config)
     serving = asyncio.create_task(web.serve(sockets=[sock]))
     while not web.started:
         if serving.done():
@@ -144,7 +115,7 @@ async def serve(http: str) -> None:
         },
     }
     print(READY + json.dumps(info), flush=True)
-    await _until_signalled()
+    await until_signalled()
     web.should_exit = True
     await serving
     await server.stop(1)

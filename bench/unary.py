@@ -41,6 +41,29 @@ async def seed_session(product: Product) -> tuple[str, int]:
 Generator = Callable[[float], LoadResult]
 
 
+# Alternated rounds per mode (`alternated`), for figures comparing servers measured in turn.
+PAIRS = {"smoke": 1, "quick": 3, "full": 5}
+
+
+@dataclass(frozen=True)
+class Measured:
+    result: LoadResult
+    cpu_us: float
+    # Each server process's share of that CPU (the parent first, then its workers).
+    shares: list[float]
+
+
+def measure(run: Run, name: str, server: ServerProcess, generate: Generator) -> Measured:
+    """One measured load of ``run``'s length and the server's CPU meanwhile; failed requests fail it."""
+    meter = CPUMeter(server)
+    meter.start()
+    result = generate(run.mode.load_seconds)
+    meter.stop()
+    if result.errors:
+        raise RuntimeError(f"{name}: {result.errors} of {result.requests} requests failed")
+    return Measured(result, meter.us_per(result.requests), meter.shares)
+
+
 def best_of(
     run: Run, entries: dict[str, tuple[ServerProcess, Generator]]
 ) -> dict[str, tuple[LoadResult, float]]:
@@ -52,27 +75,10 @@ def best_of(
     best: dict[str, tuple[LoadResult, float]] = {}
     for _ in range(run.mode.repeats):
         for name, (server, generate) in entries.items():
-            meter = CPUMeter(server)
-            meter.start()
-            result = generate(run.mode.load_seconds)
-            meter.stop()
-            if result.errors:
-                raise RuntimeError(f"{name}: {result.errors} of {result.requests} requests failed")
-            if name not in best or result.rps > best[name][0].rps:
-                best[name] = (result, meter.us_per(result.requests))
+            measured = measure(run, name, server, generate)
+            if name not in best or measured.result.rps > best[name][0].rps:
+                best[name] = (measured.result, measured.cpu_us)
     return best
-
-
-# Alternated pairs per mode, for figures comparing two servers measured in turn.
-PAIRS = {"smoke": 1, "quick": 3, "full": 5}
-
-
-@dataclass(frozen=True)
-class Measured:
-    result: LoadResult
-    cpu_us: float
-    # Each server process's share of that CPU (the parent first, then its workers).
-    shares: list[float]
 
 
 def alternated(run: Run, entries: dict[str, tuple[ServerProcess, Generator]]) -> dict[str, list[Measured]]:
@@ -88,14 +94,7 @@ def alternated(run: Run, entries: dict[str, tuple[ServerProcess, Generator]]) ->
     measured: dict[str, list[Measured]] = {name: [] for name in names}
     for index in range(PAIRS[run.mode.name]):
         for name in names if index % 2 == 0 else reversed(names):
-            server, generate = entries[name]
-            meter = CPUMeter(server)
-            meter.start()
-            result = generate(run.mode.load_seconds)
-            meter.stop()
-            if result.errors:
-                raise RuntimeError(f"{name}: {result.errors} of {result.requests} requests failed")
-            measured[name].append(Measured(result, meter.us_per(result.requests), meter.shares))
+            measured[name].append(measure(run, name, *entries[name]))
     return measured
 
 

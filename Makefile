@@ -7,7 +7,7 @@ THIRD_PARTY := .build/third_party
 RELEASED_IMAGE := proto/released/acp-1.1.binpb
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup serve test test-loops browser postgres programs newest-protobuf fuzz chaos lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick bench-tools release-image clean
+.PHONY: setup serve test test-loops browser postgres programs newest-protobuf fuzz chaos lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bench bench-quick bench-tools bench-peer release-image clean
 
 setup: $(STAMP)
 
@@ -137,11 +137,26 @@ CHAOS_SCALE ?= 4
 chaos: $(STAMP)
 	CI=true ACP_CHAOS_SCALE=$(CHAOS_SCALE) $(BIN)/python -m pytest tests/chaos --timeout 900
 
-bench: $(STAMP) bench-tools
+bench: $(STAMP) bench-tools bench-peer
 	$(BIN)/python -m bench
 
-bench-quick: $(STAMP) bench-tools
+bench-quick: $(STAMP) bench-tools bench-peer
 	$(BIN)/python -m bench --quick
+
+# The peer the `peer` family measures the product against (bench/peer.py): the A2A Python
+# SDK, installed from the package index into a virtualenv of its own, so its pins never meet
+# the project's. Made again when these pins change. Without the index the family says so
+# loudly (and fails under CI=true); `make test` never needs it.
+PEER_VENV := .build/peer
+PEER_REQUIREMENTS := a2a-sdk[grpc,http-server]==1.3.0 uvicorn[standard]==0.55.0
+bench-peer:
+	@if [ "$$(cat $(PEER_VENV)/.requirements 2>/dev/null)" = "$(PEER_REQUIREMENTS)" ]; then :; \
+	else echo "bench: installing the peer ($(PEER_REQUIREMENTS)) into $(PEER_VENV)"; \
+		rm -rf $(PEER_VENV) && mkdir -p .build && $(PYTHON) -m venv $(PEER_VENV) \
+		&& $(PEER_VENV)/bin/python -m pip install -q --disable-pip-version-check --timeout 20 --retries 1 \
+			$(foreach r,$(PEER_REQUIREMENTS),'$(r)') >.build/bench-peer.log 2>&1 \
+		&& echo "$(PEER_REQUIREMENTS)" >$(PEER_VENV)/.requirements \
+		|| { rm -rf $(PEER_VENV); echo "!!! bench: could not install the peer (.build/bench-peer.log): the peer family will say so (and fail under CI=true)"; }; fi
 
 # wrk and h2load (Debian's nghttp2-client) load the servers from outside Python. Installed
 # here when missing and apt-get may run (as root); otherwise the benchmark falls back to

@@ -18,6 +18,7 @@ from bench import (
     local,
     memory,
     neighbours,
+    peer,
     postgres,
     replicas,
     report,
@@ -51,7 +52,13 @@ FAMILIES: dict[str, Callable[[Run], None]] = {
     "workers": workers.run_all,
     # Each layer written under a library against that library's supported path (bench/layers.py).
     "layers": layers.run_all,
+    # The A2A Python SDK's GetTask, from a virtualenv of its own (make bench-peer; bench/peer.py).
+    "peer": peer.run_all,
 }
+# Families a --smoke run (the test suite's) leaves out unless named with --only: they
+# measure software the project does not install (tests/bench/test_bench_peer.py checks the
+# peer family's refusal without it).
+NOT_IN_SMOKE = {"peer"}
 
 DEFAULT_OUT = pathlib.Path(__file__).parent / "results.json"
 
@@ -77,7 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="acp-bench-") as workdir:
         run = Run(mode, pathlib.Path(workdir), prefer=args.load)
-        for name in args.only or FAMILIES:
+        names = args.only or [name for name in FAMILIES if mode is not SMOKE or name not in NOT_IN_SMOKE]
+        for name in names:
             print(f"bench: {name} ...", file=sys.stderr, flush=True)
             begun = time.monotonic()
             FAMILIES[name](run)

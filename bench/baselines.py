@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import pathlib
-import signal
-import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -33,20 +30,15 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-READY = "bench-ready "
+# READY re-exported: the families that start a baseline read its ready line by it.
+from bench.serving import READY as READY
+from bench.serving import Uvicorn, listening_socket, until_signalled
+
 ECHO_METHOD = "/bench.Echo/Echo"
 
 
 def _ready(port: int) -> None:
     print(READY + json.dumps({"port": port, "pid": os.getpid()}), flush=True)
-
-
-async def _until_signalled() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
 
 
 def _identity(data: bytes) -> bytes:
@@ -65,26 +57,8 @@ async def serve_grpc() -> None:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     _ready(port)
-    await _until_signalled()
+    await until_signalled()
     await server.stop(1)
-
-
-def listening_socket() -> socket.socket:
-    """Bound as the gateway binds its HTTP socket. The protocol must be IPPROTO_TCP: asyncio
-    sets TCP_NODELAY on accepted connections only then (without it, Nagle's algorithm
-    and delayed ACKs hold every keep-alive response for 40 ms)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
-class _Uvicorn(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 async def serve_asgi(app: Any, **settings: Any) -> None:
@@ -104,14 +78,14 @@ async def serve_asgi(app: Any, **settings: Any) -> None:
         timeout_graceful_shutdown=1,
         **settings,
     )
-    server = _Uvicorn(config)
+    server = Uvicorn(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():
             raise RuntimeError("uvicorn stopped during start-up")
         await asyncio.sleep(0.01)
     _ready(sock.getsockname()[1])
-    await _until_signalled()
+    await until_signalled()
     server.should_exit = True
     await task
 

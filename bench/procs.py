@@ -30,6 +30,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it now (``agents serve --workers``: the parent and its
+    workers), from each thread's ``/proc/<pid>/task/<tid>/children``."""
+    found = [pid]
+    for children in pathlib.Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            listed = children.read_text().split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        for child in listed:
+            found += process_tree(int(child))
+    return found
+
+
 def rss_mib(pid: int) -> float:
     for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -117,21 +131,29 @@ def python_module(module: str, *args: str) -> list[str]:
 
 
 class CPUMeter:
-    """Server CPU spent between ``start`` and ``stop``, per request served meanwhile."""
+    """Server CPU spent between ``start`` and ``stop``, per request served meanwhile: user plus
+    system time from ``/proc/<pid>/stat`` of the server process and of every process below it
+    (a ``--workers`` server's workers), the same processes read at both ends."""
 
     def __init__(self, server: ServerProcess) -> None:
         self.server = server
-        self._cpu = 0.0
+        self.pids: list[int] = []
+        self._each: list[float] = []
         self._wall = 0.0
         self.cpu = 0.0
         self.wall = 0.0
+        # Each process's share of ``cpu``, in the order of ``pids``.
+        self.shares: list[float] = []
 
     def start(self) -> None:
-        self._cpu = self.server.cpu_seconds()
+        self.pids = process_tree(self.server.pid)
+        self._each = [cpu_seconds(pid) for pid in self.pids]
         self._wall = time.monotonic()
 
     def stop(self) -> None:
-        self.cpu = self.server.cpu_seconds() - self._cpu
+        each = [cpu_seconds(pid) - before for pid, before in zip(self.pids, self._each, strict=True)]
+        self.cpu = sum(each)
+        self.shares = [spent / self.cpu if self.cpu else 0.0 for spent in each]
         self.wall = time.monotonic() - self._wall
 
     def us_per(self, count: int) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import httpx
 import orjson
@@ -40,6 +41,29 @@ async def seed_session(product: Product) -> tuple[str, int]:
 Generator = Callable[[float], LoadResult]
 
 
+# Alternated rounds per mode (`alternated`), for figures comparing servers measured in turn.
+PAIRS = {"smoke": 1, "quick": 3, "full": 5}
+
+
+@dataclass(frozen=True)
+class Measured:
+    result: LoadResult
+    cpu_us: float
+    # Each server process's share of that CPU (the parent first, then its workers).
+    shares: list[float]
+
+
+def measure(run: Run, name: str, server: ServerProcess, generate: Generator) -> Measured:
+    """One measured load of ``run``'s length and the server's CPU meanwhile; failed requests fail it."""
+    meter = CPUMeter(server)
+    meter.start()
+    result = generate(run.mode.load_seconds)
+    meter.stop()
+    if result.errors:
+        raise RuntimeError(f"{name}: {result.errors} of {result.requests} requests failed")
+    return Measured(result, meter.us_per(result.requests), meter.shares)
+
+
 def best_of(
     run: Run, entries: dict[str, tuple[ServerProcess, Generator]]
 ) -> dict[str, tuple[LoadResult, float]]:
@@ -51,15 +75,27 @@ def best_of(
     best: dict[str, tuple[LoadResult, float]] = {}
     for _ in range(run.mode.repeats):
         for name, (server, generate) in entries.items():
-            meter = CPUMeter(server)
-            meter.start()
-            result = generate(run.mode.load_seconds)
-            meter.stop()
-            if result.errors:
-                raise RuntimeError(f"{name}: {result.errors} of {result.requests} requests failed")
-            if name not in best or result.rps > best[name][0].rps:
-                best[name] = (result, meter.us_per(result.requests))
+            measured = measure(run, name, server, generate)
+            if name not in best or measured.result.rps > best[name][0].rps:
+                best[name] = (measured.result, measured.cpu_us)
     return best
+
+
+def alternated(run: Run, entries: dict[str, tuple[ServerProcess, Generator]]) -> dict[str, list[Measured]]:
+    """The loads of ``entries`` warmed up, then measured in ``PAIRS`` alternated rounds (one
+    run of each; the order reverses every round, ABBA, so a drift of the machine's speed hits
+    all alike); per round and load, its result and the server's CPU µs per request. Callers
+    take the median of the rounds' ratios: steadier on a shared machine than the best run of
+    each, which compares each side's least disturbed moment, not the same moment."""
+    if run.mode.warmup_seconds:
+        for _, generate in entries.values():
+            generate(run.mode.warmup_seconds)
+    names = list(entries)
+    measured: dict[str, list[Measured]] = {name: [] for name in names}
+    for index in range(PAIRS[run.mode.name]):
+        for name in names if index % 2 == 0 else reversed(names):
+            measured[name].append(measure(run, name, *entries[name]))
+    return measured
 
 
 def grpc_figures(run: Run, product: Product, session_id: str, response_bytes: int) -> None:

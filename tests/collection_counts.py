@@ -3,7 +3,12 @@ reports test functions and parametrized cases separately with numbers that are c
 
 ``python -m tests.collection_counts`` prints the block; ``--write`` replaces it in
 docs/testing.md (between the markers). ``tests/test_testing_doc.py`` fails when the doc's
-block differs from what a fresh collection gives.
+block differs from what ``make test`` collects.
+
+Also a pytest plugin (``tests/conftest.py`` loads it): a session that collects the whole suite
+(the testpaths, nothing chosen by ``-k``/``-m``, ignored or deselected) keeps its node ids, so
+the doc test reads them instead of collecting the suite again in a subprocess (about 14 s of
+``make test``); any narrower session still collects afresh.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "testing.md"
 BEGIN = "<!-- counts: python -m tests.collection_counts --write -->"
@@ -21,6 +28,41 @@ END = "<!-- /counts -->"
 # The largest parametrizations named in the doc.
 LARGEST = 5
 COLLECT_TIMEOUT = 600
+
+
+# The node ids of a session that collected the whole suite; whether anything was deselected.
+_WHOLE_SUITE = pytest.StashKey[list[str]]()
+_DESELECTED = pytest.StashKey[bool]()
+
+
+def _collects_whole_suite(config: pytest.Config) -> bool:
+    """Whether the session's collection is ``make test``'s: its testpaths, all of them."""
+    option = config.option
+    if option.keyword or option.markexpr or option.ignore or option.ignore_glob or option.deselect:
+        return False
+    if config.args_source is pytest.Config.ArgsSource.TESTPATHS:
+        return True
+    testpaths = {(config.rootpath / path).resolve() for path in config.getini("testpaths")}
+    given = {(config.invocation_params.dir / arg).resolve() for arg in config.args}
+    return given == testpaths
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        items[0].config.stash[_DESELECTED] = True
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    if _collects_whole_suite(config) and not config.stash.get(_DESELECTED, False):
+        config.stash[_WHOLE_SUITE] = [item.nodeid for item in session.items]
+
+
+def collected(config: pytest.Config) -> list[str]:
+    """The node ids ``make test`` collects: this session's when it collected the whole
+    suite, else those of a fresh collection."""
+    ids = config.stash.get(_WHOLE_SUITE, None)
+    return ids if ids is not None else collect()
 
 
 def collect() -> list[str]:

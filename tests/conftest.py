@@ -19,8 +19,9 @@ from cleveragents.acp.gateway import loops
 from tests import browser, needs
 from tests.server_process import Children
 
-# tests.postgres: the pg_url fixture (a fresh PostgreSQL schema per test) and its header line.
-pytest_plugins = ["tests.hygiene", "tests.postgres"]
+# tests.postgres: the pg_url fixture (a fresh PostgreSQL schema per test) and its header line;
+# tests.collection_counts: the node ids of a session that collects the whole suite.
+pytest_plugins = ["tests.hygiene", "tests.postgres", "tests.collection_counts"]
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -1,5 +1,5 @@
 """docs/testing.md reports test functions and parametrized cases separately, with the
-numbers a fresh collection of the suite gives (tests/collection_counts.py writes them)."""
+numbers `make test` collects (tests/collection_counts.py writes them)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from tests import collection_counts
 
 
 @pytest.mark.timeout(collection_counts.COLLECT_TIMEOUT + 60)
-def test_the_counts_in_docs_testing_md_are_the_collected_ones() -> None:
-    counts = collection_counts.Counts.of(collection_counts.collect())
+def test_the_counts_in_docs_testing_md_are_the_collected_ones(pytestconfig: pytest.Config) -> None:
+    counts = collection_counts.Counts.of(collection_counts.collected(pytestconfig))
     assert counts.items > counts.functions > len(counts.parametrized) > 0
     written = collection_counts.documented(collection_counts.DOC.read_text())
     assert written == counts.block(), "run: python -m tests.collection_counts --write"

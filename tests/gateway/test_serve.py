@@ -166,7 +166,10 @@ async def _grpc_over_tls(target: str, root_certificates: bytes) -> None:
         with pytest.raises(ACPError) as info:
             await client.call("session.list")
         assert info.value.code == "AUTH_REQUIRED"
-    plaintext = GrpcTransport(grpc.aio.insecure_channel(target), owns_channel=True, timeout=5)
+    # One attempt: the default policy retried the refused handshake for its 20 s deadline.
+    plaintext = GrpcTransport(
+        grpc.aio.insecure_channel(target), owns_channel=True, timeout=5, retry=RetryPolicy.OFF
+    )
     async with ACPClient(plaintext) as client:
         with pytest.raises(ACPError) as info:
             await client.call("meta.version")

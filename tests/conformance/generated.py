@@ -32,7 +32,7 @@ from tests.conformance.subjects import answer, check_answer, own_subjects
 from tests.registry_specs import registry_spec
 
 AUTH_CODES = frozenset({"AUTH_REQUIRED", "AUTH_FORBIDDEN"})
-UNSUPPORTED_VERSIONS = ("2.0", "0.9", "1", "1.0", "1.3", "01.2", "latest")
+UNSUPPORTED_VERSIONS = ("2.0", "0.9", "1", "1.0", "1.4", "01.2", "latest")
 # The prior minor the server still speaks beside the current one.
 PRIOR = versions.SUPPORTED[-1]
 # The subjects the version matrix calls each minor on (``own_subjects``' names).

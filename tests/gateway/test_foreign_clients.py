@@ -78,7 +78,7 @@ def test_buf_curl_over_reflection(served: Served) -> None:
     listed = buf_curl(served, "", "--list-services")
     assert "cleveragents.acp.v1.SessionService" in listed.stdout.split(), listed.stderr
     version = buf_curl(served, "cleveragents.acp.v1.MetaService/GetVersion")
-    assert json.loads(version.stdout)["supportedVersions"] == ["1.2", "1.1"], version.stderr
+    assert json.loads(version.stdout)["supportedVersions"] == ["1.3", "1.2", "1.1"], version.stderr
     refused = buf_curl(served, "cleveragents.acp.v1.SessionService/ListSessions", "-d", "{}")
     assert refused.returncode != 0
     error = json.loads(refused.stderr)

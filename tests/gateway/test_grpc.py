@@ -167,7 +167,7 @@ def test_versions(channel: Any, served: Served) -> None:
     # Every operation at every version: tests/conformance/generated.py (version.matrix).
     reason, metadata, _ = fails(channel, version_op, version="2.0")
     assert reason == "VERSION_MISMATCH"
-    assert metadata["supported_versions"] == '["1.2","1.1"]'
+    assert metadata["supported_versions"] == '["1.3","1.2","1.1"]'
 
 
 def test_stream_admission_errors_come_before_any_item(channel: Any, served: Served) -> None:

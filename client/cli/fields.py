@@ -128,6 +128,8 @@ _FIELD_HELP: dict[str, str] = {
     "SimulateContextRequest.actor": "an actor whose system prompt and skills come first, priced at its cost",
     "CancelPlanRequest.reason": "why, recorded with the plan's state change",
     "CorrectPlanRequest.text": "the correction, in words, for the actor",
+    "TellSessionRequest.background": "answer at once with the queued turn; follow it with session turn",
+    "CancelTurnRequest.cancel_plans": "also cancel the plans the turn started",
 }
 
 

@@ -27,6 +27,11 @@ _OPTION_FLAGS = frozenset(
 )
 
 
+# A shorter verb users type for an operation, besides its own (``agents session cancel``
+# for ``session.cancel_turn``, as docs/sessions.md spells it). Not listed twice in the help.
+VERB_ALIASES: dict[str, str] = {"session.cancel_turn": "cancel"}
+
+
 def cli_name(group: str) -> str:
     return group.replace("_", "-")
 
@@ -144,6 +149,9 @@ def register(
             taken = frozenset(arg.flag for arg in spec) & _OPTION_FLAGS
             add_options(parser, taken=taken)
             parser.set_defaults(handler=_handler(op, spec, parser, run), connects=True)
+            alias = VERB_ALIASES.get(op.name)
+            if alias is not None:
+                verbs._name_parser_map[alias] = parser  # noqa: SLF001
         group_parsers[group] = group_parser
         group_parser.set_defaults(verbs=verbs)
     return group_parsers

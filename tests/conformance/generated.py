@@ -53,9 +53,12 @@ async def build_world(run: Run) -> dict[str, Any]:
     plan_id = await use(alice)
     await alice.call("plan.execute", plan_id=plan_id, wait=True)
     tree = await alice.call("plan.tree", plan_id=plan_id)
+    # After the plan: the log's first event stays one every served minor sees.
+    told = await alice.call("session.tell", session_id=session_id, content="/help")
     exported = await alice.call("session.export", session_id=session_id)
     return {
         "session_id": session_id,
+        "turn_id": told.turn.id,  # type: ignore[attr-defined]
         "plan_id": plan_id,
         "node_id": tree.nodes[0].id,  # type: ignore[attr-defined]
         "name": "w",

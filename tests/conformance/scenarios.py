@@ -827,17 +827,18 @@ async def events_scenario(run: Run) -> None:
     for session in (first, second):
         await alice.call("session.tell", session_id=session.session.meta.id, content="/help")  # type: ignore[attr-defined]
     await bob.call("session.tell", session_id=theirs.session.meta.id, content="hi")  # type: ignore[attr-defined]
-    everything = await run.events(root, lambda e: e.sequence == 6)
+    # Four events a tell: session.turn_started, two session.message, session.turn_completed.
+    everything = await run.events(root, lambda e: e.sequence == 12)
     # Every namespace's, from the first, gap-free.
-    assert [e.sequence for e in everything] == [1, 2, 3, 4, 5, 6], everything
+    assert [e.sequence for e in everything] == list(range(1, 13)), everything
     assert {e.namespace for e in everything} == {"default", "other"}, everything
 
     def among(keep: Callable[[events_pb2.Event], bool]) -> list[events_pb2.Event]:
         """The events of ``everything`` a filter keeps, in order."""
         return [e for e in everything if keep(e)]
 
-    mine = await run.events(alice, lambda e: e.sequence == 4)
-    assert mine == among(lambda e: e.namespace == "default" and e.sequence <= 4), mine
+    mine = await run.events(alice, lambda e: e.sequence == 8)
+    assert mine == among(lambda e: e.namespace == "default" and e.sequence <= 8), mine
     (theirs_first,) = await run.events(bob, lambda e: True)
     assert theirs_first == among(lambda e: e.namespace == "other")[0], theirs_first
     second_id = second.session.meta.id  # type: ignore[attr-defined]

@@ -225,7 +225,7 @@ class TurnRunner:
     def _try_start(self, session_id: str, turn_id: str) -> _Try:
         store = self.store
         srecord = store.get(SESSION_KIND, session_id)
-        got = turns.read(store, turn_id)
+        got = turns.read(store, session_id, turn_id)
         if srecord is None or got is None:
             raise ACPError(
                 ErrorCode.NOT_FOUND,
@@ -412,11 +412,11 @@ class TurnRunner:
             store.check_lease(name, running.token)
         except LeaseLostError:
             # Someone declared this process dead and ended the turn: nothing more is ours.
-            got = turns.read(store, turn_id)
+            got = turns.read(store, session_id, turn_id)
             return session_pb2.TellSessionResponse(
                 message=started.message, turn=got[1] if got else started.turn
             )
-        got = turns.read(store, turn_id)
+        got = turns.read(store, session_id, turn_id)
         srecord = store.get(SESSION_KIND, session_id)
         if got is None or srecord is None:
             store.release_lease(name, running.token)
@@ -489,7 +489,7 @@ class TurnRunner:
             local = self.running.get(req.turn_id)
             if local is not None:
                 local.request(CANCEL)
-            ended = await self._ended(req.turn_id)
+            ended = await self._ended(req.session_id, req.turn_id)
         self._changed_now()
         if req.cancel_plans and cancel_plan is not None:
             for plan_id in ended.plan_ids:
@@ -500,7 +500,7 @@ class TurnRunner:
     def _cancel_now(self, ctx: CallContext, req: session_pb2.CancelTurnRequest) -> session_pb2.Turn | None:
         store = self.store
         srecord, _ = load(store, ctx, req.session_id)
-        got = turns.read(store, req.turn_id)
+        got = turns.read(store, req.session_id, req.turn_id)
         if got is None or got[1].session_id != req.session_id:
             raise turns.not_found(req.session_id, req.turn_id)
         record, turn = got
@@ -514,15 +514,15 @@ class TurnRunner:
         self._settle_dead(record, turn, CANCEL, srecord.namespace)
         return turn
 
-    async def _ended(self, turn_id: str) -> session_pb2.Turn:
+    async def _ended(self, session_id: str, turn_id: str) -> session_pb2.Turn:
         """The turn once it ended (its runner polls for the request), or as it is after
         ``CANCEL_WAIT_SECONDS``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CANCEL_WAIT_SECONDS
         while True:
-            got = await self.store.read(lambda s: turns.read(s, turn_id))
+            got = await self.store.read(lambda s: turns.read(s, session_id, turn_id))
             if got is None:
-                raise turns.not_found("", turn_id)
+                raise turns.not_found(session_id, turn_id)
             turn = got[1]
             if turn.state not in turns.ACTIVE_STATES or loop.time() >= deadline:
                 return turn

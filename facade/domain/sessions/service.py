@@ -264,7 +264,7 @@ class Sessions:
         session, history = await read_with_messages(self.store, ctx, session_id)
         if not req.page_size and not req.page_token:
             return session_pb2.GetSessionResponse(
-                session=session, messages=history, turns=await self._turns_of(history)
+                session=session, messages=history, turns=await self._turns_of(session_id, history)
             )
 
         def after(position: str | None, limit: int) -> list[session_pb2.Message]:
@@ -275,15 +275,20 @@ class Sessions:
             "session.messages", {"session_id": session_id}, req, after, lambda m: str(m.index)
         )
         return session_pb2.GetSessionResponse(
-            session=session, messages=page, next_page_token=next_token, turns=await self._turns_of(page)
+            session=session,
+            messages=page,
+            next_page_token=next_token,
+            turns=await self._turns_of(session_id, page),
         )
 
-    async def _turns_of(self, shown: Sequence[session_pb2.Message]) -> list[session_pb2.Turn]:
+    async def _turns_of(
+        self, session_id: str, shown: Sequence[session_pb2.Message]
+    ) -> list[session_pb2.Turn]:
         """The turns of the user's messages shown, in order (none for a history from before 1.3)."""
         ids = [m.turn_id for m in shown if m.turn_id and m.role == session_pb2.MESSAGE_ROLE_USER]
         if not ids:
             return []
-        return await self.store.read(lambda store: turns.by_ids(store, ids))
+        return await self.store.read(lambda store: turns.by_ids(store, session_id, ids))
 
     async def list_sessions(
         self, ctx: CallContext, req: session_pb2.ListSessionsRequest
@@ -320,7 +325,7 @@ class Sessions:
             store.delete_items(MESSAGES, session_id)
             for turn in turns.of_session(store, session_id):
                 store.delete_items(turns.PENDING, turn.id)
-                store.delete(turns.TURN_KIND, turn.id)
+                store.delete(turns.TURN_KIND, turns.key(session_id, turn.id))
             self.context.configs.delete(record.namespace, session_key(session_id))
             store.delete(SESSION_KIND, session_id)
 
@@ -384,7 +389,7 @@ class Sessions:
     ) -> session_pb2.GetTurnResponse:
         def read(store: Store) -> session_pb2.GetTurnResponse:
             load(store, ctx, req.session_id)
-            got = turns.read(store, req.turn_id)
+            got = turns.read(store, req.session_id, req.turn_id)
             if got is None or got[1].session_id != req.session_id:
                 raise turns.not_found(req.session_id, req.turn_id)
             turn = got[1]

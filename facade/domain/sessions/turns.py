@@ -67,11 +67,17 @@ def queue_lease(turn_id: str) -> str:
     return QUEUE_PREFIX + turn_id
 
 
+def key(session_id: str, turn_id: str) -> str:
+    """A turn's record id: its session's id and its own, so a session imported under another
+    id (a copy beside the original) keeps its turns' ids without clashing."""
+    return f"{session_id}.{turn_id}"
+
+
 def to_record(turn: session_pb2.Turn, namespace: str, revision: int = 1) -> Record:
     active = turn.state in ACTIVE_STATES
     return Record(
         kind=TURN_KIND,
-        id=turn.id,
+        id=key(turn.session_id, turn.id),
         namespace=namespace,
         body=turn.SerializeToString(deterministic=True),
         revision=revision,
@@ -82,8 +88,8 @@ def to_record(turn: session_pb2.Turn, namespace: str, revision: int = 1) -> Reco
     )
 
 
-def read(store: Store, turn_id: str) -> tuple[Record, session_pb2.Turn] | None:
-    record = store.get(TURN_KIND, turn_id)
+def read(store: Store, session_id: str, turn_id: str) -> tuple[Record, session_pb2.Turn] | None:
+    record = store.get(TURN_KIND, key(session_id, turn_id))
     if record is None:
         return None
     return record, session_pb2.Turn.FromString(record.body)
@@ -108,10 +114,10 @@ def of_session(store: Store, session_id: str) -> list[session_pb2.Turn]:
     return [session_pb2.Turn.FromString(r.body) for r in sorted(records, key=lambda r: r.id)]
 
 
-def by_ids(store: Store, ids: Iterable[str]) -> list[session_pb2.Turn]:
+def by_ids(store: Store, session_id: str, ids: Iterable[str]) -> list[session_pb2.Turn]:
     found = []
     for turn_id in sorted(set(ids)):
-        got = read(store, turn_id)
+        got = read(store, session_id, turn_id)
         if got is not None:
             found.append(got[1])
     return found

@@ -60,3 +60,9 @@ class SessionHandlers:
         self, request: session_pb2.TellSessionRequest, ctx: CallContext
     ) -> session_pb2.TellSessionResponse:
         return await self._sessions.tell(ctx, request)
+
+    @handles("session.update")
+    async def UpdateSession(
+        self, request: session_pb2.UpdateSessionRequest, ctx: CallContext
+    ) -> session_pb2.UpdateSessionResponse:
+        return await self._sessions.update(ctx, request)

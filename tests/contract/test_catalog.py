@@ -47,11 +47,13 @@ EXPECTED = (
     + ["events.subscribe", "meta.version"]
     # ACP 1.2
     + ["events.ticket"]
+    # ACP 1.3
+    + ["session.update"]
 )
 
 
 def test_every_adr_operation_resolves_exactly_once() -> None:
-    assert len(EXPECTED) == 78
+    assert len(EXPECTED) == 79
     assert sorted(catalog.OPERATIONS) == sorted(EXPECTED)
     methods = [op.full_method for op in catalog.OPERATIONS.values()]
     assert len(methods) == len(set(methods))

@@ -41,6 +41,7 @@ class SessionServiceStub:
     ExportSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.ExportSessionRequest, _session_pb2.ExportSessionResponse]
     ImportSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.ImportSessionRequest, _session_pb2.ImportSessionResponse]
     TellSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.TellSessionRequest, _session_pb2.TellSessionResponse]
+    UpdateSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.UpdateSessionRequest, _session_pb2.UpdateSessionResponse]
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -55,6 +56,7 @@ class SessionServiceAsyncStub(SessionServiceStub):
     ExportSession: _aio.UnaryUnaryMultiCallable[_session_pb2.ExportSessionRequest, _session_pb2.ExportSessionResponse]  # type: ignore[assignment]
     ImportSession: _aio.UnaryUnaryMultiCallable[_session_pb2.ImportSessionRequest, _session_pb2.ImportSessionResponse]  # type: ignore[assignment]
     TellSession: _aio.UnaryUnaryMultiCallable[_session_pb2.TellSessionRequest, _session_pb2.TellSessionResponse]  # type: ignore[assignment]
+    UpdateSession: _aio.UnaryUnaryMultiCallable[_session_pb2.UpdateSessionRequest, _session_pb2.UpdateSessionResponse]  # type: ignore[assignment]
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """SessionService is the session lifecycle (SessionWorkflow in ADR-026)."""
@@ -114,5 +116,12 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _session_pb2.TellSessionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.TellSessionResponse, _abc.Awaitable[_session_pb2.TellSessionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateSession(
+        self,
+        request: _session_pb2.UpdateSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.UpdateSessionResponse, _abc.Awaitable[_session_pb2.UpdateSessionResponse]]: ...
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ async def two(
     await second.close()
 
 
-async def _session(client: ACPClient, **fields: object) -> session_pb2.Session:
+async def _session(client: ACPClient, **fields: Any) -> session_pb2.Session:
     response = await client.call("session.create", title="t", **fields)
     assert isinstance(response, session_pb2.CreateSessionResponse)
     return response.session
@@ -135,9 +136,13 @@ async def test_bad_expected_revisions_are_clear_errors(client: ACPClient) -> Non
     assert mixed.value.details["refinement"] == "REVISION_MISMATCH"
     assert (mixed.value.details["expected"], mixed.value.details["actual"]) == (2, 1)
     # On a read, and on a mutation of no single session or plan: INVALID_PARAMS.
-    for operation, fields in (("session.show", {"session_id": session.meta.id}), ("session.list", {})):
+    reads: list[tuple[str, dict[str, Any]]] = [
+        ("session.show", {"session_id": session.meta.id}),
+        ("session.list", {}),
+    ]
+    for operation, params in reads:
         with pytest.raises(ACPError) as read:
-            await client.call(operation, if_revision=1, **fields)
+            await client.call(operation, params, if_revision=1)
         assert read.value.code == "INVALID_PARAMS"
         assert read.value.details["field"] == "if_revision"
     for bad in (0, -3):
@@ -153,7 +158,7 @@ async def test_bad_expected_revisions_are_clear_errors(client: ACPClient) -> Non
 
 async def test_update_checks_what_create_checks(client: ACPClient) -> None:
     session = await _session(client)
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"session": {}, "update_mask": ""}, "update_mask"),
         ({"session": {"state": "SESSION_STATE_CLOSED"}, "update_mask": "state"}, "update_mask"),
         ({"session": {"project": "nope"}, "update_mask": "project"}, "session.project"),
@@ -164,9 +169,9 @@ async def test_update_checks_what_create_checks(client: ACPClient) -> None:
         ({"session": {"title": "x" * 1001}, "update_mask": "title"}, "session.title"),
         ({"session": {"labels": {"bad key!": "v"}}, "update_mask": "labels"}, "session.labels.bad key!"),
     ]
-    for fields, field in cases:
+    for params, field in cases:
         with pytest.raises(ACPError) as refused:
-            await client.call("session.update", session_id=session.meta.id, **fields)
+            await client.call("session.update", {"session_id": session.meta.id, **params})
         assert (refused.value.code, refused.value.details.get("field")) == ("INVALID_PARAMS", field)
     assert (await _show(client, session.meta.id)).revision == 1
     with pytest.raises(ACPError) as unknown:

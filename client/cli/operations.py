@@ -148,6 +148,14 @@ def register(
             spec = fields.add_arguments(parser, request_descriptor(op))
             taken = frozenset(arg.flag for arg in spec) & _OPTION_FLAGS
             add_options(parser, taken=taken)
+            if op.if_revision:
+                parser.add_argument(
+                    "--if-revision",
+                    type=int,
+                    metavar="REVISION",
+                    help=f"the {op.if_revision}'s revision you read: refused with no effect "
+                    "(INVALID_STATE REVISION_MISMATCH) when it moved since",
+                )
             parser.set_defaults(handler=_handler(op, spec, parser, run), connects=True)
             alias = VERB_ALIASES.get(op.name)
             if alias is not None:

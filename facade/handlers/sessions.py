@@ -72,3 +72,9 @@ class SessionHandlers:
         self, request: session_pb2.CancelTurnRequest, ctx: CallContext
     ) -> session_pb2.CancelTurnResponse:
         return await self._sessions.cancel_turn(ctx, request)
+
+    @handles("session.update")
+    async def UpdateSession(
+        self, request: session_pb2.UpdateSessionRequest, ctx: CallContext
+    ) -> session_pb2.UpdateSessionResponse:
+        return await self._sessions.update(ctx, request)

@@ -48,12 +48,12 @@ EXPECTED = (
     # ACP 1.2
     + ["events.ticket"]
     # ACP 1.3
-    + ["session.turn", "session.cancel_turn"]
+    + ["session.turn", "session.cancel_turn", "session.update"]
 )
 
 
 def test_every_adr_operation_resolves_exactly_once() -> None:
-    assert len(EXPECTED) == 80
+    assert len(EXPECTED) == 81
     assert sorted(catalog.OPERATIONS) == sorted(EXPECTED)
     methods = [op.full_method for op in catalog.OPERATIONS.values()]
     assert len(methods) == len(set(methods))

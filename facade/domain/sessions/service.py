@@ -17,7 +17,8 @@ from ulid import ULID
 from cleveragents.acp.contract import limits
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import paging
+from cleveragents.acp.facade.domain import paging, revisions
+from cleveragents.acp.facade.domain.access import roles
 from cleveragents.acp.facade.domain.bounded import slices
 from cleveragents.acp.facade.domain.context.service import DEFAULT_TOKEN_BUDGET, Context, Scope, session_key
 from cleveragents.acp.facade.domain.models.client import ChatModels
@@ -37,6 +38,7 @@ from cleveragents.acp.facade.domain.sessions.records import (
     MESSAGES,
     SESSION_KIND,
     STATE_NAMES,
+    from_record,
     load,
     messages,
     new_id,
@@ -56,6 +58,9 @@ from cleveragents.acp.facade.store.base import (
     StoreConflictError,
 )
 from cleveragents.acp.v1 import events_pb2, plan_pb2, registry_pb2, session_pb2
+
+# The fields session.update changes (its update_mask paths).
+UPDATABLE = ("title", "labels", "project", "multitask", "automation_profile")
 
 DEFAULT_ORCHESTRATOR = "orchestrator"
 MAX_MESSAGE_CHARS = 100_000
@@ -230,6 +235,7 @@ class Sessions:
         session.labels.update(req.labels)
         if req.multitask:
             session.multitask = _policy(req.multitask)
+        session.automation_profile = req.automation_profile
         record = to_record(session)
 
         def insert(store: Store) -> None:
@@ -238,15 +244,28 @@ class Sessions:
             problem = self._reference_problem(namespace, orchestrator, req.project)
             if problem is not None:
                 raise _invalid(*problem)
+            self._check_profile(ctx, namespace, req.automation_profile)
             store.insert(record)
 
-        if req.project or not is_builtin("actor", orchestrator):
+        if req.project or req.automation_profile or not is_builtin("actor", orchestrator):
             await self.store.write(insert)
         else:
             # Nothing stored to check first (a built-in orchestrator, no project): one insert,
             # which a store may commit without its writer thread.
             await self.store.insert_alone(record)
         return response
+
+    def _check_profile(self, ctx: CallContext, namespace: str, profile: str) -> None:
+        """A session's automation override names a profile of its namespace; one allowing
+        commands only an admin may set (as plan.use's override: roles.check_profile_override)."""
+        if not profile:
+            return
+        found = self.registries.find("automation_profile", namespace, profile)
+        if not isinstance(found, registry_pb2.AutomationProfile):
+            raise _invalid(
+                "automation_profile", f"no automation profile {profile!r} in namespace {namespace!r}"
+            )
+        roles.check_profile_override(ctx, found.spec, None, profile)
 
     def _reference_problem(self, namespace: str, orchestrator: str, project: str) -> tuple[str, str] | None:
         """(field, problem) when the orchestrator actor or the project does not exist."""
@@ -316,20 +335,89 @@ class Sessions:
 
         records, token = await self.pages.page_async(LIST_SCOPE, filters, req, fetch, lambda r: r.id)
         return session_pb2.ListSessionsResponse(
-            sessions=[session_pb2.Session.FromString(r.body) for r in records], next_page_token=token
+            sessions=[from_record(r) for r in records], next_page_token=token
         )
 
     async def delete(self, ctx: CallContext, session_id: str) -> None:
         def delete(store: Store) -> None:
-            record, _ = load(store, ctx, session_id)
-            store.delete_items(MESSAGES, session_id)
-            for turn in turns.of_session(store, session_id):
-                store.delete_items(turns.PENDING, turn.id)
-                store.delete(turns.TURN_KIND, turns.key(session_id, turn.id))
-            self.context.configs.delete(record.namespace, session_key(session_id))
-            store.delete(SESSION_KIND, session_id)
+            with store.transaction():
+                record, _ = load(store, ctx, session_id)
+                expected = revisions.check(ctx, "session", session_id, record.revision)
+                try:
+                    deleted = store.delete(SESSION_KIND, session_id, expected_revision=expected)
+                except StaleRevisionError as exc:
+                    raise revisions.mismatch("session", session_id, expected, exc.current) from None
+                if not deleted:
+                    raise not_found(session_id)
+                store.delete_items(MESSAGES, session_id)
+                for turn in turns.of_session(store, session_id):
+                    store.delete_items(turns.PENDING, turn.id)
+                    store.delete(turns.TURN_KIND, turns.key(session_id, turn.id))
+                self.context.configs.delete(record.namespace, session_key(session_id))
 
         await self.store.write(delete)
+
+    async def update(
+        self, ctx: CallContext, req: session_pb2.UpdateSessionRequest
+    ) -> session_pb2.UpdateSessionResponse:
+        """Title, labels (replaced whole), project, multitask policy and automation profile,
+        checked as session.create checks them; one ``session.updated`` event in the same
+        transaction."""
+        paths = list(dict.fromkeys(req.update_mask.paths))
+        if not paths:
+            raise _invalid("update_mask", f"name the fields to change: {', '.join(UPDATABLE)}")
+        for path in paths:
+            if path not in UPDATABLE:
+                raise _invalid(
+                    "update_mask", f"session.update cannot change {path!r}; it changes {', '.join(UPDATABLE)}"
+                )
+        given = req.session
+        if "title" in paths and len(given.title) > MAX_TITLE_CHARS:
+            raise _invalid("session.title", f"title is longer than {MAX_TITLE_CHARS} characters")
+        if "multitask" in paths:
+            _policy(given.multitask)
+        if "labels" in paths:
+            problem = label_problem(given.labels)
+            if problem is not None:
+                raise _invalid(f"session.{problem[0]}", problem[1])
+        return await self.store.write(lambda _store: self._update(ctx, req.session_id, given, paths))
+
+    def _update(
+        self, ctx: CallContext, session_id: str, given: session_pb2.Session, paths: list[str]
+    ) -> session_pb2.UpdateSessionResponse:
+        with self.store.transaction():
+            record, session = load(self.store, ctx, session_id)
+            expected = revisions.check(ctx, "session", session_id, record.revision)
+            namespace = session.meta.namespace
+            if (
+                "project" in paths
+                and given.project
+                and not self.registries.exists("project", namespace, given.project)
+            ):
+                raise _invalid("session.project", f"no project {given.project!r} in namespace {namespace!r}")
+            if "automation_profile" in paths:
+                try:
+                    self._check_profile(ctx, namespace, given.automation_profile)
+                except ACPError as exc:
+                    if exc.details.get("field") == "automation_profile":
+                        exc.details["field"] = "session.automation_profile"
+                    raise
+            for path in paths:
+                if path == "labels":
+                    session.labels.clear()
+                    session.labels.update(given.labels)
+                else:
+                    setattr(session, path, getattr(given, path))
+            session.meta.update_time.CopyFrom(now())
+            self._save(session, expected, ctx)
+            self.events.publish(
+                events_pb2.Event(
+                    namespace=namespace,
+                    session_id=session_id,
+                    session_updated=events_pb2.SessionUpdated(session=session, fields=paths),
+                )
+            )
+        return session_pb2.UpdateSessionResponse(session=session)
 
     async def resume(self, ctx: CallContext, session_id: str) -> session_pb2.Session:
         return await self.store.write(lambda _store: self._resume(ctx, session_id))
@@ -337,6 +425,7 @@ class Sessions:
     def _resume(self, ctx: CallContext, session_id: str) -> session_pb2.Session:
         with self.store.transaction():
             record, session = load(self.store, ctx, session_id)
+            expected = revisions.check(ctx, "session", session_id, record.revision)
             if session.state != CLOSED:
                 raise ACPError(
                     ErrorCode.INVALID_STATE,
@@ -345,18 +434,28 @@ class Sessions:
                 )
             session.state = ACTIVE
             session.meta.update_time.CopyFrom(now())
-            self._save(session, record.revision)
+            self._save(session, expected, ctx)
         return session
 
-    def _save(self, session: session_pb2.Session, read_revision: int) -> None:
+    def _save(self, session: session_pb2.Session, read_revision: int, ctx: CallContext | None = None) -> None:
+        """Write the session at the next revision if the record is still at ``read_revision``
+        (the compare-and-set the caller's expected revision rides on)."""
         try:
             self.store.update(to_record(session, read_revision + 1), expected_revision=read_revision)
-        except (StaleRevisionError, KeyError):
-            raise ACPError(
-                ErrorCode.INVALID_STATE,
-                f"session {session.meta.id} changed or went away meanwhile; read it again",
-                {"session_id": session.meta.id},
-            ) from None
+        except StaleRevisionError as exc:
+            if ctx is not None and ctx.if_revision is not None:
+                raise revisions.mismatch("session", session.meta.id, read_revision, exc.current) from None
+            raise self._changed(session) from None
+        except KeyError:
+            raise self._changed(session) from None
+
+    @staticmethod
+    def _changed(session: session_pb2.Session) -> ACPError:
+        return ACPError(
+            ErrorCode.INVALID_STATE,
+            f"session {session.meta.id} changed or went away meanwhile; read it again",
+            {"session_id": session.meta.id},
+        )
 
     # tell -----------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ isort:skip_file
 from cleveragents.acp.v1 import common_pb2 as _common_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
@@ -261,6 +262,8 @@ class Session(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
     MULTITASK_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    AUTOMATION_PROFILE_FIELD_NUMBER: _builtins.int
     title: _builtins.str
     orchestrator: _builtins.str
     """The orchestrator actor's name (registry key in the session's namespace)."""
@@ -270,6 +273,12 @@ class Session(_message.Message):
     message_count: _builtins.int
     multitask: Global___MultitaskPolicy.ValueType
     """What a tell does while another turn runs, unless the tell says."""
+    revision: _builtins.int
+    """Moves with every change of the session (a message, an update, a state change); a
+    mutation may name the revision it read (`if_revision`, HTTP `If-Match`).
+    """
+    automation_profile: _builtins.str
+    """The automation profile of the plans the session's turns start ("" for the action's own)."""
     @_builtins.property
     def meta(self) -> _common_pb2.EntityMeta: ...
     @_builtins.property
@@ -285,10 +294,12 @@ class Session(_message.Message):
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         message_count: _builtins.int = ...,
         multitask: Global___MultitaskPolicy.ValueType = ...,
+        revision: _builtins.int = ...,
+        automation_profile: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "message_count", b"message_count", "meta", b"meta", "multitask", b"multitask", "orchestrator", b"orchestrator", "project", b"project", "state", b"state", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["automation_profile", b"automation_profile", "labels", b"labels", "message_count", b"message_count", "meta", b"meta", "multitask", b"multitask", "orchestrator", b"orchestrator", "project", b"project", "revision", b"revision", "state", b"state", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -375,6 +386,7 @@ class CreateSessionRequest(_message.Message):
     PROJECT_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     MULTITASK_FIELD_NUMBER: _builtins.int
+    AUTOMATION_PROFILE_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     title: _builtins.str
     orchestrator: _builtins.str
@@ -382,6 +394,7 @@ class CreateSessionRequest(_message.Message):
     project: _builtins.str
     multitask: Global___MultitaskPolicy.ValueType
     """The session's multitask policy (default `enqueue`)."""
+    automation_profile: _builtins.str
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -393,10 +406,11 @@ class CreateSessionRequest(_message.Message):
         project: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         multitask: Global___MultitaskPolicy.ValueType = ...,
+        automation_profile: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "multitask", b"multitask", "namespace", b"namespace", "orchestrator", b"orchestrator", "project", b"project", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["automation_profile", b"automation_profile", "labels", b"labels", "multitask", b"multitask", "namespace", b"namespace", "orchestrator", b"orchestrator", "project", b"project", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -870,3 +884,56 @@ class CancelTurnResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelTurnResponse: _TypeAlias = CancelTurnResponse  # noqa: Y015
+
+@_typing.final
+class UpdateSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
+    UPDATE_MASK_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    @_builtins.property
+    def session(self) -> Global___Session:
+        """The new values of the fields `update_mask` names."""
+
+    @_builtins.property
+    def update_mask(self) -> _field_mask_pb2.FieldMask:
+        """Which fields change: `title`, `labels` (replaced whole), `project`, `multitask`,
+        `automation_profile`. Empty is INVALID_PARAMS.
+        """
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        session: Global___Session | None = ...,
+        update_mask: _field_mask_pb2.FieldMask | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session", "update_mask", b"update_mask"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session", "session_id", b"session_id", "update_mask", b"update_mask"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateSessionRequest: _TypeAlias = UpdateSessionRequest  # noqa: Y015
+
+@_typing.final
+class UpdateSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateSessionResponse: _TypeAlias = UpdateSessionResponse  # noqa: Y015

@@ -85,6 +85,11 @@ class SessionServiceStub:
                 request_serializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.CancelTurnRequest.SerializeToString,
                 response_deserializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.CancelTurnResponse.FromString,
                 _registered_method=True)
+        self.UpdateSession = channel.unary_unary(
+                '/cleveragents.acp.v1.SessionService/UpdateSession',
+                request_serializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.UpdateSessionRequest.SerializeToString,
+                response_deserializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.UpdateSessionResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -151,6 +156,12 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -203,6 +214,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.CancelTurn,
                     request_deserializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.CancelTurnRequest.FromString,
                     response_serializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.CancelTurnResponse.SerializeToString,
+            ),
+            'UpdateSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSession,
+                    request_deserializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.UpdateSessionRequest.FromString,
+                    response_serializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.UpdateSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -476,6 +492,33 @@ class SessionService:
             '/cleveragents.acp.v1.SessionService/CancelTurn',
             cleveragents_dot_acp_dot_v1_dot_session__pb2.CancelTurnRequest.SerializeToString,
             cleveragents_dot_acp_dot_v1_dot_session__pb2.CancelTurnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cleveragents.acp.v1.SessionService/UpdateSession',
+            cleveragents_dot_acp_dot_v1_dot_session__pb2.UpdateSessionRequest.SerializeToString,
+            cleveragents_dot_acp_dot_v1_dot_session__pb2.UpdateSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -197,20 +197,30 @@ class GrpcHandlers:
         trailers = ((rich_status.DETAILS_KEY, status.SerializeToString()), *self._trailers(ctx, op))
         await context.abort(grpc_code(err.code), err.message, trailers)
 
+    def _saw(
+        self, op: Operation, ctx: CallContext | None, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """Tell the connection guard this connection carries a caller's calls once one was
+        authenticated (the facade set its principal): the room the guard keeps is for them.
+        Counted before, a call with no token (or of ``meta.version``) exempted its connection
+        from the per-client cap and the room-keeping sweep."""
+        if self._guard is not None and ctx is not None and ctx.principal is not None and not op.anonymous:
+            self._guard.saw(context.peer())
+
     async def unary(
         self, op: Operation, metadata: Metadata, data: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> message.Message:
         """``metadata``: the call's, as gRPC gave it to ``_Routes.service``."""
         ctx: CallContext | None = None
-        if self._guard is not None:
-            self._guard.saw(context.peer())
         try:
             ctx = self._context(metadata)
             response = await self._facade.invoke(op, self._decode(op, data), ctx)
         except ACPError as err:
+            self._saw(op, ctx, context)
             await self._abort(context, err, ctx, op)
         except Exception as exc:
             await self._abort(context, internal_error(exc, op.name), ctx, op)
+        self._saw(op, ctx, context)
         context.set_trailing_metadata(self._trailers(ctx, op))
         return response
 
@@ -220,15 +230,15 @@ class GrpcHandlers:
         """Initial metadata goes out once the stream is admitted: clients wait for it to
         tell an admission error from a stream that has no item yet."""
         ctx: CallContext | None = None
-        if self._guard is not None:
-            self._guard.saw(context.peer())
         try:
             ctx = self._context(metadata)
             items = await self._facade.stream(op, self._decode(op, data), ctx)
         except ACPError as err:
+            self._saw(op, ctx, context)
             await self._abort(context, err, ctx, op)
         except Exception as exc:
             await self._abort(context, internal_error(exc, op.name), ctx, op)
+        self._saw(op, ctx, context)
         await context.send_initial_metadata(self._trailers(ctx, op))
         try:
             async for item in until_stopped(items, [self._closing]):

@@ -577,7 +577,7 @@ class GuardedH11Protocol(H11Protocol):
         elif state is h11.IDLE and self._headers_due is not None:
             self._due, self._headers_due = self._headers_due, None
             self._timer = self.loop.call_at(self._due, self._check)
-        elif state is h11.SEND_BODY and self.loop.time() < self._body_due:
+        elif state is h11.SEND_BODY and (self.loop.time() < self._body_due or self.flow.read_paused):
             self._pace()
         elif state is h11.IDLE or state is h11.SEND_BODY:
             headers = state is h11.IDLE
@@ -594,10 +594,12 @@ class GuardedH11Protocol(H11Protocol):
     def _pace(self) -> None:
         """Past the grace, before the body timeout: refuse a body behind the minimum rate,
         else check again when it would fall behind (a second from now at the soonest). While
-        the server does not read, the rate starts over."""
+        the server does not read (a large body waiting for its place), the rate and the body
+        timeout start over: the server is the slow one."""
         now = self.loop.time()
         if self.flow.read_paused:
             self._body_began, self._body_bytes = now, 0
+            self._body_due = max(self._body_due, now + self.bounds.body_timeout)
         elif now >= self._body_began + self.bounds.min_body_rate_grace and self.behind(now) > 0:
             self._refuse(self._too_slow())
             return

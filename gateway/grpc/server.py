@@ -212,17 +212,41 @@ class GrpcHandlers:
     ) -> message.Message:
         """``metadata``: the call's, as gRPC gave it to ``_Routes.service``."""
         ctx: CallContext | None = None
+        places = None
         try:
             ctx = self._context(metadata)
+            if len(data) > self._max_bytes:
+                places = await self._large_place(op)
             response = await self._facade.invoke(op, self._decode(op, data), ctx)
         except ACPError as err:
             self._saw(op, ctx, context)
             await self._abort(context, err, ctx, op)
         except Exception as exc:
             await self._abort(context, internal_error(exc, op.name), ctx, op)
+        finally:
+            if places is not None:
+                places.release()
         self._saw(op, ctx, context)
         context.set_trailing_metadata(self._trailers(ctx, op))
         return response
+
+    async def _large_place(self, op: Operation) -> asyncio.Semaphore | None:
+        """One of the process's places for a request past the message limit (a
+        session.import; ``common.large_requests``, shared with HTTP), taken before decoding.
+        When none is free, it is refused rather than waited for: gRPC holds the whole message already,
+        and eight 29 MiB imports held at once took the server to 3.1 GiB."""
+        if op.name != limits.IMPORT_OPERATION:
+            return None
+        places = common.large_requests()
+        if places.locked():
+            raise ACPError(
+                ErrorCode.BUDGET_EXCEEDED,
+                f"the server is importing {limits.MAX_LARGE_BODIES} large sessions; retry in a moment",
+                {"max_concurrent": limits.MAX_LARGE_BODIES, "retry_after_seconds": 1},
+                refinement="TOO_MANY_IMPORTS",
+            )
+        await places.acquire()  # not locked: taken at once, without a turn of the loop
+        return places
 
     async def stream(
         self, op: Operation, metadata: Metadata, data: bytes, context: grpc.aio.ServicerContext[Any, Any]

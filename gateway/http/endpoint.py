@@ -175,6 +175,9 @@ class Gateway:
             raise
         except Exception as exc:
             return exchange.error_answer(internal_error(exc, f"{request.method} {request.url.path}"))
+        finally:
+            # A large body's place, held from its reading to its answer.
+            self.large.release()
 
     async def _dispatch(
         self,

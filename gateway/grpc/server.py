@@ -216,7 +216,7 @@ class GrpcHandlers:
         try:
             ctx = self._context(metadata)
             if len(data) > self._max_bytes:
-                places = await self._large_place(op)
+                places = await self._large_place(op, ctx)
             response = await self._facade.invoke(op, self._decode(op, data), ctx)
         except ACPError as err:
             self._saw(op, ctx, context)
@@ -230,13 +230,17 @@ class GrpcHandlers:
         context.set_trailing_metadata(self._trailers(ctx, op))
         return response
 
-    async def _large_place(self, op: Operation) -> asyncio.Semaphore | None:
+    async def _large_place(self, op: Operation, ctx: CallContext) -> asyncio.Semaphore | None:
         """One of the process's places for a request past the message limit (a
-        session.import; ``common.large_requests``, shared with HTTP), taken before decoding.
-        When none is free, it is refused rather than waited for: gRPC holds the whole message already,
-        and eight 29 MiB imports held at once took the server to 3.1 GiB."""
+        session.import; ``common.large_requests``, shared with HTTP), taken before decoding
+        and only once the facade has verified the caller (``admit_caller``): a client with no
+        valid token sending 29 MiB messages otherwise held the places and got legitimate
+        imports refused. When none is free, it is refused rather than waited for: gRPC holds
+        the whole message already, and eight 29 MiB imports held at once took the server to
+        3.1 GiB."""
         if op.name != limits.IMPORT_OPERATION:
             return None
+        await self._facade.admit_caller(op, ctx)
         places = common.large_requests()
         if places.locked():
             raise ACPError(

@@ -53,6 +53,11 @@ def import_limit(max_body_bytes: int) -> int:
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 60.0
 DEFAULT_IDLE_TIMEOUT = 5
+# A request body must average this many bytes a second since its headers, once this many
+# seconds have passed (Kestrel's MinRequestBodyDataRate): a trickled body gives its place up
+# in seconds rather than at the body timeout.
+MIN_BODY_RATE = 240
+MIN_BODY_RATE_GRACE = 5.0
 DEFAULT_MAX_CONNECTIONS = 2048
 DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 256
 

@@ -6,7 +6,8 @@ Finding duplicates costs little: once orjson has parsed the text, every key of t
 one colon outside a string, and every key that survived is one entry of a parsed object. The
 two counts differ exactly when a key repeats. The colons of the raw text are counted first
 (in C); only when strings hold colons are the strings cut out (one C regex pass) and the
-colons counted again. The slow parse that names the repeated key runs only on a refusal.
+colons counted again (in a large text, counted inside the strings, match by match, which
+holds no copy). The slow parse that names the repeated key runs only on a refusal.
 """
 
 from __future__ import annotations
@@ -54,7 +55,20 @@ def has_duplicate_keys(text: bytes, value: Any) -> bool:
     entries = entry_count(value)
     if colons == entries:
         return False
-    return _STRING.sub(b"", text).count(b":") != entries
+    return colons - _colons_in_strings(text) != entries
+
+
+# Past this size the strings' colons are counted match by match: cutting the strings out
+# (``re.sub``) holds a piece per string, about 8 times the text (234 MiB for a 27 MiB
+# session.import), where counting holds nothing; below it, cutting is twice as fast.
+_CUT_MAX_BYTES = 64 * 1024
+
+
+def _colons_in_strings(text: bytes) -> int:
+    if len(text) <= _CUT_MAX_BYTES:
+        return text.count(b":") - _STRING.sub(b"", text).count(b":")
+    count = text.count
+    return sum([count(b":", *match.span()) for match in _STRING.finditer(text)])
 
 
 def unique_pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:

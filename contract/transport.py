@@ -74,6 +74,11 @@ class Service(Protocol):
     ) -> AsyncIterator[message.Message]:
         """Admit the stream (errors raise here, before any item) and return its items."""
 
+    async def admit_caller(self, op: Operation, ctx: CallContext) -> None:
+        """Authenticate and authorize the caller of ``op`` before its request is decoded
+        (sets ``ctx.principal``; ``invoke`` checks it again): a server holding a large
+        request asks this before giving it one of its few places."""
+
 
 def context_of(options: CallOptions) -> CallContext:
     """What a caller's options say, as the context a service fills in."""

@@ -134,7 +134,25 @@ class ServiceFacade:
             return LOCAL_PRINCIPAL
         return self.authenticator.authenticate(ctx.token)
 
-    async def _redeem(self, op: Operation, request: message.Message, ctx: CallContext) -> None:
+    async def admit_caller(self, op: Operation, ctx: CallContext) -> None:
+        """``_admit``'s caller checks alone, before the request is decoded: a gRPC server
+        asks it before a large request (a session.import) takes one of the process's places,
+        so callers with no valid token cannot hold them. A refusal is observed as ``invoke``'s
+        would be (the request's namespace unknown yet)."""
+        try:
+            if ctx.ticket is not None:
+                # A ticket opens one stream's request: without it, used up and refused, as
+                # invoke would (tickets open no unary call).
+                await self._redeem(op, None, ctx)
+            if ctx.principal is None:
+                ctx.principal = self._principal(op, ctx)
+            roles.check_operation(ctx.principal, op)
+        except ACPError as err:
+            if self.observer is not None:
+                self.observer.start(op, op.request_type(), ctx).finish(err.code)
+            raise
+
+    async def _redeem(self, op: Operation, request: message.Message | None, ctx: CallContext) -> None:
         """A stream ticket, used up in the store (off the loop) before any other check;
         awaited only when the call presents one."""
         if ctx.token is not None:

@@ -5,10 +5,12 @@ Reading is all they do here: the checks themselves run once, in the facade.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import weakref
 from collections.abc import Sequence
 
-from cleveragents.acp.contract import versions
+from cleveragents.acp.contract import limits, versions
 from cleveragents.acp.contract.call import ambiguous_credentials
 from cleveragents.acp.contract.envelope import new_request_id
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
@@ -82,3 +84,20 @@ def served_version(requested: str | None, table: versions.VersionTable = version
         return table.negotiate(requested)
     except ACPError:
         return table.current
+
+
+# The places for requests past the body limit (session.imports) of each event loop: one per
+# process, shared by its HTTP and gRPC servers, held from reading the request to its answer.
+# Eight 28 MiB imports at once took a server to 3.1-3.5 GiB; each holds ~400 MiB meanwhile.
+_LARGE_REQUESTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def large_requests() -> asyncio.Semaphore:
+    """The running loop's places for large requests (``limits.MAX_LARGE_BODIES``)."""
+    loop = asyncio.get_running_loop()
+    places = _LARGE_REQUESTS.get(loop)
+    if places is None:
+        places = _LARGE_REQUESTS[loop] = asyncio.Semaphore(limits.MAX_LARGE_BODIES)
+    return places

@@ -40,11 +40,19 @@ class OpeningService:
     def __init__(self) -> None:
         self.invoke: Invoke = self._refuse
         self.stream: Stream = self._refuse_stream
+        self._facade: ServiceFacade | None = None
 
     def serve(self, facade: ServiceFacade) -> None:
         """From now on every call goes to ``facade``."""
+        self._facade = facade
         self.invoke = facade.invoke
         self.stream = facade.stream
+
+    async def admit_caller(self, op: Operation, ctx: CallContext) -> None:
+        """Refused while opening, as every call is; the facade's own once open."""
+        if self._facade is None:
+            raise not_ready()
+        await self._facade.admit_caller(op, ctx)
 
     @staticmethod
     async def _refuse(op: Operation, request: message.Message, ctx: CallContext) -> message.Message:

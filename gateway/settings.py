@@ -52,6 +52,9 @@ class HTTPSettings(BaseModel):
     header_timeout: float = Field(default=limits.DEFAULT_HEADER_TIMEOUT, gt=0)
     body_timeout: float = Field(default=limits.DEFAULT_BODY_TIMEOUT, gt=0)
     idle_timeout: int = Field(default=limits.DEFAULT_IDLE_TIMEOUT, ge=1)
+    # 0 turns the minimum body rate off (the body timeout alone bounds a body then).
+    min_body_rate: int = Field(default=limits.MIN_BODY_RATE, ge=0)
+    min_body_rate_grace: float = Field(default=limits.MIN_BODY_RATE_GRACE, gt=0)
     max_connections: int = Field(default=limits.DEFAULT_MAX_CONNECTIONS, ge=1)
     max_connections_per_client: int = Field(default=limits.DEFAULT_MAX_CONNECTIONS_PER_CLIENT, ge=1)
     sse_keepalive: float = Field(default=15.0, gt=0)

@@ -75,6 +75,8 @@ def server_config(settings: HTTPSettings, grpc_port: int | None) -> ServerConfig
             max_header_bytes=settings.max_header_bytes,
             header_timeout=settings.header_timeout,
             body_timeout=settings.body_timeout,
+            min_body_rate=settings.min_body_rate,
+            min_body_rate_grace=settings.min_body_rate_grace,
             idle_timeout=settings.idle_timeout,
             max_connections=settings.max_connections,
             max_connections_per_client=settings.max_connections_per_client,

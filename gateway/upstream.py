@@ -73,6 +73,9 @@ class TransportService:
             _offer_retry(exc)
             raise
 
+    async def admit_caller(self, op: Operation, ctx: CallContext) -> None:
+        """Nothing here: the upstream checks the caller of every call it is sent."""
+
     async def close(self) -> None:
         await self.transport.close()
 

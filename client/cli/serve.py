@@ -77,6 +77,17 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
         help="time for a request's body to arrive after its headers (ACP_BODY_TIMEOUT; default 60)",
     )
     parser.add_argument(
+        "--min-body-rate",
+        metavar="BYTES",
+        help="bytes a second a request body must average after the grace; 0: no minimum "
+        "(ACP_MIN_BODY_RATE; default 240)",
+    )
+    parser.add_argument(
+        "--min-body-rate-grace",
+        metavar="SECONDS",
+        help="seconds a request body has before its rate counts (ACP_MIN_BODY_RATE_GRACE; default 5)",
+    )
+    parser.add_argument(
         "--idle-timeout",
         metavar="SECONDS",
         help="how long an idle keep-alive HTTP connection stays open (ACP_IDLE_TIMEOUT; default 5)",

@@ -271,8 +271,13 @@ class Store(abc.ABC):
         return None
 
     def note_full(self) -> None:
-        """A write found the disk full (it raises StoreFullError): not writable from now."""
-        self.full = (time.monotonic(), self.free_bytes())
+        """A write found the disk full (it raises StoreFullError): not writable from now.
+        The space free is read when its caller is told, maybe after an operator freed some:
+        while still full, the least read stays the mark, so a late one never raises it."""
+        free, full = self.free_bytes(), self.full
+        if free is not None and full is not None and full[1] is not None:
+            free = min(free, full[1])
+        self.full = (time.monotonic(), free)
 
     def check_writable(self) -> None:
         """Raises StoreFullError while the last write found the disk full and no space came

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from cleveragents.acp.facade.store import rows
-from cleveragents.acp.facade.store.base import ListQuery, Record
-from cleveragents.acp.facade.store.pg_errors import reraise
+from cleveragents.acp.facade.store.base import ListQuery, Record, StoreFullError
+from cleveragents.acp.facade.store.pg_errors import reraise, store_error
 from cleveragents.acp.facade.store.pg_loop import LoopReads, LoopWrites, Rows
 from cleveragents.acp.facade.store.pg_settings import CONNECT_TIMEOUT
 from cleveragents.acp.facade.store.pg_statements import INSERT, clash, insert_params
@@ -115,10 +115,14 @@ class LoopPaths(PgTransactions):
         try:
             written = await writes.write(INSERT, insert_params(record))
         except Exception as exc:
+            # A full disk tells readiness here too, as the writer threads' writes do.
+            if isinstance(store_error(exc, started), StoreFullError):
+                self.note_full()
             reraise(exc, started)
         if written is PSYCOPG:
             await super().insert_alone(record)
             return
+        self.full = None
         observer = self.observer
         if observer is not None:
             observer.waited("write", 0.0)

@@ -160,6 +160,9 @@ class PgTransactions(SQLStore):
         try:
             result = await job.future
         except Exception as exc:
+            # A statement's own failure arrives mapped already (``reraise`` in the thread).
+            if isinstance(exc, StoreFullError):
+                self.note_full()
             mapped = store_error(exc, job.queued)
             if mapped is None:
                 raise

@@ -11,11 +11,11 @@ and both ports stopped answering. grpcio's C core accepts connections itself, so
   process's own sockets on the port every ``SWEEP_SECONDS`` (``/proc/self/fd`` and
   ``/proc/self/net/tcp*``, on a thread) and shuts down, with ``shutdown(2)`` on a duplicate
   of the core's descriptor, what is over the policy: past ``max_connections_per_client``
-  from one address, its newest connections that never carried a call; and connections
-  that never carried a call past 7/8 of ``max_connections`` (room kept for clients that
-  made calls), the oldest of the address holding the most first. The core sees its peer
-  leave and frees the connection. Connections that carried a call (``saw``) are left
-  alone: they answer to the idle and age limits.
+  from one address, its newest connections that never carried an authenticated call; and
+  connections that never carried one past 7/8 of ``max_connections`` (room kept for clients
+  that did), the oldest of the address holding the most first. The core sees its peer
+  leave and frees the connection. Connections that carried an authenticated call (``saw``)
+  are left alone: they answer to the idle and age limits.
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ class ConnectionGuard:
         self._called: set[str] = set()
 
     def saw(self, peer: str) -> None:
-        """A call arrived from ``peer`` (grpc's ``context.peer()``: ``ipv4:1.2.3.4:5``)."""
+        """An authenticated call arrived from ``peer`` (grpc's ``context.peer()``:
+        ``ipv4:1.2.3.4:5``)."""
         kind, _, rest = peer.partition(":")
         if kind == "ipv6":
             rest = rest.replace("[", "").replace("]", "").replace("%25", "%")

@@ -200,22 +200,60 @@ class GrpcHandlers:
         trailers = ((rich_status.DETAILS_KEY, status.SerializeToString()), *self._trailers(ctx, op))
         await context.abort(grpc_code(err.code), err.message, trailers)
 
+    def _saw(
+        self, op: Operation, ctx: CallContext | None, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """Tell the connection guard this connection carries a caller's calls once one was
+        authenticated (the facade set its principal): the room the guard keeps is for them.
+        Counted before, a call with no token (or of ``meta.version``) exempted its connection
+        from the per-client cap and the room-keeping sweep."""
+        if self._guard is not None and ctx is not None and ctx.principal is not None and not op.anonymous:
+            self._guard.saw(context.peer())
+
     async def unary(
         self, op: Operation, metadata: Metadata, data: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> message.Message:
         """``metadata``: the call's, as gRPC gave it to ``_Routes.service``."""
         ctx: CallContext | None = None
-        if self._guard is not None:
-            self._guard.saw(context.peer())
+        places = None
         try:
             ctx = self._context(metadata)
+            if len(data) > self._max_bytes:
+                places = await self._large_place(op, ctx)
             response = await self._facade.invoke(op, self._decode(op, data), ctx)
         except ACPError as err:
+            self._saw(op, ctx, context)
             await self._abort(context, err, ctx, op)
         except Exception as exc:
             await self._abort(context, internal_error(exc, op.name), ctx, op)
+        finally:
+            if places is not None:
+                places.release()
+        self._saw(op, ctx, context)
         context.set_trailing_metadata(self._trailers(ctx, op))
         return response
+
+    async def _large_place(self, op: Operation, ctx: CallContext) -> asyncio.Semaphore | None:
+        """One of the process's places for a request past the message limit (a
+        session.import; ``common.large_requests``, shared with HTTP), taken before decoding
+        and only once the facade has verified the caller (``admit_caller``): a client with no
+        valid token sending 29 MiB messages otherwise held the places and got legitimate
+        imports refused. When none is free, it is refused rather than waited for: gRPC holds
+        the whole message already, and eight 29 MiB imports held at once took the server to
+        3.1 GiB."""
+        if op.name != limits.IMPORT_OPERATION:
+            return None
+        await self._facade.admit_caller(op, ctx)
+        places = common.large_requests()
+        if places.locked():
+            raise ACPError(
+                ErrorCode.BUDGET_EXCEEDED,
+                f"the server is importing {limits.MAX_LARGE_BODIES} large sessions; retry in a moment",
+                {"max_concurrent": limits.MAX_LARGE_BODIES, "retry_after_seconds": 1},
+                refinement="TOO_MANY_IMPORTS",
+            )
+        await places.acquire()  # not locked: taken at once, without a turn of the loop
+        return places
 
     async def stream(
         self, op: Operation, metadata: Metadata, data: bytes, context: grpc.aio.ServicerContext[Any, Any]
@@ -223,15 +261,15 @@ class GrpcHandlers:
         """Initial metadata goes out once the stream is admitted: clients wait for it to
         tell an admission error from a stream that has no item yet."""
         ctx: CallContext | None = None
-        if self._guard is not None:
-            self._guard.saw(context.peer())
         try:
             ctx = self._context(metadata)
             items = await self._facade.stream(op, self._decode(op, data), ctx)
         except ACPError as err:
+            self._saw(op, ctx, context)
             await self._abort(context, err, ctx, op)
         except Exception as exc:
             await self._abort(context, internal_error(exc, op.name), ctx, op)
+        self._saw(op, ctx, context)
         await context.send_initial_metadata(self._trailers(ctx, op))
         try:
             async for item in until_stopped(items, [self._closing]):

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from cleveragents.acp.contract import limits, strict_json
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.gateway import common
 
 DEFAULT_MAX_BODY_BYTES = limits.DEFAULT_MAX_BODY_BYTES
 # Well-known types that proto3 JSON writes as one string, so a query value can carry them.
@@ -64,12 +65,27 @@ def header_values(request: Request, name: bytes) -> list[str]:
 
 @dataclass
 class LargeBodies:
-    """What a body past the body limit may reach (a session.import), and the slots that
-    bound how many such bodies one server reads at once (a request past the limit waits
-    for a slot, so callers cannot make it hold many at once)."""
+    """What a body past the body limit may reach (a session.import), and the process's
+    places for such requests (``common.large_requests``, shared with gRPC): a request past the
+    limit waits for one before reading on, and holds it until its answer (``release``), so
+    callers cannot make the server hold many at once (a waiting one holds only what the
+    connection buffered)."""
 
     limit: int
-    slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(limits.MAX_LARGE_BODIES))
+    _holders: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    async def hold(self) -> None:
+        await common.large_requests().acquire()
+        task = asyncio.current_task()
+        if task is not None:
+            self._holders.add(task)
+
+    def release(self) -> None:
+        """The place the current request holds, if it holds one."""
+        task = asyncio.current_task()
+        if task in self._holders:
+            self._holders.discard(task)
+            common.large_requests().release()
 
 
 def over_limit(limit: int, declared: str | None = None) -> ACPError:
@@ -86,7 +102,6 @@ async def read_body(request: Request, limit: int, large: LargeBodies | None = No
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > cap:
         raise over_limit(cap, declared)
     chunks, size = [], 0
-    holding = False
     try:
         # The ASGI messages themselves (Request.stream is an async generator around them).
         while True:
@@ -100,16 +115,15 @@ async def read_body(request: Request, limit: int, large: LargeBodies | None = No
             if size > limit:
                 if large is None or size > cap:
                     raise over_limit(cap)
-                if not holding:
-                    await large.slots.acquire()
-                    holding = True
+                if size - len(chunk) <= limit:
+                    await large.hold()
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    finally:
-        if holding:
-            assert large is not None
-            large.slots.release()
+    except BaseException:
+        if large is not None:
+            large.release()
+        raise
 
 
 async def parse_json_sized(body: bytes, limit: int) -> Any:

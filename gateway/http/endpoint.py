@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf.message import Message
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -176,6 +177,9 @@ class Gateway:
             raise
         except Exception as exc:
             return exchange.error_answer(internal_error(exc, f"{request.method} {request.url.path}"))
+        finally:
+            # A large body's place, held from its reading to its answer.
+            self.large.release()
 
     async def _dispatch(
         self,
@@ -201,7 +205,9 @@ class Gateway:
             data = await binding.bind_rest(
                 route.op, request, variables, self.settings.max_body_bytes, large=large
             )
-            return await self._call(route.op, data, token, exchange, large=large is not None)
+            message = await self._request(route.op, data, large=large is not None)
+            del data  # a session.import's JSON (3x its text) is not held while it runs
+            return await self._call(route.op, message, token, exchange)
         if route.endpoint == "envelope" and route.major is not None:
             return await self._envelope(route.major, request, headers, exchange)
         return await self._health(exchange)
@@ -214,6 +220,7 @@ class Gateway:
         parsed = envelope.parse_request(body)
         if len(raw) > self.settings.max_body_bytes and parsed.operation != limits.IMPORT_OPERATION:
             raise binding.over_limit(self.settings.max_body_bytes)
+        del raw  # a session.import's text (up to 32 MiB) is not held while it is converted and runs
         exchange.acp_version = parsed.acp_version or exchange.acp_version
         exchange.if_revision = parsed.if_revision
         if parsed.request_id:
@@ -231,8 +238,10 @@ class Gateway:
         header_token = _bearer(authorization)
         if parsed.token and authorization is not None:
             raise ambiguous_credentials("auth.token and an Authorization header")
-        large = op.name == limits.IMPORT_OPERATION
-        return await self._call(op, parsed.params, parsed.token or header_token, exchange, large=large)
+        token = parsed.token or header_token
+        message = await self._request(op, parsed.params, large=op.name == limits.IMPORT_OPERATION)
+        del body, parsed  # nor its JSON (3x the text)
+        return await self._call(op, message, token, exchange)
 
     @staticmethod
     def _context(token: str | None, exchange: Exchange) -> CallContext:
@@ -246,21 +255,15 @@ class Gateway:
             if_revision=exchange.if_revision,
         )
 
-    async def _call(
-        self,
-        op: Operation,
-        params: dict[str, Any],
-        token: str | None,
-        exchange: Exchange,
-        *,
-        large: bool = False,
-    ) -> Answer:
+    @staticmethod
+    async def _request(op: Operation, params: dict[str, Any], *, large: bool = False) -> Message:
         """``large``: a session.import, whose document (up to 32 MiB) becomes a protobuf
         Struct on a worker thread: on the loop it held every other call for seconds."""
         if large:
-            request = await asyncio.to_thread(codec.from_dict, params, op.request_type)
-        else:
-            request = codec.from_dict(params, op.request_type)
+            return await asyncio.to_thread(codec.from_dict, params, op.request_type)
+        return codec.from_dict(params, op.request_type)
+
+    async def _call(self, op: Operation, request: Message, token: str | None, exchange: Exchange) -> Answer:
         ctx = self._context(token, exchange)
         try:
             response = await self.service.invoke(op, request, ctx)

@@ -13,11 +13,19 @@ no request reaches the application:
   ``body_timeout`` more: INVALID_PARAMS (refinement ``REQUEST_TIMEOUT``), then closed;
 - a connection over ``max_connections_per_client`` from one address: BUDGET_EXCEEDED
   (refinement ``TOO_MANY_CONNECTIONS``), then closed;
-- a connection over ``max_connections`` in all makes room instead: the oldest idle
-  connection (no request under way: never sent one, or between two) of the address with
-  the most connections is closed (``Clients.evictable``). Only when every connection is in
-  a request is the newcomer refused as above. 2,100 slow connections from 9 addresses once
-  got 20 of 25 legitimate newcomers refused; now they lose their own connections first.
+- a request body that falls below ``min_body_rate`` bytes a second on average since its
+  headers, once ``min_body_rate_grace`` seconds have passed (Kestrel's
+  MinRequestBodyDataRate, 240 B/s after 5 s): INVALID_PARAMS (refinement
+  ``REQUEST_TIMEOUT``, ``details.min_bytes_per_second``), then closed. Time the server
+  itself stops reading (its buffer full while the application waits, as a large import
+  waits for its turn) is not held against the client;
+- a connection over ``max_connections`` in all makes room instead (``Clients.evictable``):
+  from the address with the most connections, its oldest idle connection (no request under
+  way: never sent one, or between two), else the body furthest behind the minimum rate
+  (no grace here: the server is full), refused as above. Only when no connection is idle or
+  behind is the newcomer refused as above. 2,100 slow connections from 9 addresses once
+  got 20 of 25 legitimate newcomers refused, and 40 trickled bodies from 4 addresses 5 of 5;
+  now they lose their own connections first.
 
 After a refusal the connection reads and drops what the client still sends for a moment
 before closing, so the client sees the answer instead of a reset. So does any close while the
@@ -72,6 +80,8 @@ class ConnectionLimits:
     idle_timeout: int = limits.DEFAULT_IDLE_TIMEOUT
     max_connections: int = limits.DEFAULT_MAX_CONNECTIONS
     max_connections_per_client: int = limits.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+    min_body_rate: int = limits.MIN_BODY_RATE
+    min_body_rate_grace: float = limits.MIN_BODY_RATE_GRACE
 
 
 class _Lingering:
@@ -299,14 +309,22 @@ class Clients:
     def count(self, address: str) -> int:
         return len(self._by_address.get(address, ()))
 
-    def evictable(self, newcomer: GuardedH11Protocol) -> GuardedH11Protocol | None:
-        """The oldest idle connection but ``newcomer`` of the address with the most
-        connections (the next address when that one has none idle); None when every
-        connection is in a request."""
+    def evictable(self, newcomer: GuardedH11Protocol, now: float) -> GuardedH11Protocol | None:
+        """Of the address with the most connections (the next one when that one has none to
+        give), the oldest idle connection but ``newcomer``, else the one whose body is furthest
+        behind the minimum rate; None when every connection is busy and keeping pace."""
         for address in sorted(self._by_address, key=lambda a: len(self._by_address[a]), reverse=True):
+            slowest, furthest = None, 0.0
             for connection in self._by_address[address]:
-                if connection is not newcomer and connection.idle():
+                if connection is newcomer:
+                    continue
+                if connection.idle():
                     return connection
+                behind = connection.behind(now)
+                if behind > furthest:
+                    slowest, furthest = connection, behind
+            if slowest is not None:
+                return slowest
         return None
 
 
@@ -358,6 +376,11 @@ class GuardedH11Protocol(H11Protocol):
         self._headers_due: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._in_body = False
+        # The body under way: when its headers ended (loop time; restarted when the server
+        # stopped reading it), the bytes received since, and when its body timeout falls.
+        self._body_began = 0.0
+        self._body_bytes = 0
+        self._body_due = 0.0
         # Read by its transport (``_Lingering``) too. Bytes dropped since a refusal (0: not
         # refused); the connection is gone (``connection_lost``).
         self.draining = 0
@@ -383,7 +406,7 @@ class GuardedH11Protocol(H11Protocol):
             self._refuse(self._too_many("one client address", self.bounds.max_connections_per_client))
             return
         if clients.total > self.bounds.max_connections:
-            evicted = clients.evictable(self)
+            evicted = clients.evictable(self, self.loop.time())
             if evicted is None:
                 self._forget()
                 self._refuse(self._too_many("the server", self.bounds.max_connections))
@@ -399,10 +422,21 @@ class GuardedH11Protocol(H11Protocol):
             and not (self.draining or self.lost or self.transport.is_closing())
         )
 
+    def behind(self, now: float) -> float:
+        """How many bytes the body under way is short of the minimum rate since its headers
+        (0 when none is under way, or the server stopped reading it)."""
+        if not self._in_body or self.flow.read_paused or self.draining or self.lost:
+            return 0.0
+        return max(0.0, self.bounds.min_body_rate * (now - self._body_began) - self._body_bytes)
+
     def evict(self) -> None:
-        """Close, to make room for a newcomer: uncounted at once (the close may take a turn)."""
+        """Close, to make room for a newcomer: uncounted at once (the close may take a turn);
+        a body under way is answered first."""
         self._forget()
-        self.transport.close()
+        if self._in_body:
+            self._refuse(self._too_slow())
+        else:
+            self.transport.close()
 
     def _forget(self) -> None:
         if self._client_key is not None:
@@ -466,6 +500,8 @@ class GuardedH11Protocol(H11Protocol):
             if self.draining > _LINGER_BYTES:
                 self.transport.close()
             return
+        if self._in_body:
+            self._body_bytes += len(data)
         super().data_received(data)
         self._follow()
 
@@ -478,7 +514,10 @@ class GuardedH11Protocol(H11Protocol):
         state = self.conn.their_state
         if state is h11.SEND_BODY and not self._in_body:
             self._in_body = True
-            self._arm(self.bounds.body_timeout)
+            now = self.loop.time()
+            self._body_began, self._body_bytes = now, 0
+            self._body_due = now + self.bounds.body_timeout
+            self._arm(min(self.bounds.body_timeout, self.bounds.min_body_rate_grace))
         elif state is not h11.IDLE and state is not h11.SEND_BODY:
             self._in_body = False
             self._disarm()
@@ -538,6 +577,8 @@ class GuardedH11Protocol(H11Protocol):
         elif state is h11.IDLE and self._headers_due is not None:
             self._due, self._headers_due = self._headers_due, None
             self._timer = self.loop.call_at(self._due, self._check)
+        elif state is h11.SEND_BODY and (self.loop.time() < self._body_due or self.flow.read_paused):
+            self._pace()
         elif state is h11.IDLE or state is h11.SEND_BODY:
             headers = state is h11.IDLE
             seconds = self.bounds.header_timeout if headers else self.bounds.body_timeout
@@ -550,7 +591,34 @@ class GuardedH11Protocol(H11Protocol):
                 )
             )
 
+    def _pace(self) -> None:
+        """Past the grace, before the body timeout: refuse a body behind the minimum rate,
+        else check again when it would fall behind (a second from now at the soonest). While
+        the server does not read (a large body waiting for its place), the rate and the body
+        timeout start over: the server is the slow one."""
+        now = self.loop.time()
+        if self.flow.read_paused:
+            self._body_began, self._body_bytes = now, 0
+            self._body_due = max(self._body_due, now + self.bounds.body_timeout)
+        elif now >= self._body_began + self.bounds.min_body_rate_grace and self.behind(now) > 0:
+            self._refuse(self._too_slow())
+            return
+        rate = self.bounds.min_body_rate
+        grace = self._body_began + self.bounds.min_body_rate_grace
+        behind_at = max(grace, self._body_began + self._body_bytes / rate if rate > 0 else self._body_due)
+        self._due = min(self._body_due, max(behind_at, now + 1.0))
+        self._timer = self.loop.call_at(self._due, self._check)
+
     # refusals -----------------------------------------------------------------------
+
+    def _too_slow(self) -> ACPError:
+        rate = self.bounds.min_body_rate
+        return ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"the request's body arrives slower than {rate} bytes a second",
+            {"field": "request", "min_bytes_per_second": rate},
+            refinement="REQUEST_TIMEOUT",
+        )
 
     def _too_many(self, scope: str, limit: int) -> ACPError:
         return ACPError(

@@ -291,10 +291,17 @@ async def test_postgresql_restarted_or_stopped_under_load_loses_nothing(
                 assert refused.value.details.get("refinement") == "STORE_UNAVAILABLE", refused.value
                 assert refused.value.details["retryable"] is True
                 assert "locked" not in refused.value.message
+                async with httpx.AsyncClient(base_url=server.http_url, timeout=60) as http:
+                    ready = await http.get("/readyz")
+                assert ready.status_code == 503, ready.text
+                assert ready.json()["error"]["details"]["status"] == "store_unreachable"
                 # The outage itself: how long the database stays down, not a wait for a result.
                 await asyncio.sleep(OUTAGE_SECONDS)
                 await asyncio.to_thread(cluster.start)
             await finish_and_verify(server, work, ledger, all_acked=True)
+            async with httpx.AsyncClient(base_url=server.http_url, timeout=60) as http:
+                ready = await http.get("/readyz")
+            assert ready.status_code == 200, ready.text
         finally:
             server.kill()
 

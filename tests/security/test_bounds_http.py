@@ -197,9 +197,12 @@ def _refused_over(server: ServerProcess, cap: int, scope: bytes, *, busy: bool =
 
 
 def test_connections_over_the_server_cap_are_refused_when_none_is_idle(tmp_path: pathlib.Path) -> None:
-    """Idle ones make room instead (tests/security/test_slow_clients.py). The default
-    timeouts: every held request stays under way for the whole test."""
-    server = _server(tmp_path, "--max-connections", "20", "--max-connections-per-client", "30")
+    """Idle ones, and bodies behind the minimum rate, make room instead
+    (tests/security/test_slow_clients.py); with no minimum rate and the default timeouts,
+    every held request stays under way, and keeps its place, for the whole test."""
+    server = _server(
+        tmp_path, "--max-connections", "20", "--max-connections-per-client", "30", "--min-body-rate", "0"
+    )
     try:
         _refused_over(server, 20, b"to the server", busy=True)
     finally:

@@ -6,12 +6,17 @@
 over the cap closes the oldest idle connection of the address holding the most: here four
 loopback addresses (127.0.0.2-5) fill a small cap with half-sent requests, 127.0.0.2 with
 the most, and every request of a client on 127.0.0.1 is answered while only 127.0.0.2
-loses connections. Raw sockets; every wait bounded by a deadline far above what it needs.
+loses connections. Connections that send their headers and then trickle a body used to
+be out of reach (their request is under way): 40 of them got 5 of 5 newcomers refused. Now
+a newcomer closes, of the address holding the most, the body furthest behind the minimum
+rate, with an answer; and a body behind that rate past its grace is answered and closed
+on its own. Raw sockets; every wait bounded by a deadline far above what it needs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import pathlib
 import select
 import socket
@@ -30,20 +35,40 @@ LEGITIMATE = 5
 DEADLINE = 30.0
 
 
-@pytest.fixture
-def server(tmp_path: pathlib.Path) -> Iterator[ServerProcess]:
+# The head of a request whose body never comes (or comes a byte at a time).
+SLOW_BODY = (
+    b"POST /api/v1/acp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+)
+
+# The details of the answer to a body behind the minimum rate (240 bytes a second).
+TOO_SLOW = {"field": "request", "min_bytes_per_second": 240, "refinement": "REQUEST_TIMEOUT"}
+
+
+def _serve(tmp_path: pathlib.Path, *extra: str) -> Iterator[ServerProcess]:
     tokens = Tokens.create(tmp_path)
     # Timeouts far above the test's length: slow and kept-alive clients stay for all of it.
     server = start_server(
         tmp_path,
         *("--max-connections", str(CAP), "--max-connections-per-client", str(CAP // 2)),
-        *("--header-timeout", "120", "--idle-timeout", "120"),
+        *("--header-timeout", "120", "--idle-timeout", "120", "--body-timeout", "120"),
+        *extra,
         tokens=tokens.path,
     )
     try:
         yield server
     finally:
         assert server.stop() == 0, server.stderr()
+
+
+@pytest.fixture
+def server(tmp_path: pathlib.Path) -> Iterator[ServerProcess]:
+    # The rate's grace past the test's length too: only a newcomer ends a slow body here.
+    yield from _serve(tmp_path, "--min-body-rate-grace", "120")
+
+
+@pytest.fixture
+def quick_server(tmp_path: pathlib.Path) -> Iterator[ServerProcess]:
+    yield from _serve(tmp_path, "--min-body-rate-grace", "1")
 
 
 def _address(server: ServerProcess) -> tuple[str, int]:
@@ -73,26 +98,34 @@ def _answer(sock: socket.socket) -> bytes:
     return data
 
 
-def _closed(socks: list[socket.socket]) -> list[socket.socket]:
-    """Those the server closed (EOF or reset waiting), without waiting."""
+def _ended(socks: list[socket.socket]) -> list[socket.socket]:
+    """Those the server answered or closed (readable: a slow client is sent nothing else),
+    without waiting."""
     readable, _, _ = select.select(socks, [], [], 0)
-    closed = []
-    for sock in readable:
-        try:
-            if sock.recv(1, socket.MSG_PEEK) == b"":
-                closed.append(sock)
-        except ConnectionResetError:
-            closed.append(sock)
-    return closed
+    return readable
 
 
-def test_slow_clients_from_several_addresses_get_no_legitimate_client_refused(server: ServerProcess) -> None:
+def _refusal(answer: bytes) -> tuple[bytes, dict[str, object]]:
+    """The status line and the envelope's error details of an answer."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head.split(b"\r\n", 1)[0], json.loads(body)["error"]["details"]
+
+
+@pytest.mark.parametrize("sends", ["headers", "body"])
+def test_slow_clients_from_several_addresses_get_no_legitimate_client_refused(
+    server: ServerProcess, sends: str
+) -> None:
     slow = {source: [_connect(server, source) for _ in range(count)] for source, count in SLOW.items()}
     kept: list[socket.socket] = []
     try:
         for socks in slow.values():
             for sock in socks:
-                sock.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
+                if sends == "headers":
+                    sock.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
+                else:
+                    # Headers, then a body trickled a byte at a time: its request is under way.
+                    sock.sendall(SLOW_BODY)
+                    sock.sendall(b"{")
         answers = []
         for _ in range(LEGITIMATE):
             # Kept alive: each holds its place, so each needs one made for it.
@@ -103,13 +136,38 @@ def test_slow_clients_from_several_addresses_get_no_legitimate_client_refused(se
         assert [answer.split(b"\r\n", 1)[0] for answer in answers] == [b"HTTP/1.1 200 OK"] * LEGITIMATE
         most = slow["127.0.0.2"]
         deadline = time.monotonic() + DEADLINE
-        while len(_closed(most)) < LEGITIMATE and time.monotonic() < deadline:
+        while len(_ended(most)) < LEGITIMATE and time.monotonic() < deadline:
             select.select(most, [], [], 0.1)
-        assert len(_closed(most)) == LEGITIMATE
-        # The oldest went first; the other addresses kept all theirs.
-        assert set(_closed(most)) == set(most[:LEGITIMATE])
+        ended = _ended(most)
+        assert len(ended) == LEGITIMATE
+        # The other addresses kept all theirs.
         for source in ("127.0.0.3", "127.0.0.4", "127.0.0.5"):
-            assert _closed(slow[source]) == [], source
+            assert _ended(slow[source]) == [], source
+        if sends == "headers":
+            # The oldest went first, without an answer.
+            assert set(ended) == set(most[:LEGITIMATE])
+            assert all(sock.recv(1) == b"" for sock in ended)
+        else:
+            # The furthest behind (about the oldest: one may have sent a byte more), answered.
+            for sock in ended:
+                status, details = _refusal(_answer(sock))
+                assert status == b"HTTP/1.1 422 Unprocessable Entity"
+                assert details == TOO_SLOW
     finally:
         for sock in [*kept, *(sock for socks in slow.values() for sock in socks)]:
             sock.close()
+
+
+def test_a_body_behind_the_minimum_rate_is_answered_and_closed_after_its_grace(
+    quick_server: ServerProcess,
+) -> None:
+    """Not full, and well within the body timeout: the rate alone ends it."""
+    sock = _connect(quick_server, "127.0.0.2")
+    try:
+        sock.sendall(SLOW_BODY)
+        sock.sendall(b"{")
+        status, details = _refusal(_answer(sock))
+        assert status == b"HTTP/1.1 422 Unprocessable Entity"
+        assert details == TOO_SLOW
+    finally:
+        sock.close()

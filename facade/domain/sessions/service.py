@@ -66,6 +66,8 @@ DEFAULT_ORCHESTRATOR = "orchestrator"
 MAX_MESSAGE_CHARS = 100_000
 MAX_TITLE_CHARS = 1_000
 LIST_SCOPE = "session.list"
+# Messages an import stores per statement (all in one transaction).
+IMPORT_CHUNK = 5_000
 # How many referring sessions a refused registry removal names.
 MAX_REFERRERS = 20
 
@@ -635,45 +637,39 @@ class Sessions:
         return response
 
     async def import_(self, ctx: CallContext, req: session_pb2.ImportSessionRequest) -> session_pb2.Session:
-        # Read in slices: a 30,000-message document held every other call for seconds.
-        document = await slices.run_sliced(session_export.from_struct(req.document))
-        exported = await slices.run_sliced(session_export.parsing(document))
-        # Checked on a reader thread, and serialized in slices on the loop, so the writer
-        # thread (every other caller's writes wait for it) only stores it.
-        await self.store.read(lambda _store: self._check_import(ctx, req, exported))
-        rows = await slices.run_sliced(_serialized(exported.messages))
-        return await self.store.write(lambda _store: self._store_import(exported, rows))
+        # Read in slices: a 30,000-message document held every other call for seconds. Each
+        # message becomes its stored row on the loop, so the writer thread (every other
+        # caller's writes wait for it) only checks references and stores.
+        imported = await slices.run_sliced(session_export.parsing(req.document))
+        await self.store.read(lambda _store: self._check_import(ctx, req, imported))
+        return await self.store.write(lambda _store: self._store_import(imported))
 
     def _check_import(
-        self, ctx: CallContext, req: session_pb2.ImportSessionRequest, exported: session_export.Exported
+        self, ctx: CallContext, req: session_pb2.ImportSessionRequest, imported: session_export.Imported
     ) -> None:
-        session = exported.session
+        session = imported.session
         namespace = ctx.namespace(req.namespace or session.meta.namespace)
         session.meta.namespace = namespace
         if req.new_id:
             # Same creation instant, fresh randomness: the session still lists where it was made.
             session.meta.id = str(ULID.from_timestamp(seconds(session.meta.create_time)))
-            # Turn ids are global (records of their own): fresh ones, made at the same instant.
-            fresh = {t.id: str(ULID.from_timestamp(ULID.from_str(t.id).timestamp)) for t in exported.turns}
-            for turn in exported.turns:
-                turn.id = fresh[turn.id]
-            for msg in exported.messages:
-                if msg.turn_id in fresh:
-                    msg.turn_id = fresh[msg.turn_id]
+            # Turn records are keyed by session and turn id: the copy keeps its turn ids.
         problem = label_problem(session.labels) or self._reference_problem(
             namespace, session.orchestrator, session.project
         )
         if problem is not None:
             raise session_export.invalid(f"$.session.{problem[0]}", problem[1])
-        if exported.context is not None:
+        if imported.context is not None:
             try:
-                self.context.validate(namespace, exported.context, prefix="$.context")
+                self.context.validate(namespace, imported.context, prefix="$.context")
             except ACPError as exc:
                 path = str(exc.details.get("field", "$.context"))
                 raise session_export.invalid(path, exc.message.removeprefix(f"{path}: ")) from None
 
-    def _store_import(self, exported: session_export.Exported, rows: list[bytes]) -> session_pb2.Session:
-        session = exported.session
+    def _store_import(self, imported: session_export.Imported) -> session_pb2.Session:
+        """One transaction: a refused or failed import leaves nothing behind. The rows go in
+        chunks, so a store never encodes the whole history into one statement at once."""
+        session = imported.session
         namespace = session.meta.namespace
         clash = ACPError(
             ErrorCode.ALREADY_EXISTS,
@@ -681,6 +677,7 @@ class Sessions:
             {"session_id": session.meta.id},
             refinement="SESSION_ALREADY_EXISTS",
         )
+        rows = imported.rows
         with self.store.transaction():
             if self.store.get(SESSION_KIND, session.meta.id) is not None:
                 raise clash
@@ -688,29 +685,19 @@ class Sessions:
                 self.store.insert(to_record(session))
             except StoreConflictError:
                 raise clash from None
-            if rows:
-                self.store.append_items(MESSAGES, session.meta.id, rows)
-            if exported.context is not None:
-                self.context.configs.put(namespace, session_key(session.meta.id), exported.context)
-            for turn in exported.turns:
+            for start in range(0, len(rows), IMPORT_CHUNK):
+                self.store.append_items(MESSAGES, session.meta.id, rows[start : start + IMPORT_CHUNK])
+            if imported.context is not None:
+                self.context.configs.put(namespace, session_key(session.meta.id), imported.context)
+            for turn in imported.turns:
                 turn.session_id = session.meta.id
                 try:
                     self.store.insert(turns.to_record(turn, namespace))
                 except StoreConflictError:
                     raise ACPError(
                         ErrorCode.ALREADY_EXISTS,
-                        f"a turn with id {turn.id} exists; import with new_id to take fresh turn ids",
+                        f"session {session.meta.id} already has a turn with id {turn.id}",
                         {"turn_id": turn.id},
                         refinement="SESSION_ALREADY_EXISTS",
                     ) from None
         return session
-
-
-def _serialized(messages: list[session_pb2.Message]) -> slices.Sliced[list[bytes]]:
-    """The stored form of each message, yielding between slices."""
-    rows: list[bytes] = []
-    for index, item in enumerate(messages):
-        rows.append(item.SerializeToString(deterministic=True))
-        if index % slices.SLICE == slices.SLICE - 1:
-            yield
-    return rows

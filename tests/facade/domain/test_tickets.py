@@ -23,7 +23,7 @@ from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import events_pb2, session_pb2
-from tests.security.test_credentials import STREAM_GUARD_SECONDS, expire
+from tests.security.test_credentials import STREAM_GUARD_SECONDS, expire, narrow
 
 SUBSCRIBE = catalog.OPERATIONS["events.subscribe"]
 TICKET = catalog.OPERATIONS["events.ticket"]
@@ -330,22 +330,26 @@ async def test_an_expired_principal_is_refused_at_redemption(served: Served) -> 
     assert "expired" in expired.value.message
 
 
-@pytest.mark.parametrize("how", ["expire", "revoke"])
+@pytest.mark.parametrize("how", ["expire", "revoke", "narrow"])
 async def test_a_ticket_stream_ends_when_its_principal_expires_or_goes(served: Served, how: str) -> None:
     """The stream a ticket opened is checked against the file while it runs, as a token's
-    is: it ends with AUTH_REQUIRED (within RECHECK_SECONDS; the guard only stops a hang)."""
-    alice = served.tokens["alice"]
+    is: it ends with AUTH_REQUIRED (within RECHECK_SECONDS; the guard only stops a hang).
+    Issue 31, failure 6: a namespace taken from the principal ends it too, AUTH_FORBIDDEN
+    (a ticket stream kept delivering that namespace's events)."""
+    carol = auth.create_token(served.path, "carol", ["alice", "carol"])
     ticket = (
-        await served.transport.call(TICKET, events_pb2.CreateStreamTicketRequest(), options(alice))
+        await served.transport.call(TICKET, events_pb2.CreateStreamTicketRequest(), options(carol))
     ).ticket  # type: ignore[attr-defined]
     items = await served.transport.open_stream(
         SUBSCRIBE, events_pb2.SubscribeEventsRequest(), options(ticket=ticket)
     )
     try:
         if how == "expire":
-            expire(served.path, "alice")
+            expire(served.path, "carol")
+        elif how == "narrow":
+            narrow(served.path, "carol", frozenset({"carol"}))
         else:
-            auth.revoke_token(served.path, "alice")
+            auth.revoke_token(served.path, "carol")
 
         async def drain() -> None:
             async with asyncio.timeout(STREAM_GUARD_SECONDS):
@@ -356,5 +360,10 @@ async def test_a_ticket_stream_ends_when_its_principal_expires_or_goes(served: S
             await drain()
     finally:
         await items.aclose()  # type: ignore[attr-defined]
+    if how == "narrow":
+        assert ended.value.code == "AUTH_FORBIDDEN"
+        assert ended.value.details["refinement"] == "PRINCIPAL_NARROWED"
+        assert ended.value.details["namespaces"] == ["alice"]
+        return
     assert ended.value.code == "AUTH_REQUIRED"
     assert ended.value.details["refinement"] == "PRINCIPAL_REVOKED"

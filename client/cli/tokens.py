@@ -7,16 +7,20 @@ import datetime
 import pathlib
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from cleveragents.acp.client.cli.options import env
 from cleveragents.acp.contract.call import Role
 from cleveragents.acp.facade import auth
 
+# The commands this module adds (``main`` builds only these for a line naming one).
+NAMES = ("token",)
 _GRACE_DEFAULT = "1h"
 
 
-def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+def register(subparsers: argparse._SubParsersAction[Any], words: Sequence[str] | None = None) -> None:
+    """Adds ``token`` and its verbs (small enough to build in full whatever ``words`` is)."""
     token = subparsers.add_parser("token", help="manage bearer tokens of server mode")
     verbs = token.add_subparsers(dest="verb", metavar="VERB", required=True)
 

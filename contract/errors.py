@@ -14,7 +14,6 @@ from types import MappingProxyType
 from typing import Any
 
 import grpc
-from ulid import ULID
 
 from cleveragents.acp.v1.errors_pb2 import ErrorCode
 
@@ -119,6 +118,9 @@ class TransportError(ACPError):
 def internal_error(exc: BaseException, where: str) -> ACPError:
     """An unexpected fault as INTERNAL_ERROR: logged here with its traceback, reported to
     the caller with only a correlation id that finds the log line."""
+    # Imported here: every process imports this module, few ever report an internal error.
+    from ulid import ULID
+
     correlation_id = str(ULID())
     log.error("internal error in %s (correlation id %s)", where, correlation_id, exc_info=exc)
     return ACPError(

@@ -7,7 +7,9 @@ import argparse
 import io
 import re
 import subprocess
+import sys
 from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -280,3 +282,18 @@ def test_the_command_words_are_those_argparse_reads() -> None:
         ["plan", "--db"],
     ):
         assert main.command_words(parser, unsure) is None, unsure
+
+
+def test_a_token_command_imports_neither_the_catalog_nor_the_client(tmp_path: Path) -> None:
+    """``agents token`` runs where tokens are made (often before a server starts): it needs
+    ``facade.auth``, not the catalog's descriptors nor a transport."""
+    probe = (
+        "import sys\n"
+        "from cleveragents.acp.client.cli.main import main\n"
+        f"status = main(['token', 'list', '--tokens', {str(tmp_path / 'tokens.toml')!r}])\n"
+        "heavy = {'cleveragents.acp.contract.catalog', 'cleveragents.acp.client.acp_client', 'ulid'}\n"
+        "assert 'cleveragents.acp.facade.auth' in sys.modules\n"
+        "print(status, sorted(heavy & set(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "1 []\n", (done.stdout, done.stderr)

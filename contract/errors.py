@@ -11,10 +11,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
-
-import grpc
-from ulid import ULID
+from typing import TYPE_CHECKING, Any
 
 from cleveragents.acp.v1.errors_pb2 import ErrorCode
 
@@ -31,6 +28,9 @@ __all__ = [
     "internal_error",
 ]
 
+if TYPE_CHECKING:
+    import grpc
+
 log = logging.getLogger(__name__)
 
 ERROR_DOMAIN = "acp.cleveragents.dev"
@@ -39,23 +39,31 @@ ERROR_DOMAIN = "acp.cleveragents.dev"
 @dataclass(frozen=True)
 class WireMapping:
     http_status: int
-    grpc_code: grpc.StatusCode
+    # The name of the grpc.StatusCode: every process imports this module, and grpc (a tenth
+    # of a local-mode ``agents`` command's start) only those that speak gRPC.
+    grpc_status: str
     # The `agents` CLI exits with this (0 is success, 2 a usage error, 12 unreachable).
     exit_code: int
+
+    @property
+    def grpc_code(self) -> grpc.StatusCode:
+        import grpc
+
+        return grpc.StatusCode[self.grpc_status]
 
 
 # The nine codes of ADR-026. A test checks the keys against the proto enum.
 TABLE: Mapping[str, WireMapping] = MappingProxyType(
     {
-        "AUTH_REQUIRED": WireMapping(401, grpc.StatusCode.UNAUTHENTICATED, 3),
-        "AUTH_FORBIDDEN": WireMapping(403, grpc.StatusCode.PERMISSION_DENIED, 4),
-        "NOT_FOUND": WireMapping(404, grpc.StatusCode.NOT_FOUND, 5),
-        "ALREADY_EXISTS": WireMapping(409, grpc.StatusCode.ALREADY_EXISTS, 6),
-        "INVALID_PARAMS": WireMapping(422, grpc.StatusCode.INVALID_ARGUMENT, 7),
-        "INVALID_STATE": WireMapping(409, grpc.StatusCode.FAILED_PRECONDITION, 8),
-        "BUDGET_EXCEEDED": WireMapping(429, grpc.StatusCode.RESOURCE_EXHAUSTED, 9),
-        "VERSION_MISMATCH": WireMapping(400, grpc.StatusCode.FAILED_PRECONDITION, 10),
-        "INTERNAL_ERROR": WireMapping(500, grpc.StatusCode.INTERNAL, 11),
+        "AUTH_REQUIRED": WireMapping(401, "UNAUTHENTICATED", 3),
+        "AUTH_FORBIDDEN": WireMapping(403, "PERMISSION_DENIED", 4),
+        "NOT_FOUND": WireMapping(404, "NOT_FOUND", 5),
+        "ALREADY_EXISTS": WireMapping(409, "ALREADY_EXISTS", 6),
+        "INVALID_PARAMS": WireMapping(422, "INVALID_ARGUMENT", 7),
+        "INVALID_STATE": WireMapping(409, "FAILED_PRECONDITION", 8),
+        "BUDGET_EXCEEDED": WireMapping(429, "RESOURCE_EXHAUSTED", 9),
+        "VERSION_MISMATCH": WireMapping(400, "FAILED_PRECONDITION", 10),
+        "INTERNAL_ERROR": WireMapping(500, "INTERNAL", 11),
     }
 )
 
@@ -119,6 +127,9 @@ class TransportError(ACPError):
 def internal_error(exc: BaseException, where: str) -> ACPError:
     """An unexpected fault as INTERNAL_ERROR: logged here with its traceback, reported to
     the caller with only a correlation id that finds the log line."""
+    # Imported here: every process imports this module, few ever report an internal error.
+    from ulid import ULID
+
     correlation_id = str(ULID())
     log.error("internal error in %s (correlation id %s)", where, correlation_id, exc_info=exc)
     return ACPError(

@@ -29,10 +29,13 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
-from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, TransportError
+
+if TYPE_CHECKING:
+    # Only a type: the CLI reads its retry settings (``connect``) without the catalog.
+    from cleveragents.acp.contract.catalog import Operation
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import pathlib
 import re
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -34,6 +34,7 @@ from cleveragents.acp.client.cli.connect import (
     resolve,
     retry_policy,
 )
+from cleveragents.acp.client.cli.exits import EXIT_INTERRUPTED, EXIT_PLAN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE
 from cleveragents.acp.contract import catalog, envelope, errors, versions
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, TransportError
@@ -41,10 +42,6 @@ from cleveragents.acp.contract.retry import Retrying, RetryPolicy
 from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.v1 import events_pb2, plan_pb2, session_pb2
 
-EXIT_PLAN_FAILED = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 12
-EXIT_INTERRUPTED = 130
 # A plan's run is over when a phase after strategize settles, or it fails, is cancelled
 # or rolled back (``plan.error`` precedes the state change it causes, so it is no end).
 _SETTLED = {plan_pb2.PLAN_STATE_FAILED, plan_pb2.PLAN_STATE_CANCELLED, plan_pb2.PLAN_STATE_ROLLED_BACK}
@@ -534,11 +531,20 @@ In local mode it re-reads the database every half second, so it follows what oth
 processes (another agents command, a server) record there."""
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Any, words: Sequence[str] | None = None) -> None:
+    """A command per operation (of those ``words`` names, only its parsers in full), and
+    ``events watch`` and ``session chat`` when their group is built in full."""
     groups = operations.register(
-        subparsers, run_operation, extra_verbs={"events": ["watch"], "session": ["chat"]}
+        subparsers, run_operation, words=words, extra_verbs={"events": ["watch"], "session": ["chat"]}
     )
-    verbs = groups["events"].get_default("verbs")
+    if "events" in groups:
+        _register_watch(groups["events"])
+    if "session" in groups:
+        _register_chat(groups["session"])
+
+
+def _register_watch(events: argparse.ArgumentParser) -> None:
+    verbs = events.get_default("verbs")
     watch_parser = verbs.add_parser(
         "watch",
         help="follow the event stream, resuming after dropped connections",
@@ -578,7 +584,9 @@ def register(subparsers: Any) -> None:
 
     watch_parser.set_defaults(handler=run_watch, connects=True)
 
-    session_verbs = groups["session"].get_default("verbs")
+
+def _register_chat(session: argparse.ArgumentParser) -> None:
+    session_verbs = session.get_default("verbs")
     chat_parser = session_verbs.add_parser(
         "chat",
         help="a small REPL on top of session tell",

@@ -1,7 +1,14 @@
-"""``agents``: the entry point. Each module in ``COMMANDS`` registers its subcommands.
+"""``agents``: the entry point. Each command module registers its subcommands.
 
-A command module has ``register(subparsers)`` that adds its parsers and sets
+A command module has ``register(subparsers, words)`` that adds its parsers and sets
 ``handler`` (``args -> exit status``) as a default; this file knows no command itself.
+
+Every test runs hundreds of ``agents`` processes, and building a parser for each of the
+catalog's operations costs more than most calls: a parser is built for the command line it
+parses. ``words`` (see ``command_words``) names the command and its verb; a module builds
+those parsers in full and only the names and help lines of the others, which is all the
+overview and an unknown command's error show. ``serve`` and ``token`` (``NAMES`` of their
+modules) need no other module at all, so neither the catalog nor the client is imported.
 """
 
 from __future__ import annotations
@@ -15,11 +22,9 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from cleveragents.acp.client.cli import calls, serve, tokens
+from cleveragents.acp.client.cli import exits, serve, tokens
 from cleveragents.acp.client.cli.connect import add_options, given_globally
 from cleveragents.acp.contract.errors import TABLE
-
-COMMANDS: tuple[ModuleType, ...] = (serve, tokens, calls)
 
 _INVALID_CHOICE = re.compile(r"argument (?:COMMAND|VERB): invalid choice: '([^']*)'")
 _MISSING_COMMAND = re.compile(r"the following arguments are required: (?:COMMAND|VERB)")
@@ -44,9 +49,9 @@ examples:
   agents --server http://127.0.0.1:8080 --token TOKEN plan list
   agents serve --state-dir .acp                 run the server, printing a token (docs/server.md)
 
-exit status: 0 success, {calls.EXIT_PLAN_FAILED} the plan a --wait waited for failed or was cancelled,
-2 bad usage, {codes[0]}-{codes[-1]} one per ACP error code, {calls.EXIT_UNREACHABLE} server unreachable,
-{calls.EXIT_INTERRUPTED} interrupted (docs/cli.md)."""
+exit status: 0 success, {exits.EXIT_PLAN_FAILED} the plan a --wait waited for failed or was cancelled,
+2 bad usage, {codes[0]}-{codes[-1]} one per ACP error code, {exits.EXIT_UNREACHABLE} server unreachable,
+{exits.EXIT_INTERRUPTED} interrupted (docs/cli.md)."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -106,7 +111,50 @@ class Parser(argparse.ArgumentParser):
         super().error(message)
 
 
-def build_parser() -> Parser:
+def command_words(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[str, ...] | None:
+    """The command ``argv`` names and the word after it (an operation group's verb), as
+    ``parser`` (the top level, its options added) will read them: ``()`` when no command is
+    reached (``--help`` comes first, or none is given). ``None`` when this scan cannot be sure
+    (an unknown flag, ``--``, a value that looks like a flag): then every parser is built."""
+    words: list[str] = []
+    takes_value = False
+    for word in argv:
+        if words:
+            if word.startswith("-"):
+                # The group's --help shows only its verbs' help lines; any other flag: unsure.
+                return tuple(words) if word in ("-h", "--help") else None
+            return (*words, word)
+        if takes_value:
+            if word.startswith("-"):
+                return None
+            takes_value = False
+        elif word.startswith("-"):
+            flag, explicit, _ = word.partition("=")
+            action = parser._option_string_actions.get(flag)  # noqa: SLF001
+            if action is None or (explicit and action.nargs == 0):
+                return None
+            if isinstance(action, argparse._HelpAction):  # noqa: SLF001
+                return ()
+            takes_value = action.nargs != 0 and not explicit
+        else:
+            words.append(word)
+    return tuple(words)
+
+
+def _command_modules(words: tuple[str, ...] | None) -> tuple[ModuleType, ...]:
+    """The modules whose commands the parser needs: a module of its own alone when the line
+    names one of its commands, else all (``calls`` imports the client and the catalog)."""
+    for module in (serve, tokens):
+        if words and words[0] in module.NAMES:
+            return (module,)
+    from cleveragents.acp.client.cli import calls
+
+    return (serve, tokens, calls)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> Parser:
+    """The parser for ``argv`` (only the parsers it can reach built in full), or with no
+    ``argv`` the whole one, every command and verb in full."""
     parser = Parser(
         prog="agents",
         usage="%(prog)s [options] COMMAND ...",
@@ -117,13 +165,15 @@ def build_parser() -> Parser:
     )
     add_options(parser, top_level=True)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, prog="agents")
-    for module in COMMANDS:
-        module.register(subparsers)
+    words = None if argv is None else command_words(parser, argv)
+    for module in _command_modules(words):
+        module.register(subparsers, words)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     misplaced = given_globally(args)
     if misplaced and not getattr(args, "connects", False):

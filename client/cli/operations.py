@@ -7,7 +7,7 @@ descriptors, so an RPC added to the proto is a command with no code here.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 from google.protobuf import message
@@ -114,29 +114,39 @@ def register(
     subparsers: Any,
     run: Runner,
     *,
+    words: Sequence[str] | None = None,
     operations: Iterable[Operation] | None = None,
     extra_verbs: dict[str, list[str]] | None = None,
     formatter: type[argparse.HelpFormatter] = argparse.RawDescriptionHelpFormatter,
 ) -> dict[str, argparse.ArgumentParser]:
-    """Add a parser per group and a sub-parser per verb; returns the group parsers so
-    callers can add verbs of their own (``events watch``, ``session chat``), named in
-    ``extra_verbs`` for the overview."""
+    """Add a parser per group and a sub-parser per verb; returns the group parsers built in
+    full so callers can add verbs of their own (``events watch``, ``session chat``), named
+    in ``extra_verbs`` for the overview. With ``words`` (the command line's command and verb,
+    see ``main.command_words``) only the group and verb it names are built in full: of the
+    others only what the overview and the choices show, a name and a help line."""
     group_parsers: dict[str, argparse.ArgumentParser] = {}
     extra = extra_verbs or {}
+    command = words[0] if words else None
+    verb = words[1] if words is not None and len(words) > 1 else None
     for group, ops in sorted(groups(operations or catalog.CATALOG.commands()).items()):
+        overview = f"{group}: {', '.join(sorted([op.verb for op in ops] + extra.get(group, [])))}"
+        if words is not None and command not in (cli_name(group), group):
+            group_parser = subparsers.add_parser(cli_name(group), help=overview)
+            _alias(subparsers, group, group_parser)
+            continue
         group_parser = subparsers.add_parser(
             cli_name(group),
-            help=f"{group}: {', '.join(sorted([op.verb for op in ops] + extra.get(group, [])))}",
+            help=overview,
             description=f"The {group}.* operations of ACP.",
             epilog=_group_epilog(ops),
             formatter_class=formatter,
         )
-        if cli_name(group) != group:
-            # The operation's own spelling works too, without a second entry in the help:
-            # argparse's private name table (add_parser's aliases would list it in the help).
-            subparsers._name_parser_map[group] = group_parser  # noqa: SLF001
+        _alias(subparsers, group, group_parser)
         verbs = group_parser.add_subparsers(dest="verb", metavar="VERB", required=True)
         for op in sorted(ops, key=lambda o: o.verb):
+            if words is not None and verb != op.verb:
+                verbs.add_parser(op.verb, help=op.summary)
+                continue
             parser = verbs.add_parser(
                 op.verb,
                 usage=" ".join(["%(prog)s", *_required_words(op), "[options]"]),
@@ -163,3 +173,10 @@ def register(
         group_parsers[group] = group_parser
         group_parser.set_defaults(verbs=verbs)
     return group_parsers
+
+
+def _alias(subparsers: Any, group: str, group_parser: argparse.ArgumentParser) -> None:
+    """The operation's own spelling works too, without a second entry in the help:
+    argparse's private name table (add_parser's aliases would list it in the help)."""
+    if cli_name(group) != group:
+        subparsers._name_parser_map[group] = group_parser  # noqa: SLF001

@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from cleveragents.acp.contract.transport import Transport
+if TYPE_CHECKING:
+    # Only a type here: the module is imported by every ``agents`` command.
+    from cleveragents.acp.contract.transport import Transport
+
+# The commands this module adds (``main`` builds only these for a line naming one).
+NAMES = ("serve", "gateway")
 
 
 def _common_options(parser: argparse.ArgumentParser) -> None:
@@ -138,7 +144,8 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+def register(subparsers: argparse._SubParsersAction[Any], words: Sequence[str] | None = None) -> None:
+    """Adds ``serve`` and ``gateway`` (small enough to build in full whatever ``words`` is)."""
     serve = subparsers.add_parser(
         "serve",
         help="serve ACP over gRPC and JSON/HTTP",

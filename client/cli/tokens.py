@@ -7,16 +7,22 @@ import datetime
 import pathlib
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from cleveragents.acp.client.cli.options import env
 from cleveragents.acp.contract.call import Role
-from cleveragents.acp.facade import auth
 
+# ``facade.auth`` (the token file's pydantic model) is imported by each command as it runs:
+# every ``agents`` process imports this module to add the ``token`` parser.
+
+# The commands this module adds (``main`` builds only these for a line naming one).
+NAMES = ("token",)
 _GRACE_DEFAULT = "1h"
 
 
-def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+def register(subparsers: argparse._SubParsersAction[Any], words: Sequence[str] | None = None) -> None:
+    """Adds ``token`` and its verbs (small enough to build in full whatever ``words`` is)."""
     token = subparsers.add_parser("token", help="manage bearer tokens of server mode")
     verbs = token.add_subparsers(dest="verb", metavar="VERB", required=True)
 
@@ -103,6 +109,8 @@ def _when(epoch: float | None) -> str:
 
 def create_command(args: argparse.Namespace) -> int:
     namespaces = None if args.all_namespaces else list(args.namespaces)
+    from cleveragents.acp.facade import auth
+
     try:
         expires_in = None if args.expires_in is None else auth.parse_duration(args.expires_in)
         token = auth.create_token(args.tokens, args.name, namespaces, role=args.role, expires_in=expires_in)
@@ -118,6 +126,8 @@ def create_command(args: argparse.Namespace) -> int:
 
 def list_command(args: argparse.Namespace) -> int:
     """One line per principal: name, namespaces, role, expiry (``expired`` once past)."""
+    from cleveragents.acp.facade import auth
+
     try:
         entries = auth.load(args.tokens)
     except auth.TokenFileError as exc:
@@ -134,6 +144,8 @@ def list_command(args: argparse.Namespace) -> int:
 
 
 def revoke_command(args: argparse.Namespace) -> int:
+    from cleveragents.acp.facade import auth
+
     try:
         auth.revoke_token(args.tokens, args.name)
     except auth.TokenFileError as exc:
@@ -147,6 +159,8 @@ def revoke_command(args: argparse.Namespace) -> int:
 
 
 def rotate_command(args: argparse.Namespace) -> int:
+    from cleveragents.acp.facade import auth
+
     try:
         grace = 0.0 if args.grace.strip() in ("0", "0s") else auth.parse_duration(args.grace)
         expires_in = None if args.expires_in is None else auth.parse_duration(args.expires_in)

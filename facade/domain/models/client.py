@@ -27,8 +27,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import httpx2
-
 from cleveragents.acp.contract.recent import Recent
 from cleveragents.acp.facade.domain.models.deltas import DeltaPump, Emit
 from cleveragents.acp.facade.domain.models.egress import ModelEgress
@@ -265,6 +263,9 @@ class _Call:
         return {"model": self.spec.model, "messages": [], "stream": True, "extra_body": body}
 
     async def _once(self, pump: DeltaPump) -> Turn:
+        # Imported at a model call, as openai is (__init__): every process that opens a
+        # facade (each local-mode ``agents`` command) imports this module.
+        import httpx2
         import openai
 
         client = self.models.client(self.url).with_options(api_key=self.key)
@@ -418,6 +419,8 @@ async def _drain(lines: AsyncIterator[str]) -> None:
     connection is reused by the next turn: left unread, closing the response closes the
     connection, and every turn would pay a new one (a TLS handshake, for a hosted model).
     Past the bound, or on any failure, the connection is simply closed."""
+    import httpx2  # imported at a model call (see ``_once``)
+
     try:
         async with asyncio.timeout(DRAIN_SECONDS):
             read = 0

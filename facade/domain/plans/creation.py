@@ -16,7 +16,7 @@ from ulid import ULID
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.access import roles
-from cleveragents.acp.facade.domain.bounded import caller_work, json_schemas
+from cleveragents.acp.facade.domain.bounded import caller_work
 from cleveragents.acp.facade.domain.plans import actor, model, setup
 from cleveragents.acp.facade.domain.plans.recording import PlanRecorder, now
 from cleveragents.acp.facade.domain.plans.running import PlanRunner
@@ -33,6 +33,9 @@ def inputs_of(schema: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
             inputs[name] = prop["default"]
     if not schema:
         return inputs
+    # Imported when a schema is checked (jsonschema: see plans.validations).
+    from cleveragents.acp.facade.domain.bounded import json_schemas
+
     try:
         validator_class = json_schemas.check(schema)
     except json_schemas.SchemaError as exc:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from google.protobuf import json_format
 
 from cleveragents.acp.facade.domain.access.policy import HOW_TO_ALLOW_COMMANDS, Policy
-from cleveragents.acp.facade.domain.bounded import caller_work, globs, json_schemas, patterns
+from cleveragents.acp.facade.domain.bounded import caller_work, globs, patterns
 from cleveragents.acp.facade.domain.plans import process
 from cleveragents.acp.facade.domain.plans.staging import StagedArtifact, Staging
 from cleveragents.acp.v1 import events_pb2, specs_pb2
@@ -44,6 +44,10 @@ def _regex(check: specs_pb2.RegexCheck, artifacts: Sequence[StagedArtifact]) -> 
 
 def _json_schema(check: specs_pb2.JsonSchemaCheck, artifacts: Sequence[StagedArtifact]) -> list[str]:
     schema = json_format.MessageToDict(check.schema)
+    # Imported when a schema is checked: jsonschema is a tenth of a facade's import, and
+    # most processes that open one (each local-mode ``agents`` command) never validate.
+    from cleveragents.acp.facade.domain.bounded import json_schemas
+
     try:
         validator_class = json_schemas.check(schema)
     except json_schemas.SchemaError as exc:

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from google.protobuf import json_format, message, struct_pb2
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain.bounded import globs, json_schemas, patterns
+from cleveragents.acp.facade.domain.bounded import globs, patterns
 from cleveragents.acp.v1 import specs_pb2
 
 # (kind, name) -> the entry in the namespace being written, or None.
@@ -86,6 +86,9 @@ def schema_of(struct: struct_pb2.Struct) -> dict[str, Any]:
 
 def check_json_schema(field: str, struct: struct_pb2.Struct) -> None:
     """A valid JSON Schema whose every pattern RE2 can run (see ``json_schemas``)."""
+    # Imported when a schema is checked (jsonschema: see plans.validations).
+    from cleveragents.acp.facade.domain.bounded import json_schemas
+
     try:
         json_schemas.check(schema_of(struct))
     except json_schemas.SchemaError as exc:

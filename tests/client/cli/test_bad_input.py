@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from cleveragents.acp.client.cli.calls import EXIT_UNREACHABLE
+from cleveragents.acp.client.cli.exits import EXIT_UNREACHABLE
 from tests.client.cli.conftest import Cli, make_cli
 from tests.server_process import ServerProcess, Tokens
 

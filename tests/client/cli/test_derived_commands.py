@@ -7,7 +7,9 @@ import argparse
 import io
 import re
 import subprocess
+import sys
 from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -208,3 +210,90 @@ def test_the_serve_help_names_defaults_and_variables() -> None:
     for text in ("default 127.0.0.1", "default 8080", "default 50051", "ACP_TLS_CERT", "ACP_TLS_KEY"):
         assert text in out, text
     assert "--tls-cert FILE" in out
+
+
+def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[int, str, str, dict[str, Any]]:
+    """What parsing ``argv`` prints and gives: the exit status, stdout, stderr, and the
+    arguments (the handler by its name, the parsers it holds left out)."""
+    out, err = io.StringIO(), io.StringIO()
+    values: dict[str, Any] = {}
+    status = 0
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            args = parser.parse_args(argv)
+            values = {k: v for k, v in vars(args).items() if k != "verbs"}
+            values["handler"] = getattr(values.get("handler"), "__qualname__", None)
+        except SystemExit as exit_:
+            status = int(exit_.code or 0)
+    return status, out.getvalue(), err.getvalue(), values
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--help"],
+        ["--db", "x.db", "-h"],
+        ["bogus"],
+        ["sesion", "list"],
+        ["automation_profil"],
+        ["--json"],
+        ["--bogus", "session", "list"],
+        ["--", "session", "list"],
+        ["session"],
+        ["session", "--help"],
+        ["session", "bogus"],
+        ["session", "--bogus", "list"],
+        ["session", "-h", "list"],
+        ["session", "create", "--help"],
+        ["session", "create", "--title", "t", "--db", "x.db", "--json"],
+        ["session", "chat", "S1"],
+        ["--db=x.db", "--json", "session", "show", "S1", "--value", "session.title"],
+        ["plan", "execute", "P1", "--wait", "--tokn", "t"],
+        ["plan", "use"],
+        ["automation_profile", "list", "--help"],
+        ["automation-profile", "show", "p"],
+        ["events", "watch", "--plan", "P1", "--until-done"],
+        ["events", "subscribe", "--help"],
+        ["serve", "--help"],
+        ["gateway", "--upstream", "h:1"],
+        ["token", "--help"],
+        ["token", "list", "--tokens", "t.toml"],
+        ["--json", "token", "list"],
+    ],
+)
+def test_a_parser_built_for_a_command_line_reads_it_as_the_whole_one(argv: list[str]) -> None:
+    """``agents`` builds in full only the parsers a command line can reach (a command's
+    start costs less): what it prints and parses must be the same as with every parser."""
+    assert _parsed(main.build_parser(argv), argv) == _parsed(main.build_parser(), argv)
+
+
+def test_the_command_words_are_those_argparse_reads() -> None:
+    parser = main.build_parser([])
+    assert main.command_words(parser, ["--db", "x", "--json", "plan", "use", "A"]) == ("plan", "use")
+    assert main.command_words(parser, ["--db=x", "token", "list"]) == ("token", "list")
+    assert main.command_words(parser, ["--db", "x", "-h", "plan"]) == ()
+    assert main.command_words(parser, ["plan", "--help"]) == ("plan",)
+    for unsure in (
+        ["--bogus", "plan"],
+        ["--", "plan"],
+        ["--db", "-x", "plan"],
+        ["--json=1"],
+        ["plan", "--db"],
+    ):
+        assert main.command_words(parser, unsure) is None, unsure
+
+
+def test_a_token_command_imports_neither_the_catalog_nor_the_client(tmp_path: Path) -> None:
+    """``agents token`` runs where tokens are made (often before a server starts): it needs
+    ``facade.auth``, not the catalog's descriptors nor a transport."""
+    probe = (
+        "import sys\n"
+        "from cleveragents.acp.client.cli.main import main\n"
+        f"status = main(['token', 'list', '--tokens', {str(tmp_path / 'tokens.toml')!r}])\n"
+        "heavy = {'cleveragents.acp.contract.catalog', 'cleveragents.acp.client.acp_client', 'ulid'}\n"
+        "assert 'cleveragents.acp.facade.auth' in sys.modules\n"
+        "print(status, sorted(heavy & set(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "1 []\n", (done.stdout, done.stderr)

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from cleveragents.acp.client.cli.calls import EXIT_INTERRUPTED, EXIT_PLAN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE
+from cleveragents.acp.client.cli.exits import EXIT_INTERRUPTED, EXIT_PLAN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE
 from cleveragents.acp.contract.errors import TABLE
 from tests.client.cli.conftest import CLI_TIMEOUT, Cli, clean_env
 

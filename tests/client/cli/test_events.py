@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from cleveragents.acp.client.cli.calls import EXIT_INTERRUPTED
+from cleveragents.acp.client.cli.exits import EXIT_INTERRUPTED
 from cleveragents.acp.v1 import events_pb2
 from tests.client.cli.conftest import CLI_TIMEOUT, Cli, clean_env, make_cli
 from tests.client.cli.test_flows import ACTION_SPEC

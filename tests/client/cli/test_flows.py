@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from cleveragents.acp.client.cli.calls import EXIT_PLAN_FAILED
+from cleveragents.acp.client.cli.exits import EXIT_PLAN_FAILED
 from cleveragents.acp.contract.errors import exit_code
 from cleveragents.acp.facade.domain.models.functions import BUILTIN as FILE_TOOLS
 from tests.client.cli.conftest import RETRY_NOTICE, Cli, Result

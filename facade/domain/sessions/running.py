@@ -14,10 +14,10 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ulid import ULID
 
@@ -31,8 +31,29 @@ from cleveragents.acp.facade.domain.sessions.records import SESSION_KIND, load, 
 from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Store
 from cleveragents.acp.v1 import events_pb2, session_pb2
 
-if TYPE_CHECKING:
-    from cleveragents.acp.facade.domain.sessions.service import Sessions
+
+class _Publisher(Protocol):
+    def publish(self, event: events_pb2.Event) -> events_pb2.Event: ...
+
+
+class Sessions(Protocol):
+    """What running a turn needs of the sessions service (``service.Sessions``), which owns
+    the history; a protocol, so this module does not import the service that drives it."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def events(self) -> _Publisher: ...
+
+    def check_open(self, session: session_pb2.Session) -> None: ...
+
+    def append_now(
+        self, session_id: str, new: Iterable[session_pb2.Message], *, close: bool = False
+    ) -> list[session_pb2.Message]: ...
+
+    def remove_messages(self, session_id: str, turn_id: str) -> None: ...
+
 
 log = logging.getLogger(__name__)
 

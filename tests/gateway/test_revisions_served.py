@@ -13,6 +13,7 @@ import pytest
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.grpc_transport import GrpcTransport
 from cleveragents.acp.client.http_transport import HTTPTransport
+from cleveragents.acp.contract import catalog, revisions
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.v1 import plan_pb2, session_pb2
 from tests.facade.plans import helpers
@@ -77,6 +78,36 @@ def test_rest_etag_and_if_match(served: Served) -> None:
         assert old.json()["data"]["session"].get("revision", 0) == 0
         assert "ETag" not in old.headers
         assert http.delete(f"/api/v1/sessions/{session_id}", headers={"If-Match": '"2"'}).status_code == 200
+
+
+def test_openapi_describes_if_match_and_etag_on_exactly_those_routes(served: Served) -> None:
+    """The served document: If-Match and a 412 where the operation takes an expected
+    revision, ETag where its answer carries a session or plan; nowhere else."""
+    document = httpx.get(f"{served.server.http}/api/v1/openapi.json").json()
+    by_id = {op.name: op for op in catalog.OPERATIONS.values()}
+    seen: set[str] = set()
+    for path_item in document["paths"].values():
+        for spec in path_item.values():
+            op = by_id.get(spec["operationId"])
+            if op is None:
+                # The envelope endpoint, /healthz, other majors' routes: no ETag, no If-Match.
+                assert "412" not in spec["responses"], spec["operationId"]
+                continue
+            seen.add(op.name)
+            if_match = [p for p in spec["parameters"] if p["name"] == "If-Match"]
+            assert (len(if_match), "412" in spec["responses"]) == (
+                (1, True) if op.if_revision else (0, False)
+            ), op.name
+            if if_match:
+                assert if_match[0]["in"] == "header"
+                assert "REVISION_MISMATCH" in spec["responses"]["412"]["description"]
+            etag = "ETag" in spec["responses"]["200"].get("headers", {})
+            assert etag == (revisions.carries_entity(op.response_type) and not op.server_streaming), op.name
+    assert seen == set(by_id)
+    takes = {name for name, op in by_id.items() if op.if_revision}
+    assert {"session.update", "session.delete", "plan.apply"} <= takes
+    carries = {name for name, op in by_id.items() if revisions.carries_entity(op.response_type)}
+    assert {"session.show", "session.update", "plan.status"} <= carries
 
 
 async def test_envelope_and_grpc_same_revision_one_wins(served: Served) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterable
@@ -28,7 +29,7 @@ from cleveragents.acp.facade.domain.plans import leases as plan_leases
 from cleveragents.acp.facade.domain.plans.leases import holder_gone, new_owner, ttl_from_env
 from cleveragents.acp.facade.domain.sessions import turns
 from cleveragents.acp.facade.domain.sessions.records import SESSION_KIND, load, now
-from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Store
+from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, Store
 from cleveragents.acp.v1 import events_pb2, session_pb2
 
 
@@ -47,6 +48,8 @@ class Sessions(Protocol):
     def events(self) -> _Publisher: ...
 
     def check_open(self, session: session_pb2.Session) -> None: ...
+
+    def claim_revision(self, ctx: CallContext, record: Record, session: session_pb2.Session) -> None: ...
 
     def append_now(
         self, session_id: str, new: Iterable[session_pb2.Message], *, close: bool = False
@@ -147,7 +150,7 @@ class TurnRunner:
         self._changed_now()
         self._heartbeat()
         task = asyncio.get_running_loop().create_task(
-            self._drive(ctx, turn.session_id, turn.id, orchestrator)
+            self._drive(_unconditional(ctx), turn.session_id, turn.id, orchestrator)
         )
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -164,7 +167,8 @@ class TurnRunner:
         """Store the queued turn; under ``reject`` refuse, under ``interrupt``/``rollback``
         stop the turns before it (in the same transaction)."""
         store = self.store
-        _, session = load(store, ctx, req.session_id)
+        srecord, session = load(store, ctx, req.session_id)
+        self.sessions.claim_revision(ctx, srecord, session)
         self.sessions.check_open(session)
         namespace = session.meta.namespace
         policy = req.multitask or session.multitask or ENQUEUE
@@ -513,18 +517,20 @@ class TurnRunner:
             ended = await self._ended(req.session_id, req.turn_id)
         self._changed_now()
         if req.cancel_plans and cancel_plan is not None:
+            plain = _unconditional(ctx)
             for plan_id in ended.plan_ids:
                 with contextlib.suppress(ACPError):
-                    await cancel_plan(ctx, plan_id)
+                    await cancel_plan(plain, plan_id)
         return ended
 
     def _cancel_now(self, ctx: CallContext, req: session_pb2.CancelTurnRequest) -> session_pb2.Turn | None:
         store = self.store
-        srecord, _ = load(store, ctx, req.session_id)
+        srecord, session = load(store, ctx, req.session_id)
         got = turns.read(store, req.session_id, req.turn_id)
         if got is None or got[1].session_id != req.session_id:
             raise turns.not_found(req.session_id, req.turn_id)
         record, turn = got
+        self.sessions.claim_revision(ctx, srecord, session)
         if turn.state == turns.QUEUED:
             why = "cancelled by session.cancel_turn before it ran"
             return self._settle_queued(record, turn, turns.CANCELLED, why, srecord.namespace)
@@ -601,6 +607,15 @@ class TurnRunner:
         if held:
             with contextlib.suppress(Exception):
                 await self.store.write(lambda s: [s.release_lease(n, t) for n, t in held.items()])
+
+
+def _unconditional(ctx: CallContext) -> CallContext:
+    """The call's context without its expected revision (of the session, checked when the
+    turn was admitted or its cancel recorded): the plans a turn starts or cancels must not
+    compare it with their own revisions."""
+    if ctx.if_revision is None:
+        return ctx
+    return dataclasses.replace(ctx, if_revision=None)
 
 
 def _renew(owner: str, held: dict[str, int], ttl: float, store: Store) -> dict[str, str]:

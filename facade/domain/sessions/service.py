@@ -439,6 +439,17 @@ class Sessions:
             self._save(session, expected, ctx)
         return session
 
+    def claim_revision(self, ctx: CallContext, record: Record, session: session_pb2.Session) -> None:
+        """A tell or turn cancel naming an expected revision: compare it and move the
+        session's revision in the caller's transaction (the write that admits the turn or
+        records the cancel), so of two callers holding the same revision exactly one gets
+        through. Without one, neither touches the session record (no contention)."""
+        if ctx.if_revision is None:
+            return
+        expected = revisions.check(ctx, "session", session.meta.id, record.revision)
+        session.meta.update_time.CopyFrom(now())
+        self._save(session, expected, ctx)
+
     def _save(self, session: session_pb2.Session, read_revision: int, ctx: CallContext | None = None) -> None:
         """Write the session at the next revision if the record is still at ``read_revision``
         (the compare-and-set the caller's expected revision rides on)."""

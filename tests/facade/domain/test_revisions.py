@@ -14,11 +14,14 @@ import pytest
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.facade.domain.sessions import turns
 from cleveragents.acp.facade.factory import open_facade
+from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.v1 import events_pb2, plan_pb2, session_pb2
 from tests.facade.plans import helpers
 
 ROUNDS = 100
+TELL_ROUNDS = 5
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -282,3 +285,103 @@ async def test_same_revision_plan_cancels_one_wins(
         assert lost[0].code == "INVALID_STATE"
         assert won[0].plan.revision == 2
         assert (await helpers.status(second, plan.meta.id)).revision == 2
+
+
+def _turns_stored(db_path: pathlib.Path, session_id: str) -> list[session_pb2.Turn]:
+    """The session's turns as the store holds them (a refused tell's queued turn would not
+    show in session.show, whose turns are those of the history's messages)."""
+    store = SQLiteStore(db_path)
+    try:
+        return turns.of_session(store, session_id)
+    finally:
+        store.close()
+
+
+async def test_a_stale_revision_admits_no_turn(client: ACPClient, db_path: pathlib.Path) -> None:
+    session = await _session(client)
+    await client.call(
+        "session.update", session_id=session.meta.id, session={"title": "a"}, update_mask="title"
+    )
+    for background in (False, True):
+        with pytest.raises(ACPError) as refused:
+            await client.call(
+                "session.tell",
+                session_id=session.meta.id,
+                content="late",
+                background=background,
+                if_revision=1,
+            )
+        assert (refused.value.code, refused.value.details["refinement"]) == (
+            "INVALID_STATE",
+            "REVISION_MISMATCH",
+        )
+        assert (refused.value.details["expected"], refused.value.details["actual"]) == (1, 2)
+    shown = await client.call("session.show", session_id=session.meta.id)
+    assert isinstance(shown, session_pb2.GetSessionResponse)
+    assert (shown.session.revision, shown.session.message_count, list(shown.messages)) == (2, 0, [])
+    assert _turns_stored(db_path, session.meta.id) == []
+    # The revision read: admitted (moving it once), then the message and the replies.
+    told = await client.call("session.tell", session_id=session.meta.id, content="hello", if_revision=2)
+    assert isinstance(told, session_pb2.TellSessionResponse)
+    assert told.turn.state == session_pb2.TURN_STATE_SUCCEEDED
+    assert (await _show(client, session.meta.id)).revision == 5
+    assert [t.id for t in _turns_stored(db_path, session.meta.id)] == [told.turn.id]
+    # A turn cancel takes one too: a stale one is refused first; the right one reaches the
+    # turn (already ended here) and, refused, leaves the revision where it was.
+    with pytest.raises(ACPError) as stale_cancel:
+        await client.call(
+            "session.cancel_turn", session_id=session.meta.id, turn_id=told.turn.id, if_revision=2
+        )
+    assert stale_cancel.value.details["refinement"] == "REVISION_MISMATCH"
+    with pytest.raises(ACPError) as ended:
+        await client.call(
+            "session.cancel_turn", session_id=session.meta.id, turn_id=told.turn.id, if_revision=5
+        )
+    assert ended.value.details["refinement"] == "TURN_FINISHED"
+    assert (await _show(client, session.meta.id)).revision == 5
+
+
+async def test_same_revision_tells_one_admitted(tmp_path: pathlib.Path) -> None:
+    """Two facades on one SQLite file (two processes' worth of writers), each round two
+    tells from the same read: one turn in, the other refused, nothing of it stored."""
+    target = tmp_path / "acp.db"
+    first = ACPClient(LocalTransport(open_facade(target), owns_facade=True))
+    second = ACPClient(LocalTransport(open_facade(target), owns_facade=True))
+    try:
+        session = await _session(first)
+        revision, admitted = session.revision, []
+        for round_ in range(TELL_ROUNDS):
+            outcomes = await _outcomes(
+                first.call(
+                    "session.tell",
+                    session_id=session.meta.id,
+                    content=f"first {round_}",
+                    if_revision=revision,
+                ),
+                second.call(
+                    "session.tell",
+                    session_id=session.meta.id,
+                    content=f"second {round_}",
+                    if_revision=revision,
+                ),
+            )
+            won = [o for o in outcomes if isinstance(o, session_pb2.TellSessionResponse)]
+            lost = [o for o in outcomes if isinstance(o, ACPError)]
+            assert (len(won), len(lost)) == (1, 1), outcomes
+            assert (lost[0].details["refinement"], lost[0].details["expected"]) == (
+                "REVISION_MISMATCH",
+                revision,
+            )
+            admitted.append(won[0].turn.id)
+            shown = await second.call("session.show", session_id=session.meta.id)
+            assert isinstance(shown, session_pb2.GetSessionResponse)
+            # Admission, the user's message, the replies: three moves per round.
+            assert shown.session.revision == revision + 3
+            revision = shown.session.revision
+            users = [m.content for m in shown.messages if m.role == session_pb2.MESSAGE_ROLE_USER]
+            assert len(users) == round_ + 1
+            assert users[-1] == won[0].message.content
+        assert [t.id for t in _turns_stored(target, session.meta.id)] == admitted
+    finally:
+        await first.close()
+        await second.close()

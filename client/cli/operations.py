@@ -144,7 +144,7 @@ def register(
         _alias(subparsers, group, group_parser)
         verbs = group_parser.add_subparsers(dest="verb", metavar="VERB", required=True)
         for op in sorted(ops, key=lambda o: o.verb):
-            if words is not None and verb != op.verb:
+            if words is not None and verb not in (op.verb, VERB_ALIASES.get(op.name)):
                 verbs.add_parser(op.verb, help=op.summary)
                 continue
             parser = verbs.add_parser(

@@ -56,15 +56,15 @@ def build(
     turns: list[session_pb2.Turn],
 ) -> dict[str, Any]:
     # A revision orders one store's changes to one record, not content: an imported copy is
-    # a new record that starts at its own first revision, so the document carries none.
-    session = session_pb2.Session()
-    session.CopyFrom(given)
-    session.ClearField("revision")
+    # a new record that starts at its own first revision, so the document carries none (not
+    # even the 0 proto3 JSON prints for a cleared field).
+    session = codec.to_dict(given)
+    session.pop("revision", None)
     return {
         "format": FORMAT,
         "version": VERSION,
         "exported_at": exported_at.ToJsonString(),
-        "session": codec.to_dict(session),
+        "session": session,
         "messages": [codec.to_dict(m) for m in messages],
         "context": codec.to_dict(context) if context is not None else None,
         "turns": [codec.to_dict(t) for t in turns],

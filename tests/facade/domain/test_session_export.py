@@ -88,6 +88,8 @@ async def test_document_shape(client: ACPClient, conversation: session_pb2.Sessi
     assert document["session"]["meta"]["id"] == conversation.meta.id
     assert document["session"]["state"] == "SESSION_STATE_ACTIVE"
     assert document["session"]["message_count"] == 4
+    # No revision: an imported copy is a new record, at its own revision 1.
+    assert "revision" not in document["session"]
     assert [m["index"] for m in document["messages"]] == [0, 1, 2, 3]
     assert [m["role"] for m in document["messages"]] == ["MESSAGE_ROLE_USER", "MESSAGE_ROLE_ORCHESTRATOR"] * 2
     assert document["context"] == {

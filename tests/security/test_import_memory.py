@@ -13,6 +13,10 @@ stalled upload hold its place for as long as the test needs it, without timing.
   gRPC import is refused BUDGET_EXCEEDED ``TOO_MANY_IMPORTS`` with ``retry_after_seconds``,
   and one with no token or a wrong one AUTH_REQUIRED: the caller is verified before a place
   is taken (before, they were refused TOO_MANY_IMPORTS: the place came first).
+- Over HTTP, large uploads whose caller the headers do not verify (the token only inside the
+  envelope, none at all with a chunked body, a wrong one on the REST route) are answered
+  AUTH_REQUIRED at once and closed unread, and take no place: authenticated imports over gRPC
+  and HTTP are served while they trickle (before, they held both places).
 - Concurrent large imports over HTTP and gRPC, among unauthenticated gRPC ones, keep the
   server's peak RSS (``VmHWM``) under ``bound``; every HTTP one succeeds. Measured with a
   6.3 MiB document: 82 MiB baseline, peak 231-255 MiB, bound 290 MiB; before this change

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -67,7 +67,8 @@ def header_values(request: Request, name: bytes) -> list[str]:
 class LargeBodies:
     """What a body past the body limit may reach (a session.import), and the process's
     places for such requests (``common.large_requests``, shared with gRPC): a request past the
-    limit waits for one before reading on, and holds it until its answer (``release``), so
+    limit, once its caller is verified from its headers (``read_body``'s ``admit``), waits for
+    one before reading on, and holds it until its answer (``release``), so
     callers cannot make the server hold many at once (a waiting one holds only what the
     connection buffered)."""
 
@@ -88,19 +89,32 @@ class LargeBodies:
             common.large_requests().release()
 
 
+# The check of a large body's caller, from its headers (``Gateway._admit_large``).
+Admit = Callable[[], Awaitable[None]]
+
+
 def over_limit(limit: int, declared: str | None = None) -> ACPError:
     if declared is not None:
         return invalid(f"the request body is {declared} bytes; the limit is {limit}", "body", max_bytes=limit)
     return invalid(f"the request body is over the limit of {limit} bytes", "body", max_bytes=limit)
 
 
-async def read_body(request: Request, limit: int, large: LargeBodies | None = None) -> bytes:
+async def read_body(
+    request: Request, limit: int, large: LargeBodies | None = None, admit: Admit | None = None
+) -> bytes:
     """The request body, refused once it passes ``limit`` bytes (without reading the rest);
-    with ``large``, up to ``large.limit`` bytes, holding one of its slots past ``limit``."""
+    with ``large``, up to ``large.limit`` bytes, holding one of its slots past ``limit``.
+    ``admit`` verifies the caller of a body past ``limit`` before it takes a slot: before any
+    of the body is read when its declared length is past ``limit``, else (chunked) once it
+    passes it; a caller it refuses never holds a slot (issue 31, failure 7)."""
     cap = limit if large is None else large.limit
     declared = header(request, b"content-length")
-    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > cap:
-        raise over_limit(cap, declared)
+    if declared is not None and declared.isascii() and declared.isdigit():
+        if int(declared) > cap:
+            raise over_limit(cap, declared)
+        if large is not None and admit is not None and int(declared) > limit:
+            await admit()
+            admit = None
     chunks, size = [], 0
     try:
         # The ASGI messages themselves (Request.stream is an async generator around them).
@@ -116,6 +130,8 @@ async def read_body(request: Request, limit: int, large: LargeBodies | None = No
                 if large is None or size > cap:
                     raise over_limit(cap)
                 if size - len(chunk) <= limit:
+                    if admit is not None:
+                        await admit()
                     await large.hold()
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -236,15 +252,17 @@ async def bind_rest(
     *,
     skip: frozenset[str] = frozenset(),
     large: LargeBodies | None = None,
+    admit: Admit | None = None,
 ) -> dict[str, Any]:
     """The JSON params of a REST call, per the operation's ``google.api.http`` rule;
-    query parameters named in ``skip`` are the caller's to read."""
+    query parameters named in ``skip`` are the caller's to read (``large``, ``admit``: as
+    ``read_body``'s)."""
     rule = op.http
     # Most calls have no query string: no QueryParams for them.
     pairs = request.query_params.multi_items() if request.scope.get("query_string") else []
     if skip:
         pairs = [(key, value) for key, value in pairs if key not in skip]
-    body = await read_body(request, limit, large)
+    body = await read_body(request, limit, large, admit)
     if rule.body == "":
         if body.strip():
             raise invalid(

@@ -13,6 +13,10 @@ stalled upload hold its place for as long as the test needs it, without timing.
   gRPC import is refused BUDGET_EXCEEDED ``TOO_MANY_IMPORTS`` with ``retry_after_seconds``,
   and one with no token or a wrong one AUTH_REQUIRED: the caller is verified before a place
   is taken (before, they were refused TOO_MANY_IMPORTS: the place came first).
+- Over HTTP, large uploads whose caller the headers do not verify (the token only inside the
+  envelope, none at all with a chunked body, a wrong one on the REST route) are answered
+  AUTH_REQUIRED at once and closed unread, and take no place: authenticated imports over gRPC
+  and HTTP are served while they trickle (before, they held both places).
 - Concurrent large imports over HTTP and gRPC, among unauthenticated gRPC ones, keep the
   server's peak RSS (``VmHWM``) under ``bound``; every HTTP one succeeds. Measured with a
   6.3 MiB document: 82 MiB baseline, peak 231-255 MiB, bound 290 MiB; before this change
@@ -22,6 +26,7 @@ stalled upload hold its place for as long as the test needs it, without timing.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import pathlib
 import socket
@@ -48,6 +53,8 @@ PER_IMPORT = 8
 PER_GRPC_CALL = 2
 SLACK = 32 * MiB
 IMPORT = catalog.OPERATIONS["session.import"]
+# A bound on every wait for an answer, far above what it needs.
+DEADLINE = 60.0
 GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
 
@@ -103,34 +110,76 @@ def grpc_import(target: str, message: bytes, token: str | None) -> tuple[str, di
     return "OK", {}, {}
 
 
-def http_import(server: ServerProcess, body: bytes) -> str:
+def http_import(server: ServerProcess, body: bytes, token: str) -> str:
+    """A large import's status over HTTP; its token in the header, as a large request's must be."""
+    headers = {"content-type": "application/json", "authorization": f"Bearer {token}"}
     with httpx.Client(base_url=server.http, timeout=120) as client:
-        answer = client.post("/api/v1/acp", content=body, headers={"content-type": "application/json"})
+        answer = client.post("/api/v1/acp", content=body, headers=headers)
     return str(answer.json()["status"])
+
+
+def without_token(body: bytes) -> bytes:
+    """An import envelope with no ``auth`` at all."""
+    envelope = json.loads(body)
+    del envelope["auth"]
+    return json.dumps(envelope).encode()
+
+
+def chunked(data: bytes) -> bytes:
+    """``data`` as HTTP/1.1 chunks of ``BODY_LIMIT`` bytes (no end chunk)."""
+    pieces = (data[at : at + BODY_LIMIT] for at in range(0, len(data), BODY_LIMIT))
+    return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces)
 
 
 class StalledUpload:
     """An HTTP import sent past the body limit, then stopped: it holds one of the places
-    until ``finish`` sends the rest."""
+    until ``finish`` sends the rest (with its token in ``authorization``, else in the body
+    or nowhere; ``chunk``: sent chunked, with no declared length)."""
 
-    def __init__(self, server: ServerProcess, body: bytes) -> None:
+    def __init__(
+        self,
+        server: ServerProcess,
+        body: bytes,
+        authorization: str | None,
+        *,
+        path: str = "/api/v1/acp",
+        chunk: bool = False,
+    ) -> None:
         address = urlsplit(server.http)
         self.body = body
         self.sent = 2 * BODY_LIMIT
+        self.chunk = chunk
         self.sock = socket.create_connection((address.hostname, address.port))
+        self.sock.settimeout(DEADLINE)
+        framing = "Transfer-Encoding: chunked" if chunk else f"Content-Length: {len(body)}"
+        credentials = "" if authorization is None else f"Authorization: {authorization}\r\n"
         head = (
-            f"POST /api/v1/acp HTTP/1.1\r\nHost: acp\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: acp\r\nContent-Type: application/json\r\n"
+            f"{framing}\r\n{credentials}Connection: close\r\n\r\n"
         ).encode()
-        self.sock.sendall(head + body[: self.sent])
+        first = body[: self.sent]
+        self.sock.sendall(head + (chunked(first) if chunk else first))
+
+    def answer(self) -> tuple[str, dict[str, Any]]:
+        """The status and the error (or {}) of the answer, read until the server closes."""
+        data = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := self.sock.recv(65536):
+                data += chunk
+        self.sock.close()
+        answer = json.loads(data.split(b"\r\n\r\n", 1)[1])
+        return str(answer["status"]), dict(answer.get("error") or {})
+
+    def trickle(self) -> None:
+        """A little more of the body, as a slow client sends it (the server may have closed)."""
+        more = self.body[self.sent : self.sent + 240]
+        with contextlib.suppress(OSError):
+            self.sock.sendall(chunked(more) if self.chunk else more)
 
     def finish(self) -> str:
-        self.sock.sendall(self.body[self.sent :])
-        answer = b""
-        while chunk := self.sock.recv(65536):
-            answer += chunk
-        self.sock.close()
-        return str(json.loads(answer.split(b"\r\n\r\n", 1)[1])["status"])
+        rest = self.body[self.sent :]
+        self.sock.sendall(chunked(rest) + b"0\r\n\r\n" if self.chunk else rest)
+        return self.answer()[0]
 
 
 def places_held(server: ServerProcess, message: bytes, token: str) -> None:
@@ -160,7 +209,8 @@ def test_large_imports_keep_memory_bounded_and_places_for_verified_callers(
     body, message = documents(server, token)
     baseline = status_mib(pid, "VmRSS")
 
-    stalled = [StalledUpload(server, body) for _ in range(limits.MAX_LARGE_BODIES)]
+    bearer = f"Bearer {token}"
+    stalled = [StalledUpload(server, without_token(body), bearer) for _ in range(limits.MAX_LARGE_BODIES)]
     places_held(server, message, token)
     reason, _, details = grpc_import(server.grpc_target, message, token)
     assert reason == "BUDGET_EXCEEDED"
@@ -173,7 +223,7 @@ def test_large_imports_keep_memory_bounded_and_places_for_verified_callers(
 
     http_calls, grpc_calls, strangers = 3, 3, 2
     with concurrent.futures.ThreadPoolExecutor(http_calls + grpc_calls + strangers) as pool:
-        over_http = [pool.submit(http_import, server, body) for _ in range(http_calls)]
+        over_http = [pool.submit(http_import, server, without_token(body), token) for _ in range(http_calls)]
         over_grpc = [pool.submit(grpc_import, server.grpc_target, message, token) for _ in range(grpc_calls)]
         unverified = [pool.submit(grpc_import, server.grpc_target, message, None) for _ in range(strangers)]
         assert [f.result() for f in over_http] == ["ok"] * http_calls
@@ -184,3 +234,30 @@ def test_large_imports_keep_memory_bounded_and_places_for_verified_callers(
     peak = status_mib(pid, "VmHWM")
     allowed = bound(baseline, len(message), grpc_calls + strangers + 1)
     assert peak <= allowed, f"peak RSS {peak:.0f} MiB over {allowed:.0f} (baseline {baseline:.0f} MiB)"
+
+
+def test_large_bodies_without_header_credentials_take_no_place(served: tuple[ServerProcess, str]) -> None:
+    """Uploads past the body limit whose caller the headers do not verify are answered
+    AUTH_REQUIRED at once and closed, the body unread, and hold no place: with three of them
+    trickling, authenticated imports over gRPC and HTTP are served. Before, each held one of
+    the 2 places for as long as it trickled (up to ``--body-timeout``), and every legitimate
+    import waited or was refused TOO_MANY_IMPORTS."""
+    server, token = served
+    body, message = documents(server, token)
+    trickling = [
+        # The token inside the envelope, where it cannot be read before the body.
+        StalledUpload(server, body, None),
+        StalledUpload(server, without_token(body), None, chunk=True),
+        StalledUpload(server, without_token(body), "Bearer acp_not-a-token", path="/api/v1/sessions:import"),
+    ]
+    for upload in trickling:
+        upload.trickle()
+    for status, error in (upload.answer() for upload in trickling[:2]):
+        assert (status, error["code"]) == ("error", "AUTH_REQUIRED"), error
+        refinement = "HEADER_AUTH_REQUIRED"
+        assert error["details"] == {"scheme": "Bearer", "max_bytes": BODY_LIMIT, "refinement": refinement}
+        assert "Authorization: Bearer" in error["message"]
+    assert grpc_import(server.grpc_target, message, token)[0] == "OK"
+    assert http_import(server, without_token(body), token) == "ok"
+    status, error = trickling[2].answer()
+    assert (status, error["code"], error["message"]) == ("error", "AUTH_REQUIRED", "unknown or revoked token")

@@ -96,6 +96,6 @@ async def test_a_subscriber_that_stops_early_closes_its_stream(facade: ServiceFa
     created = await client.call("session.create")
     await client.call("session.tell", session_id=created.session.meta.id, content="hi")  # type: ignore[attr-defined]
     events = client.subscribe()
-    assert (await anext(events)).type == "session.message"
+    assert (await anext(events)).type == "session.turn_started"  # a tell's first event (ACP 1.3)
     await events.aclose()  # type: ignore[attr-defined]
     assert [items.closed for items in transport.opened] == [True]

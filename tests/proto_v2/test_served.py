@@ -112,10 +112,15 @@ def _v2_shape(data: dict[str, object], session_id: str) -> None:
     assert data["session"]["meta"]["id"] == session_id  # type: ignore[index]
 
 
-def _v1_shape(data: dict[str, object]) -> None:
-    # next_page_token: ACP 1.2's paging of the history ("" when not paging).
-    assert set(data) == {"session", "messages", "next_page_token"}, data
-    assert len(data["messages"]) == 2  # type: ignore[arg-type]
+def _v1_shape(data: dict[str, Any]) -> None:
+    """session.show at ACP 1.3 (every caller here speaks it)."""
+    # next_page_token: ACP 1.2's paging of the history ("" when not paging); turns: ACP 1.3's
+    # turns of the page's user messages.
+    assert set(data) == {"session", "messages", "next_page_token", "turns"}, data
+    assert len(data["messages"]) == 2
+    assert [(t["state"], t["message_id"]) for t in data["turns"]] == [
+        ("TURN_STATE_SUCCEEDED", data["messages"][0]["id"])
+    ]
 
 
 async def test_envelope_each_major_at_its_own_endpoint(served: Served, http: httpx.AsyncClient) -> None:

@@ -40,9 +40,10 @@ IMPORTED_IDS = {
 _SILENT: list[FakeOpenAI] = []
 
 
-def _silent_model() -> FakeOpenAI:
+def silent_model() -> FakeOpenAI:
     """One model server for the test process that takes every call and never answers (in
-    a daemon thread of its own: it outlives each backend, and dies with the process)."""
+    a daemon thread of its own: it outlives each backend, and dies with the process). A served
+    backend must allow its ``base_url`` with ``--model-endpoint``."""
     if not _SILENT:
         server = FakeOpenAI().start_in_thread()
         server.repeat = Hang(3600)
@@ -81,7 +82,7 @@ async def own_subjects(run: Run, world: dict[str, Any], who: str) -> dict[str, P
     await alice.call(
         "actor.add",
         name=f"{who}-slow",
-        spec={"provider": "openai", "model": "m", "base_url": _silent_model().base_url},
+        spec={"provider": "openai", "model": "m", "base_url": silent_model().base_url},
     )
     slow = (await alice.call("session.create", orchestrator=f"{who}-slow")).session.meta.id  # type: ignore[attr-defined]
     await alice.call("session.tell", session_id=slow, content="Q1", background=True)

@@ -67,6 +67,8 @@ async def build_world(run: Run) -> dict[str, Any]:
         "project": "proj",
         "item_id": "file:repo/README.md",
         "content": "/help",
+        "session": {"title": "renamed"},
+        "update_mask": "title",
         "config": {"token_budget": 100},
         "document": codec.to_dict(exported)["document"],
         "folder": base,

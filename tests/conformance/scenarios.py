@@ -11,6 +11,7 @@ Longer than 600 lines: one scenario per area of the catalog, read one at a time,
 
 from __future__ import annotations
 
+import hashlib
 import pathlib
 from collections.abc import Callable
 from typing import Any
@@ -584,6 +585,10 @@ CHANGES = [
 ]
 
 
+# A diff showing no file: its digest (ACP 1.3) is over no artifact.
+NO_DIFF = {"digest": "sha256:" + hashlib.sha256(b"").hexdigest(), "files": []}
+
+
 def changes(answer: Any, field: str) -> list[tuple[str, str]]:
     return [(item["path"], item["op"]) for item in codec.to_dict(answer)[field]]
 
@@ -600,7 +605,7 @@ async def plan_lifecycle(run: Run) -> None:
     assert codec.to_dict(await alice.call("plan.tree", plan_id=plan_id)) == {"nodes": [], "steps": []}
     explained = await alice.call("plan.explain", plan_id=plan_id)
     assert codec.to_dict(explained)["text"] == f"Plan {plan_id}: action 'act' on project 'proj'\n", explained
-    assert codec.to_dict(await alice.call("plan.diff", plan_id=plan_id)) == {"files": []}
+    assert codec.to_dict(await alice.call("plan.diff", plan_id=plan_id)) == NO_DIFF
     assert codec.to_dict(await alice.call("plan.artifacts", plan_id=plan_id)) == {"artifacts": []}
     await run.fails(alice.call("plan.prompt", plan_id=plan_id), "INVALID_STATE")
     await run.fails(alice.call("plan.apply", plan_id=plan_id), "INVALID_STATE")
@@ -634,7 +639,7 @@ async def plan_lifecycle(run: Run) -> None:
     assert (repo / "docs/guide.md").read_text() == "# The guide\n"
     assert not (repo / "obsolete.txt").exists()
     # Applied: the project's files are what the plan made, nothing differs.
-    assert codec.to_dict(await alice.call("plan.diff", plan_id=plan_id)) == {"files": []}
+    assert codec.to_dict(await alice.call("plan.diff", plan_id=plan_id)) == NO_DIFF
     (repo / "src/app.py").write_text("edited by a person\n")
     await run.fails(alice.call("plan.rollback", plan_id=plan_id), "INVALID_STATE")
     await run.fails(bob.call("plan.rollback", plan_id=plan_id), "NOT_FOUND", "PLAN_NOT_FOUND")

@@ -40,9 +40,10 @@ IMPORTED_IDS = {
 _SILENT: list[FakeOpenAI] = []
 
 
-def _silent_model() -> FakeOpenAI:
+def silent_model() -> FakeOpenAI:
     """One model server for the test process that takes every call and never answers (in
-    a daemon thread of its own: it outlives each backend, and dies with the process)."""
+    a daemon thread of its own: it outlives each backend, and dies with the process). A served
+    backend must allow its ``base_url`` with ``--model-endpoint``."""
     if not _SILENT:
         server = FakeOpenAI().start_in_thread()
         server.repeat = Hang(3600)
@@ -81,7 +82,7 @@ async def own_subjects(run: Run, world: dict[str, Any], who: str) -> dict[str, P
     await alice.call(
         "actor.add",
         name=f"{who}-slow",
-        spec={"provider": "openai", "model": "m", "base_url": _silent_model().base_url},
+        spec={"provider": "openai", "model": "m", "base_url": silent_model().base_url},
     )
     slow = (await alice.call("session.create", orchestrator=f"{who}-slow")).session.meta.id  # type: ignore[attr-defined]
     await alice.call("session.tell", session_id=slow, content="Q1", background=True)
@@ -93,6 +94,12 @@ async def own_subjects(run: Run, world: dict[str, Any], who: str) -> dict[str, P
     # A session of its own to configure: the world's keeps the sources context.inspect reads.
     configured = await alice.call("session.create", project="proj")
     own["context.set"] = {"session_id": configured.session.meta.id}  # type: ignore[attr-defined]
+    renamed = await alice.call("session.create", project="proj")
+    own["session.update"] = {
+        "session_id": renamed.session.meta.id,  # type: ignore[attr-defined]
+        "session": {"title": f"{who} renamed"},
+        "update_mask": "title",
+    }
     doomed = await alice.call("session.create")
     own["session.delete"] = {"session_id": doomed.session.meta.id}  # type: ignore[attr-defined]
     document = world["document"]
@@ -161,6 +168,11 @@ CHECKS: dict[str, Check] = {
     "session.list": lambda p, d, w: listed(d, w["session_id"]),
     "session.show": lambda p, d, w: session_in(d, p, ACTIVE),
     "session.resume": lambda p, d, w: session_in(d, p, ACTIVE),
+    "session.update": lambda p, d, w: (
+        session_in(d, p, ACTIVE)
+        and d["session"]["title"] == p["session"]["title"]
+        and d["session"]["revision"] == 2
+    ),
     "session.delete": lambda p, d, w: d == {"session_id": p["session_id"]},
     "session.export": lambda p, d, w: d["document"]["session"]["meta"]["id"] == p["session_id"],
     "session.import": lambda p, d, w: d["session"]["meta"]["id"] == p["document"]["session"]["meta"]["id"],

@@ -139,9 +139,13 @@ def test_missing_required_fields(http: httpx.Client, served: Served, op: catalog
     assert details["missing_fields"], details
 
 
-def test_body_over_the_limit(http: httpx.Client) -> None:
+def test_body_over_the_limit(http: httpx.Client, served: Served) -> None:
     big = orjson.dumps({"operation": "meta.version", "params": {}, "request_id": "x" * MAX_BODY})
-    details = error_of(envelope(http, big), "INVALID_PARAMS")
+    # Past the limit a body is read only for a caller verified by header (docs/security.md,
+    # "A large request authenticates by header"): an anonymous one is refused unread.
+    unverified = error_of(envelope(http, big), "AUTH_REQUIRED")
+    assert unverified["refinement"] == "HEADER_AUTH_REQUIRED", unverified
+    details = error_of(envelope(http, big, served.token()), "INVALID_PARAMS")
     assert details == {"field": "body", "max_bytes": MAX_BODY}
 
     def chunks() -> Iterator[bytes]:
@@ -150,7 +154,8 @@ def test_body_over_the_limit(http: httpx.Client) -> None:
             yield b"y" * 1024
         yield b'"}'
 
-    chunked = http.post("/api/v1/acp", content=chunks())
+    bearer = {"Authorization": f"Bearer {served.token()}"}
+    chunked = http.post("/api/v1/acp", content=chunks(), headers=bearer)
     assert error_of(chunked, "INVALID_PARAMS")["max_bytes"] == MAX_BODY
 
 

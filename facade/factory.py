@@ -260,6 +260,8 @@ def open_facade(
     sessions = Sessions(
         store, registries, events, context, plan_starter=plans, models=models, plan_cancel=plans.cancel
     )
+    # Settles turns a stopped server left queued or running: what it accepted stays in the history.
+    sessions.recover()
     tickets = StreamTickets(store, authenticator if isinstance(authenticator, PrincipalLookup) else None)
     handlers = table.build(
         [

@@ -29,7 +29,7 @@ from cleveragents.acp.facade.domain.plans import leases as plan_leases
 from cleveragents.acp.facade.domain.plans.leases import holder_gone, new_owner, ttl_from_env
 from cleveragents.acp.facade.domain.sessions import turns
 from cleveragents.acp.facade.domain.sessions.records import SESSION_KIND, load, now
-from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, Store
+from cleveragents.acp.facade.store.base import Lease, LeaseLostError, Record, StaleRevisionError, Store
 from cleveragents.acp.v1 import events_pb2, session_pb2
 
 
@@ -270,11 +270,7 @@ class TurnRunner:
                 break
             if self._alive(head):
                 return None
-            if head.state == turns.RUNNING:
-                self._settle_dead(head_record, head, "", namespace)
-            else:
-                why = "the server process that accepted it stopped before it ran"
-                self._settle_queued(head_record, head, turns.FAILED, why, namespace, code="INTERNAL_ERROR")
+            self._settle_orphan(head_record, head, namespace)
         session = session_pb2.Session.FromString(srecord.body)
         if session.state == session_pb2.SESSION_STATE_CLOSED:
             why = f"session {session_id} was closed by a turn before this one"
@@ -339,6 +335,35 @@ class TurnRunner:
         self.store.delete_items(turns.PENDING, turn.id)
         self._completed(turn, namespace)
         return turn
+
+    def _settle_orphan(self, record: Any, turn: session_pb2.Turn, namespace: str) -> None:
+        """End a queued or running turn whose process is gone, as failed. A queued turn's
+        message was accepted (its tell may have been acknowledged, or answered as applied
+        to a retry): it joins the history before the turn ends, so nothing accepted is lost."""
+        if turn.state == turns.RUNNING:
+            self._settle_dead(record, turn, "", namespace)
+            return
+        waiting = turns.pending(self.store, turn.id)
+        if waiting is not None:
+            self.sessions.append_now(turn.session_id, [waiting])
+        why = "the server process that accepted it stopped before it ran"
+        self._settle_queued(record, turn, turns.FAILED, why, namespace, code="INTERNAL_ERROR")
+
+    def recover(self) -> None:
+        """At start, before any call (blocking): settle the turns a stopped process left
+        queued or running (``_settle_orphan``), so a tell it accepted is in the history even
+        when no later tell comes to the session. A live holder's turns are its own; another
+        host's wait for their leases to expire and are settled by the session's next tell."""
+        for record in list(self.store.iter_kind(turns.TURN_KIND)):
+            turn = session_pb2.Turn.FromString(record.body)
+            if turn.state not in turns.ACTIVE_STATES or self._alive(turn):
+                continue
+            try:
+                with self.store.transaction():
+                    self._settle_orphan(record, turn, record.namespace)
+            except (StaleRevisionError, ACPError) as exc:
+                # Another process settled it first, or holds its run lease now.
+                log.info("turn %s left for its current holder: %s", turn.id, exc)
 
     def _settle_dead(self, record: Any, turn: session_pb2.Turn, kind: str, namespace: str) -> None:
         """End a running turn whose runner is gone: claim its run lease (fencing the runner

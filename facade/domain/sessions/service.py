@@ -520,6 +520,10 @@ class Sessions:
         turn = await self.runner.cancel(ctx, req, self.plan_cancel)
         return session_pb2.CancelTurnResponse(turn=turn)
 
+    def recover(self) -> None:
+        """At start, before any call (blocking): settle the turns stopped processes left."""
+        self.runner.recover()
+
     async def close(self) -> None:
         await self.runner.close()
 

@@ -307,6 +307,10 @@ async def sessions(run: Run) -> None:
         assert (told["message"]["content"], told["message"]["role"]) == (content, "MESSAGE_ROLE_USER"), told
         assert [r["role"] for r in told["replies"]] == ["MESSAGE_ROLE_ORCHESTRATOR"], told
     await run.fails(alice.call("session.tell", session_id=first), "INVALID_PARAMS")
+    # ACP 1.3's session operations name what they are missing the same way.
+    await run.fails(alice.call("session.update", session_id=first), "INVALID_PARAMS")
+    await run.fails(alice.call("session.turn", session_id=first), "INVALID_PARAMS")
+    await run.fails(alice.call("session.cancel_turn", session_id=first), "INVALID_PARAMS")
     await run.fails(alice.call("session.tell", session_id=first, content="x" * 100_001), "INVALID_PARAMS")
     await run.fails(
         alice.call("session.tell", session_id=MISSING_ID, content="hi"), "NOT_FOUND", "SESSION_NOT_FOUND"

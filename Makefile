@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(abspath $(VENV))/bin
 STAMP := $(VENV)/.installed-stamp
 THIRD_PARTY := .build/third_party
-RELEASED_IMAGE := proto/released/acp-1.1.binpb
+RELEASED_IMAGE := proto/released/acp-1.2.binpb
 export PATH := $(BIN):$(PATH)
 
 .PHONY: setup serve test test-loops browser postgres programs newest-protobuf fuzz chaos lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bytecode bench bench-quick bench-tools bench-peer release-image clean
@@ -93,7 +93,7 @@ buf-deps: $(STAMP)
 buf-lint: buf-deps
 	buf lint
 
-# A wire- or JSON-breaking change against the released 1.1 contract fails here.
+# A wire- or JSON-breaking change against the last released contract (1.2) fails here.
 buf-breaking: buf-deps
 	buf breaking proto --against $(RELEASED_IMAGE)
 

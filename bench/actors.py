@@ -7,6 +7,10 @@ thread of this process, off the measured event loop).
   no steps (the plan machinery both share), minus the median of the same streamed answer
   fetched with a bare HTTP client (the fake server's own time and the wire). What is left is
   the openai client, the streamed deltas into the event log, the decision and the charge.
+- ``enqueue_overhead_ms``: what the turn queue costs a tell, in-process, with a model
+  orchestrator on the fake server: the median time of ``session.tell`` (policy ``enqueue``)
+  on a session whose one previous turn has finished (the queue is looked up, the turn waits
+  for nothing) minus the median of the same tell on a fresh session (an idle one), interleaved.
 - ``delta_event_latency_p99_ms``: the fake server writes a chunk stamped with the time,
   every few milliseconds; a subscriber reads ``plan.text_delta`` frames over SSE from the
   product (``agents serve``, a subprocess) and takes, per stamp, the time from the chunk
@@ -32,7 +36,7 @@ from bench.run import Run
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.facade.factory import open_facade
-from cleveragents.acp.v1 import plan_pb2
+from cleveragents.acp.v1 import plan_pb2, session_pb2
 from tests.fake_openai import FakeOpenAI, Stream, chunk, turn
 
 TURNS = {"full": 60, "quick": 20, "smoke": 3}
@@ -111,6 +115,54 @@ async def turn_overhead(run: Run) -> None:
     run.record("llm_turn_overhead_ms", overhead, "in-process")
 
 
+async def _tell_ms(client: ACPClient, session_id: str) -> float:
+    started = time.perf_counter()
+    told = await client.call(
+        "session.tell", session_id=session_id, content="Look.", multitask="MULTITASK_POLICY_ENQUEUE"
+    )
+    assert isinstance(told, session_pb2.TellSessionResponse)
+    if told.turn.state != session_pb2.TURN_STATE_SUCCEEDED:
+        raise RuntimeError(f"bench turn ended {told.turn.state}: {told.turn.error.message}")
+    return (time.perf_counter() - started) * 1000
+
+
+async def _fresh_session(client: ACPClient) -> str:
+    created = await client.call("session.create", orchestrator="model")
+    assert isinstance(created, session_pb2.CreateSessionResponse)
+    return created.session.meta.id
+
+
+async def enqueue_overhead(run: Run) -> None:
+    fake = FakeOpenAI().start_in_thread()
+    fake.repeat = turn("Fine.", pieces=2, tokens=(20, 5))
+    facade = open_facade(run.scratch("turns") / "acp.db")
+    client = ACPClient(LocalTransport(facade))
+    count = TURNS[run.mode.name]
+    try:
+        await _world(client, _folder(run.scratch("turns/project")), fake.base_url)
+        idle, queued = [], []
+        for _ in range(count + 1):
+            # Sessions made (and the first turn told) outside the measured time; the queued
+            # tell's session holds one finished turn, so the histories differ by one exchange.
+            fresh, behind = await _fresh_session(client), await _fresh_session(client)
+            await _tell_ms(client, behind)
+            idle.append(await _tell_ms(client, fresh))
+            queued.append(await _tell_ms(client, behind))
+        # The first pair warms the paths up.
+        idle, queued = idle[1:], queued[1:]
+    finally:
+        await client.close()
+        await facade.close()
+        fake.stop_thread()
+    run.note("enqueue_idle_tell_ms", statistics.median(idle))
+    run.note("enqueue_queued_tell_ms", statistics.median(queued))
+    overhead = statistics.median(queued) - statistics.median(idle)
+    if overhead <= 0:
+        run.note("enqueue_overhead_below_noise_ms", overhead)
+        overhead = 0.001
+    run.record("enqueue_overhead_ms", overhead, "in-process")
+
+
 def _stamped(count: int) -> Stream:
     """A streamed answer whose every chunk carries the time it is written (``{now}``)."""
     pieces: list[dict[str, Any] | str] = [chunk({"role": "assistant", "content": ""})]
@@ -178,4 +230,5 @@ async def delta_latency(run: Run) -> None:
 
 def run_all(run: Run) -> None:
     asyncio.run(turn_overhead(run))
+    asyncio.run(enqueue_overhead(run))
     asyncio.run(delta_latency(run))

@@ -14,7 +14,7 @@ from typing import Any, cast
 import grpc
 from google.protobuf import message
 
-from cleveragents.acp.contract import rich_status
+from cleveragents.acp.contract import revisions, rich_status
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, TransportError
 from cleveragents.acp.contract.retry import RetryPolicy, with_retry
@@ -109,6 +109,8 @@ class GrpcTransport:
             metadata.append(("acp-version", options.acp_version))
         if options.traceparent:
             metadata.append(("traceparent", options.traceparent))
+        if options.if_revision is not None:
+            metadata.append((revisions.METADATA, str(options.if_revision)))
         return tuple(metadata)
 
     async def call(self, op: Operation, request: message.Message, options: CallOptions) -> message.Message:

@@ -155,6 +155,8 @@ class HTTPTransport:
         }
         if options.acp_version:
             payload["acp_version"] = options.acp_version
+        if options.if_revision is not None:
+            payload["if_revision"] = options.if_revision
         try:
             response = await self.client.post(
                 # Each major has its envelope endpoint under its own prefix (/api/v2/acp).

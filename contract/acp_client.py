@@ -71,8 +71,10 @@ class _Group:
     def __getattr__(self, verb: str) -> Any:
         op = resolve(f"{self._group}.{verb}")
 
-        async def call(params: Params = None, **fields: Any) -> message.Message:
-            return await self._client.call(op.name, params, **fields)
+        async def call(
+            params: Params = None, *, if_revision: int | None = None, **fields: Any
+        ) -> message.Message:
+            return await self._client.call(op.name, params, if_revision=if_revision, **fields)
 
         call.__doc__ = op.summary
         return call
@@ -122,12 +124,18 @@ class ACPClient:
             acp_version=self.acp_version, token=self.token, request_id=new_request_id(), retry=self.retry
         )
 
-    async def call(self, operation: str, params: Params = None, **fields: Any) -> message.Message:
+    async def call(
+        self, operation: str, params: Params = None, *, if_revision: int | None = None, **fields: Any
+    ) -> message.Message:
+        """``if_revision``: the revision the caller read of the session or plan the call
+        mutates; a stale one is refused with no effect (REVISION_MISMATCH, docs/sessions.md)."""
         major = self.major
         op = major.operations.get(operation) or resolve(operation, major)
         if op.server_streaming:
             raise ACPError(ErrorCode.INVALID_PARAMS, f"{operation} is a stream; use subscribe()")
-        return await self.transport.call(op, request_for(op, params, fields), self._options())
+        options = self._options()
+        options.if_revision = if_revision
+        return await self.transport.call(op, request_for(op, params, fields), options)
 
     async def subscribe(self, params: Params = None, **fields: Any) -> AsyncIterator[events_pb2.Event]:
         major = self.major

@@ -82,6 +82,10 @@ class CallContext:
     traceparent: str | None = None
     # What the answer says besides its message; the facade creates it when there is something to say.
     reply: Reply | None = None
+    # The revision the caller read of the one session or plan the call mutates (ACP 1.3:
+    # the envelope's ``if_revision``, gRPC ``acp-if-revision``, HTTP ``If-Match``); checked
+    # in the mutation's own write transaction (facade/domain/revisions.py).
+    if_revision: int | None = None
 
     @property
     def replayed(self) -> bool:

@@ -66,6 +66,9 @@ class Operation:
     when_abandoned: str = ""
     # The major version whose package declares it; its table negotiates the version.
     version_table: VersionTable = versions.V1
+    # The kind of the one object the operation mutates (`session`, `plan`) when it takes an
+    # expected revision (the proto's ``if_revision``); "" when it refuses one.
+    if_revision: str = ""
 
     @property
     def major(self) -> int:
@@ -129,6 +132,8 @@ def _operation(method: descriptor.MethodDescriptor, table: VersionTable) -> Oper
     read_only = options.idempotency_level == descriptor_pb2.MethodOptions.NO_SIDE_EFFECTS
     if read_only and op.when_abandoned:
         raise CatalogError(f"{method.full_name}: a read-only operation has nothing to say when_abandoned")
+    if read_only and op.if_revision:
+        raise CatalogError(f"{method.full_name}: a read-only operation takes no expected revision")
     if op.since not in table.released or versions.newer(op.since, table.current):
         raise CatalogError(
             f"{method.full_name}: since {op.since!r} is not a released version of ACP {table.major}"
@@ -148,6 +153,7 @@ def _operation(method: descriptor.MethodDescriptor, table: VersionTable) -> Oper
         descriptor=method,
         version_table=table,
         when_abandoned=op.when_abandoned,
+        if_revision=op.if_revision,
     )
 
 

@@ -14,9 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from cleveragents.acp.contract import revisions
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 
-REQUEST_FIELDS = frozenset({"acp_version", "request_id", "operation", "params", "auth"})
+REQUEST_FIELDS = frozenset({"acp_version", "request_id", "operation", "params", "auth", "if_revision"})
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class Request:
     operation: str
     params: dict[str, Any]
     token: str | None
+    # The revision the caller read of the session or plan it mutates (ACP 1.3).
+    if_revision: int | None = None
 
 
 # Two characters of Crockford's base32 (the ULID alphabet) per 10 bits.
@@ -119,12 +122,19 @@ def parse_request(body: Any) -> Request:
         if not isinstance(auth, dict) or set(auth) - {"token"}:
             raise _invalid('auth must be an object {"token": "..."}', "auth")
         token = _optional_str(auth, "token")
+    if_revision = body.get("if_revision")
+    if if_revision is not None:
+        # proto3 JSON: an int32 is a number, or a string of one.
+        if isinstance(if_revision, str) and if_revision.isascii() and if_revision.isdecimal():
+            if_revision = int(if_revision)
+        if_revision = revisions.checked(if_revision, "if_revision")
     return Request(
         acp_version=_optional_str(body, "acp_version"),
         request_id=_optional_str(body, "request_id") or None,
         operation=operation,
         params=params,
         token=token,
+        if_revision=if_revision,
     )
 
 

@@ -46,6 +46,8 @@ class CallOptions:
     retry: RetryPolicy | None = None
     # Given, it is filled in with what the answer says besides its message (a replay).
     reply: Reply | None = None
+    # The revision the caller read of the session or plan the call mutates (contract/revisions.py).
+    if_revision: int | None = None
 
 
 class Transport(Protocol):
@@ -89,6 +91,7 @@ def context_of(options: CallOptions) -> CallContext:
         transport=options.transport,
         traceparent=options.traceparent,
         reply=options.reply,
+        if_revision=options.if_revision,
     )
 
 

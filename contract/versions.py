@@ -1,4 +1,5 @@
-"""ACP versions: each major serves its current minor and one prior minor (ADR-026).
+"""ACP versions: each major serves its current minor and the prior minors it still supports
+(ADR-026 asks for one; 1.3 keeps both 1.2 and 1.1 served).
 
 A major is one proto package (``cleveragents.acp.v1``) with its own routes prefix
 (``/api/v1``) and its own ``VersionTable``, declared here when the major is released;
@@ -44,7 +45,7 @@ class VersionTable:
 
     major: int
     current: str
-    # Newest first: the current minor and one prior minor.
+    # Newest first: the current minor, then the prior minors still served.
     supported: tuple[str, ...]
     # Every minor the major has had: `since` values must name one of these.
     released: tuple[str, ...]
@@ -93,7 +94,9 @@ class VersionTable:
             )
 
 
-V1 = VersionTable(major=1, current="1.2", supported=("1.2", "1.1"), released=("1.0", "1.1", "1.2"))
+V1 = VersionTable(
+    major=1, current="1.3", supported=("1.3", "1.2", "1.1"), released=("1.0", "1.1", "1.2", "1.3")
+)
 # The released majors, by number. A proto package `cleveragents.acp.v<N>` is served only
 # when its major has a table here (the catalog refuses one that has none).
 TABLES: Mapping[int, VersionTable] = MappingProxyType({1: V1})

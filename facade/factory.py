@@ -257,7 +257,11 @@ def open_facade(
     plans = PlanEngine(events, registries, models, takeover=takeover)
     # Settles plans a stopped server left running or half-applied, before any call.
     plans.recover()
-    sessions = Sessions(store, registries, events, context, plan_starter=plans, models=models)
+    sessions = Sessions(
+        store, registries, events, context, plan_starter=plans, models=models, plan_cancel=plans.cancel
+    )
+    # Settles turns a stopped server left queued or running: what it accepted stays in the history.
+    sessions.recover()
     tickets = StreamTickets(store, authenticator if isinstance(authenticator, PrincipalLookup) else None)
     handlers = table.build(
         [
@@ -275,6 +279,7 @@ def open_facade(
         _EventLogResource(events),
         _ModelsResource(models),
         plans,
+        sessions,
     ]
     return ServiceFacade(
         handlers,

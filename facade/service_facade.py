@@ -15,7 +15,7 @@ from typing import Protocol, cast
 
 from google.protobuf import message
 
-from cleveragents.acp.contract import surface
+from cleveragents.acp.contract import revisions, surface
 from cleveragents.acp.contract.batched import Batched, close_iterator, next_batch
 from cleveragents.acp.contract.call import LOCAL_PRINCIPAL, CallContext, Principal, ambiguous_credentials
 from cleveragents.acp.contract.catalog import Operation
@@ -114,6 +114,8 @@ class ServiceFacade:
             )
         if ctx.served_version != table.current:
             surface.check_request(request, ctx.served_version)
+        if ctx.if_revision is not None:
+            revisions.check_operation(op, ctx)
         check_required(request)
         check_bounds(request)
         handler = self._handlers.get(op.key)

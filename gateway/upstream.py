@@ -40,6 +40,7 @@ def options_of(ctx: CallContext) -> CallOptions:
         traceparent=ctx.traceparent,
         retry=RetryPolicy.OFF,
         reply=ctx.reply,
+        if_revision=ctx.if_revision,
     )
 
 

@@ -261,7 +261,7 @@ class FakeOpenAI:
                 answer = self.script.popleft() if self.script else self.repeat
                 if answer is None:
                     answer = error(500, "the fake server has no answer scripted for this request")
-                if not await self._answer(answer, writer):
+                if not await self._answer(answer, writer, reader):
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             self.dropped += 1
@@ -285,7 +285,25 @@ class FakeOpenAI:
         body = json.loads(data) if data else None
         return Request(method, path, headers, body)
 
-    async def _answer(self, answer: Answer, writer: asyncio.StreamWriter) -> bool:
+    async def _held(self, hold: asyncio.Event, reader: asyncio.StreamReader | None) -> bool:
+        """Wait for ``hold``; False (counted in ``dropped``) when the client closes the
+        connection first (a cancelled model call: what ``session.cancel_turn`` must do)."""
+        if reader is None:
+            await hold.wait()
+            return True
+        released = asyncio.ensure_future(hold.wait())
+        eof = asyncio.ensure_future(reader.read(1))
+        done, _ = await asyncio.wait({released, eof}, return_when=asyncio.FIRST_COMPLETED)
+        if released in done:
+            eof.cancel()
+            return True
+        released.cancel()
+        self.dropped += 1
+        return False
+
+    async def _answer(
+        self, answer: Answer, writer: asyncio.StreamWriter, reader: asyncio.StreamReader | None = None
+    ) -> bool:
         """Write one answer; False when the connection is to be dropped."""
         started = time.perf_counter()
         if isinstance(answer, Hang):
@@ -304,7 +322,8 @@ class FakeOpenAI:
             self.busy_seconds += time.perf_counter() - started
             return True
         if answer.hold is not None and not answer.hold_after:
-            await answer.hold.wait()
+            if not await self._held(answer.hold, reader):
+                return False
             started = time.perf_counter()
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
@@ -318,7 +337,9 @@ class FakeOpenAI:
             if index and answer.delay:
                 await asyncio.sleep(answer.delay)
             if answer.hold is not None and answer.hold_after and index == answer.hold_after:
-                await answer.hold.wait()
+                await writer.drain()
+                if not await self._held(answer.hold, reader):
+                    return False
             mark = time.perf_counter()
             # Raw chunks may carry {now}: the time they are written (benchmarks).
             data = (

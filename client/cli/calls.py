@@ -316,6 +316,7 @@ async def _call(conn: Connection, op: Operation, request: message.Message, args:
     printer = Printer(args, conn, sys.stdout)
     client = open_client(conn)
     options = call_options(conn)
+    options.if_revision = getattr(args, "if_revision", None)
     started = time.monotonic()
     try:
         if op.server_streaming:

@@ -108,6 +108,7 @@ _FIELD_HELP: dict[str, str] = {
     "namespace": "the namespace (default 'default'; a list shows every one the token may read)",
     "description": "free text for people",
     "revision": "the revision you read; a stale one is INVALID_STATE",
+    "diff_digest": "the digest of the plan.diff you reviewed (DIFF_CHANGED if the staged artifacts changed)",
     "page_size": "entries per page (default 50, at most 500)",
     "page_token": "the next_page_token of the previous page",
     "session_id": "a session's id",
@@ -128,6 +129,8 @@ _FIELD_HELP: dict[str, str] = {
     "SimulateContextRequest.actor": "an actor whose system prompt and skills come first, priced at its cost",
     "CancelPlanRequest.reason": "why, recorded with the plan's state change",
     "CorrectPlanRequest.text": "the correction, in words, for the actor",
+    "TellSessionRequest.background": "answer at once with the queued turn; follow it with session turn",
+    "CancelTurnRequest.cancel_plans": "also cancel the plans the turn started",
 }
 
 

@@ -27,6 +27,11 @@ _OPTION_FLAGS = frozenset(
 )
 
 
+# A shorter verb users type for an operation, besides its own (``agents session cancel``
+# for ``session.cancel_turn``, as docs/sessions.md spells it). Not listed twice in the help.
+VERB_ALIASES: dict[str, str] = {"session.cancel_turn": "cancel"}
+
+
 def cli_name(group: str) -> str:
     return group.replace("_", "-")
 
@@ -139,7 +144,7 @@ def register(
         _alias(subparsers, group, group_parser)
         verbs = group_parser.add_subparsers(dest="verb", metavar="VERB", required=True)
         for op in sorted(ops, key=lambda o: o.verb):
-            if words is not None and verb != op.verb:
+            if words is not None and verb not in (op.verb, VERB_ALIASES.get(op.name)):
                 verbs.add_parser(op.verb, help=op.summary)
                 continue
             parser = verbs.add_parser(
@@ -153,7 +158,18 @@ def register(
             spec = fields.add_arguments(parser, request_descriptor(op))
             taken = frozenset(arg.flag for arg in spec) & _OPTION_FLAGS
             add_options(parser, taken=taken)
+            if op.if_revision:
+                parser.add_argument(
+                    "--if-revision",
+                    type=int,
+                    metavar="REVISION",
+                    help=f"the {op.if_revision}'s revision you read: refused with no effect "
+                    "(INVALID_STATE REVISION_MISMATCH) when it moved since",
+                )
             parser.set_defaults(handler=_handler(op, spec, parser, run), connects=True)
+            alias = VERB_ALIASES.get(op.name)
+            if alias is not None:
+                verbs._name_parser_map[alias] = parser  # noqa: SLF001
         group_parsers[group] = group_parser
         group_parser.set_defaults(verbs=verbs)
     return group_parsers

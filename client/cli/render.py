@@ -283,6 +283,10 @@ def _state(number: int) -> str:
     return short_enum(events_pb2.PlanStateChanged.DESCRIPTOR.fields_by_name["to_state"], number)
 
 
+def _turn_state(number: int) -> str:
+    return short_enum(session_pb2.Turn.DESCRIPTOR.fields_by_name["state"], number)
+
+
 def detail(event: events_pb2.Event) -> str:
     """What an event says beyond its type, in a few words, for one line of ``events watch``
     or progress."""
@@ -309,6 +313,13 @@ def detail(event: events_pb2.Event) -> str:
         text = content.splitlines()[0] if content else ""
     elif kind == "plan_error":
         text = f"{event.plan_error.error.code}: {event.plan_error.error.message}"
+    elif kind in ("session_turn_started", "session_turn_completed"):
+        turn: session_pb2.Turn = getattr(event, kind).turn
+        text = f"turn {turn.id} {_turn_state(turn.state)}"
+        if turn.error.message:
+            text += f": {turn.error.message}"
+    elif kind == "session_updated":
+        text = ", ".join(event.session_updated.fields)
     elif kind in ("session_text_delta", "plan_text_delta"):
         delta: events_pb2.TextDelta = getattr(event, kind)
         # Quoted, escapes shown: a piece is often a space or a line break.

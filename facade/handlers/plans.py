@@ -67,7 +67,7 @@ class PlanHandlers:
     async def ApplyPlan(
         self, request: plan_pb2.ApplyPlanRequest, ctx: CallContext
     ) -> plan_pb2.ApplyPlanResponse:
-        plan, changed = await self.engine.apply(ctx, request.plan_id)
+        plan, changed = await self.engine.apply(ctx, request.plan_id, request.diff_digest)
         return plan_pb2.ApplyPlanResponse(plan=plan, changed_paths=changed)
 
     @handles("plan.cancel")
@@ -121,8 +121,7 @@ class PlanHandlers:
     async def GetPlanDiff(
         self, request: plan_pb2.GetPlanDiffRequest, ctx: CallContext
     ) -> plan_pb2.GetPlanDiffResponse:
-        files = await self._read(lambda: self.engine.diff(self.engine.load(ctx, request.plan_id)))
-        return plan_pb2.GetPlanDiffResponse(files=files)
+        return await self._read(lambda: self.engine.diff(self.engine.load(ctx, request.plan_id)))
 
     @handles("plan.artifacts")
     async def ListPlanArtifacts(

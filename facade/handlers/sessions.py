@@ -60,3 +60,21 @@ class SessionHandlers:
         self, request: session_pb2.TellSessionRequest, ctx: CallContext
     ) -> session_pb2.TellSessionResponse:
         return await self._sessions.tell(ctx, request)
+
+    @handles("session.turn")
+    async def GetTurn(
+        self, request: session_pb2.GetTurnRequest, ctx: CallContext
+    ) -> session_pb2.GetTurnResponse:
+        return await self._sessions.get_turn(ctx, request)
+
+    @handles("session.cancel_turn")
+    async def CancelTurn(
+        self, request: session_pb2.CancelTurnRequest, ctx: CallContext
+    ) -> session_pb2.CancelTurnResponse:
+        return await self._sessions.cancel_turn(ctx, request)
+
+    @handles("session.update")
+    async def UpdateSession(
+        self, request: session_pb2.UpdateSessionRequest, ctx: CallContext
+    ) -> session_pb2.UpdateSessionResponse:
+        return await self._sessions.update(ctx, request)

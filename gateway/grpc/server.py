@@ -28,7 +28,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
-from cleveragents.acp.contract import catalog, limits, rich_status, versions
+from cleveragents.acp.contract import catalog, limits, revisions, rich_status, versions
 from cleveragents.acp.contract.call import CallContext, ambiguous_credentials
 from cleveragents.acp.contract.catalog import Catalog, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, grpc_code, internal_error
@@ -119,7 +119,7 @@ class GrpcHandlers:
         credentials, which must come once."""
         bearers: list[str] = []
         tickets: list[str] = []
-        version = given = traceparent = None
+        version = given = traceparent = if_revision = None
         for key, value in metadata or ():
             if not isinstance(value, str):
                 continue
@@ -133,6 +133,8 @@ class GrpcHandlers:
                 given = value
             elif key == "traceparent":
                 traceparent = value
+            elif key == revisions.METADATA:
+                if_revision = value
         if len(tickets) > 1:
             raise ambiguous_credentials(f"{len(tickets)} stream tickets")
         return CallContext(
@@ -143,6 +145,7 @@ class GrpcHandlers:
             request_id_given=bool(given),
             transport="grpc",
             traceparent=traceparent,
+            if_revision=None if if_revision is None else revisions.parse_metadata(if_revision),
         )
 
     def _decode(self, op: Operation, data: bytes) -> message.Message:

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from cleveragents.acp.contract import catalog, codec, envelope, limits, sse
+from cleveragents.acp.contract import catalog, codec, envelope, limits, revisions, sse
 from cleveragents.acp.contract.call import CallContext, ambiguous_credentials
 from cleveragents.acp.contract.catalog import Catalog, Major, Operation
 from cleveragents.acp.contract.errors import ACPError, ErrorCode, internal_error
@@ -44,6 +44,7 @@ _REQUEST_ID_HEADER = common.REQUEST_ID_HEADER.encode()
 _IDEMPOTENCY_KEY_HEADER = common.IDEMPOTENCY_KEY_HEADER.encode()
 _TRACEPARENT_HEADER = b"traceparent"
 _AUTHORIZATION = b"authorization"
+_IF_MATCH = b"if-match"
 # Says a retried call was answered from the stored first answer (CORS exposes it).
 REPLAYED = "ACP-Replayed"
 
@@ -203,6 +204,10 @@ class Gateway:
         if route.op is not None:
             exchange.transport = "rest"
             token = _bearer(headers.get(_AUTHORIZATION))
+            if_match = headers.get(_IF_MATCH)
+            if if_match is not None:
+                exchange.if_revision = revisions.parse_if_match(if_match.decode("latin-1"))
+                exchange.if_match = True
             if route.op.server_streaming:
                 data = await binding.bind_rest(
                     route.op, request, variables, self.settings.max_body_bytes, skip=TICKET_PARAMETER
@@ -244,6 +249,7 @@ class Gateway:
             raise binding.over_limit(self.settings.max_body_bytes)
         del raw  # a session.import's text (up to 32 MiB) is not held while it is converted and runs
         exchange.acp_version = parsed.acp_version or exchange.acp_version
+        exchange.if_revision = parsed.if_revision
         if parsed.request_id:
             exchange.request_id = common.request_id(parsed.request_id)
             exchange.request_id_given = True
@@ -286,6 +292,7 @@ class Gateway:
             request_id_given=exchange.request_id_given,
             transport=exchange.transport,
             traceparent=exchange.traceparent,
+            if_revision=exchange.if_revision,
         )
 
     @staticmethod
@@ -304,6 +311,12 @@ class Gateway:
             if ctx.reply is not None and ctx.reply.replayed:
                 exchange.extra_headers[REPLAYED] = "true"
         exchange.served = ctx.served_version
+        if exchange.transport == "rest":
+            # The revision of the session or plan the answer carries (none before ACP 1.3:
+            # the field is stripped for older clients).
+            revision = revisions.carried_revision(response)
+            if revision is not None:
+                exchange.extra_headers["ETag"] = revisions.etag(revision)
         return exchange.ok_answer(codec.to_dict(response))
 
     async def _stream(

@@ -14,7 +14,7 @@ from typing import Any, cast
 from google.api import field_behavior_pb2
 from google.protobuf import descriptor, message
 
-from cleveragents.acp.contract import catalog, surface
+from cleveragents.acp.contract import catalog, revisions, surface
 from cleveragents.acp.contract.catalog import Catalog, Major, Operation
 from cleveragents.acp.contract.errors import TABLE
 from cleveragents.acp.gateway.http.routing import ENVELOPE_SUFFIX, HEALTH_PATH, VARIABLE
@@ -180,6 +180,18 @@ def _parameters(op: Operation, builder: SchemaBuilder) -> list[dict[str, Any]]:
             "description": "Echoed in the envelope; a ULID is generated when absent.",
         }
     )
+    if op.if_revision:
+        params.append(
+            {
+                "name": "If-Match",
+                "in": "header",
+                "schema": {"type": "string", "pattern": '^"[1-9][0-9]{0,9}"$'},
+                "description": f'The {op.if_revision}\'s `ETag` as read (one strong tag, `"7"`; '
+                f"ACP {revisions.SINCE}): the call changes nothing and answers 412 when the "
+                f"{op.if_revision} has moved since.",
+                "x-acp-since": revisions.SINCE,
+            }
+        )
     if op.server_streaming:
         params.append(
             {
@@ -250,7 +262,23 @@ def _operation(op: Operation, builder: SchemaBuilder) -> dict[str, Any]:
                 "application/json": {"schema": _envelope_of(builder, builder.ref(_desc(op.response_type)))}
             },
         }
-    spec["responses"] = {"200": ok, **_errors(builder)}
+        if revisions.carries_entity(op.response_type):
+            ok["headers"] = {
+                "ETag": {
+                    "description": f"The revision of the session or plan in `data` (ACP {revisions.SINCE}), "
+                    "for a later write's `If-Match`.",
+                    "schema": {"type": "string", "pattern": '^"[1-9][0-9]{0,9}"$'},
+                }
+            }
+    responses = {"200": ok, **_errors(builder)}
+    if op.if_revision:
+        responses[str(revisions.PRECONDITION_FAILED)] = {
+            "description": f"INVALID_STATE with the refinement {revisions.REVISION_MISMATCH}: the "
+            f"{op.if_revision} is no longer at the `If-Match` revision (nothing changed). The "
+            "envelope's stale `if_revision` answers 409 instead.",
+            "content": {"application/json": {"schema": builder.ref(_desc(envelope_pb2.ResponseEnvelope))}},
+        }
+    spec["responses"] = responses
     if op.anonymous:
         spec["security"] = []
     elif op.server_streaming:

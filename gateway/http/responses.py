@@ -14,7 +14,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Message, Send
 
-from cleveragents.acp.contract import envelope, versions
+from cleveragents.acp.contract import envelope, revisions, versions
 from cleveragents.acp.contract.errors import ACPError, http_status, internal_error
 from cleveragents.acp.gateway import common
 
@@ -115,6 +115,8 @@ class Exchange:
     __slots__ = (
         "acp_version",
         "extra_headers",
+        "if_match",
+        "if_revision",
         "request_id",
         "request_id_given",
         "served",
@@ -139,6 +141,10 @@ class Exchange:
         # The wire of the call, for metrics and logs: the envelope endpoint or a REST route.
         self.transport = "envelope"
         self.traceparent: str | None = None
+        # The caller's expected revision (the envelope's if_revision, or If-Match on a REST
+        # route: ``if_match``, whose stale answer is 412 Precondition Failed).
+        self.if_revision: int | None = None
+        self.if_match = False
 
     @property
     def elapsed_ms(self) -> float:
@@ -196,7 +202,10 @@ class Exchange:
         if "allowed_methods" in err.details:
             more["Allow"] = ", ".join(err.details["allowed_methods"])
         body = render(self.error_envelope(err))
-        return http_status(err.code), self._raw_headers(body, more), body
+        status = http_status(err.code)
+        if self.if_match and revisions.is_mismatch(err):
+            status = revisions.PRECONDITION_FAILED
+        return status, self._raw_headers(body, more), body
 
     def error(self, err: ACPError) -> Response:
         return as_response(self.error_answer(err))

@@ -20,21 +20,21 @@ from cleveragents.acp.v1 import meta_pb2
 async def test_call_by_name_and_helper(client: ACPClient) -> None:
     by_name = await client.call("meta.version")
     assert isinstance(by_name, meta_pb2.GetVersionResponse)
-    assert list(by_name.supported_versions) == ["1.2", "1.1"]
+    assert list(by_name.supported_versions) == ["1.3", "1.2", "1.1"]
     assert await client.ops.meta.version() == by_name
 
 
 async def test_in_process_stub_has_the_grpc_surface(facade: ServiceFacade) -> None:
     stub = local_stub(facade, "MetaService")
     response = await stub.GetVersion(meta_pb2.GetVersionRequest())
-    assert response.current_version == "1.2"
+    assert response.current_version == "1.3"
     with pytest.raises(AttributeError):
         _ = stub.NoSuchMethod
 
 
 async def test_a_client_of_the_prior_minor_is_served_what_it_knows(facade: ServiceFacade) -> None:
     prior = ACPClient(LocalTransport(facade), acp_version="1.1")
-    assert list((await prior.call("meta.version")).supported_versions) == ["1.2", "1.1"]  # type: ignore[attr-defined]
+    assert list((await prior.call("meta.version")).supported_versions) == ["1.3", "1.2", "1.1"]  # type: ignore[attr-defined]
     retired = ACPClient(LocalTransport(facade), acp_version="1.0")
     with pytest.raises(ACPError) as info:
         await retired.call("meta.version")
@@ -47,7 +47,7 @@ async def test_unsupported_version(facade: ServiceFacade) -> None:
     with pytest.raises(ACPError) as info:
         await client.call("meta.version")
     assert info.value.code == "VERSION_MISMATCH"
-    assert info.value.details["supported_versions"] == ["1.2", "1.1"]
+    assert info.value.details["supported_versions"] == ["1.3", "1.2", "1.1"]
 
 
 async def test_unknown_operation_and_bad_params(client: ACPClient) -> None:
@@ -96,6 +96,6 @@ async def test_a_subscriber_that_stops_early_closes_its_stream(facade: ServiceFa
     created = await client.call("session.create")
     await client.call("session.tell", session_id=created.session.meta.id, content="hi")  # type: ignore[attr-defined]
     events = client.subscribe()
-    assert (await anext(events)).type == "session.message"
+    assert (await anext(events)).type == "session.turn_started"  # a tell's first event (ACP 1.3)
     await events.aclose()  # type: ignore[attr-defined]
     assert [items.closed for items in transport.opened] == [True]

@@ -88,7 +88,7 @@ async def same_everywhere(
 
 async def test_version(clients: dict[str, Factory]) -> None:
     version = await same_everywhere(clients, lambda c: c.call("meta.version"))
-    assert version["supported_versions"] == ["1.2", "1.1"]
+    assert version["supported_versions"] == ["1.3", "1.2", "1.1"]
 
 
 @pytest.mark.parametrize(

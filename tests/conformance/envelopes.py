@@ -80,7 +80,12 @@ def envelope_problems(
             problems.append("error without an error, or with data")
         elif set(error) != {"code", "message", "details"} or not isinstance(error.get("details"), dict):
             problems.append(f"error members {sorted(error)}")
-        elif status is not None and error.get("code") in TABLE and status != http_status(error["code"]):
+        elif (
+            status is not None
+            and error.get("code") in TABLE
+            and status != http_status(error["code"])
+            and not _precondition_failed(error, status)
+        ):
             problems.append(f"{error['code']} with HTTP {status}")
     else:
         problems.append(f"status {body.get('status')!r}")
@@ -94,6 +99,13 @@ def envelope_problems(
         if code == "AUTH_REQUIRED" and not headers.get("www-authenticate", "").startswith("Bearer"):
             problems.append("AUTH_REQUIRED without WWW-Authenticate: Bearer")
     return problems
+
+
+def _precondition_failed(error: dict[str, Any], status: int) -> bool:
+    """A stale ``If-Match`` answers 412, not INVALID_STATE's 409 (docs/versions.md)."""
+    details = error.get("details")
+    refinement = details.get("refinement") if isinstance(details, dict) else None
+    return status == 412 and error.get("code") == "INVALID_STATE" and refinement == "REVISION_MISMATCH"
 
 
 def frame_problems(event: str, data: str) -> list[str]:

@@ -11,6 +11,7 @@ Longer than 600 lines: one scenario per area of the catalog, read one at a time,
 
 from __future__ import annotations
 
+import hashlib
 import pathlib
 from collections.abc import Callable
 from typing import Any
@@ -306,6 +307,10 @@ async def sessions(run: Run) -> None:
         assert (told["message"]["content"], told["message"]["role"]) == (content, "MESSAGE_ROLE_USER"), told
         assert [r["role"] for r in told["replies"]] == ["MESSAGE_ROLE_ORCHESTRATOR"], told
     await run.fails(alice.call("session.tell", session_id=first), "INVALID_PARAMS")
+    # ACP 1.3's session operations name what they are missing the same way.
+    await run.fails(alice.call("session.update", session_id=first), "INVALID_PARAMS")
+    await run.fails(alice.call("session.turn", session_id=first), "INVALID_PARAMS")
+    await run.fails(alice.call("session.cancel_turn", session_id=first), "INVALID_PARAMS")
     await run.fails(alice.call("session.tell", session_id=first, content="x" * 100_001), "INVALID_PARAMS")
     await run.fails(
         alice.call("session.tell", session_id=MISSING_ID, content="hi"), "NOT_FOUND", "SESSION_NOT_FOUND"
@@ -584,6 +589,10 @@ CHANGES = [
 ]
 
 
+# A diff showing no file: its digest (ACP 1.3) is over no artifact.
+NO_DIFF = {"digest": "sha256:" + hashlib.sha256(b"").hexdigest(), "files": []}
+
+
 def changes(answer: Any, field: str) -> list[tuple[str, str]]:
     return [(item["path"], item["op"]) for item in codec.to_dict(answer)[field]]
 
@@ -600,7 +609,7 @@ async def plan_lifecycle(run: Run) -> None:
     assert codec.to_dict(await alice.call("plan.tree", plan_id=plan_id)) == {"nodes": [], "steps": []}
     explained = await alice.call("plan.explain", plan_id=plan_id)
     assert codec.to_dict(explained)["text"] == f"Plan {plan_id}: action 'act' on project 'proj'\n", explained
-    assert codec.to_dict(await alice.call("plan.diff", plan_id=plan_id)) == {"files": []}
+    assert codec.to_dict(await alice.call("plan.diff", plan_id=plan_id)) == NO_DIFF
     assert codec.to_dict(await alice.call("plan.artifacts", plan_id=plan_id)) == {"artifacts": []}
     await run.fails(alice.call("plan.prompt", plan_id=plan_id), "INVALID_STATE")
     await run.fails(alice.call("plan.apply", plan_id=plan_id), "INVALID_STATE")
@@ -634,7 +643,7 @@ async def plan_lifecycle(run: Run) -> None:
     assert (repo / "docs/guide.md").read_text() == "# The guide\n"
     assert not (repo / "obsolete.txt").exists()
     # Applied: the project's files are what the plan made, nothing differs.
-    assert codec.to_dict(await alice.call("plan.diff", plan_id=plan_id)) == {"files": []}
+    assert codec.to_dict(await alice.call("plan.diff", plan_id=plan_id)) == NO_DIFF
     (repo / "src/app.py").write_text("edited by a person\n")
     await run.fails(alice.call("plan.rollback", plan_id=plan_id), "INVALID_STATE")
     await run.fails(bob.call("plan.rollback", plan_id=plan_id), "NOT_FOUND", "PLAN_NOT_FOUND")
@@ -827,17 +836,18 @@ async def events_scenario(run: Run) -> None:
     for session in (first, second):
         await alice.call("session.tell", session_id=session.session.meta.id, content="/help")  # type: ignore[attr-defined]
     await bob.call("session.tell", session_id=theirs.session.meta.id, content="hi")  # type: ignore[attr-defined]
-    everything = await run.events(root, lambda e: e.sequence == 6)
+    # Four events a tell: session.turn_started, two session.message, session.turn_completed.
+    everything = await run.events(root, lambda e: e.sequence == 12)
     # Every namespace's, from the first, gap-free.
-    assert [e.sequence for e in everything] == [1, 2, 3, 4, 5, 6], everything
+    assert [e.sequence for e in everything] == list(range(1, 13)), everything
     assert {e.namespace for e in everything} == {"default", "other"}, everything
 
     def among(keep: Callable[[events_pb2.Event], bool]) -> list[events_pb2.Event]:
         """The events of ``everything`` a filter keeps, in order."""
         return [e for e in everything if keep(e)]
 
-    mine = await run.events(alice, lambda e: e.sequence == 4)
-    assert mine == among(lambda e: e.namespace == "default" and e.sequence <= 4), mine
+    mine = await run.events(alice, lambda e: e.sequence == 8)
+    assert mine == among(lambda e: e.namespace == "default" and e.sequence <= 8), mine
     (theirs_first,) = await run.events(bob, lambda e: True)
     assert theirs_first == among(lambda e: e.namespace == "other")[0], theirs_first
     second_id = second.session.meta.id  # type: ignore[attr-defined]

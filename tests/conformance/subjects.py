@@ -22,6 +22,7 @@ from cleveragents.acp.contract.transport import CallOptions
 from tests.conformance.harness import Run
 from tests.conformance.scenarios import REGISTRY_KINDS, entries, folder, use
 from tests.facade.plans.helpers import INPUTS
+from tests.fake_openai import FakeOpenAI, Hang
 from tests.registry_specs import registry_spec
 
 Params = dict[str, Any]
@@ -34,6 +35,20 @@ IMPORTED_IDS = {
     "prior": "01HZZZZZZZZZZZZZZZZZZZZZZC",
     "current": "01HZZZZZZZZZZZZZZZZZZZZZZD",
 }
+
+
+_SILENT: list[FakeOpenAI] = []
+
+
+def silent_model() -> FakeOpenAI:
+    """One model server for the test process that takes every call and never answers (in
+    a daemon thread of its own: it outlives each backend, and dies with the process). A served
+    backend must allow its ``base_url`` with ``--model-endpoint``."""
+    if not _SILENT:
+        server = FakeOpenAI().start_in_thread()
+        server.repeat = Hang(3600)
+        _SILENT.append(server)
+    return _SILENT[0]
 
 
 async def own_subjects(run: Run, world: dict[str, Any], who: str) -> dict[str, Params]:
@@ -63,12 +78,28 @@ async def own_subjects(run: Run, world: dict[str, Any], who: str) -> dict[str, P
     await alice.call("plan.apply", plan_id=own["plan.rollback"]["plan_id"])
     tree = await alice.call("plan.tree", plan_id=own["plan.correct"]["plan_id"])
     own["plan.correct"]["node_id"] = tree.nodes[0].id  # type: ignore[attr-defined]
+    # A queued turn to cancel: behind a turn whose model call never answers.
+    await alice.call(
+        "actor.add",
+        name=f"{who}-slow",
+        spec={"provider": "openai", "model": "m", "base_url": silent_model().base_url},
+    )
+    slow = (await alice.call("session.create", orchestrator=f"{who}-slow")).session.meta.id  # type: ignore[attr-defined]
+    await alice.call("session.tell", session_id=slow, content="Q1", background=True)
+    queued = await alice.call("session.tell", session_id=slow, content="Q2", background=True)
+    own["session.cancel_turn"] = {"session_id": slow, "turn_id": queued.turn.id}  # type: ignore[attr-defined]
     closed = await alice.call("session.create", project="proj")
     await alice.call("session.tell", session_id=closed.session.meta.id, content="/close")  # type: ignore[attr-defined]
     own["session.resume"] = {"session_id": closed.session.meta.id}  # type: ignore[attr-defined]
     # A session of its own to configure: the world's keeps the sources context.inspect reads.
     configured = await alice.call("session.create", project="proj")
     own["context.set"] = {"session_id": configured.session.meta.id}  # type: ignore[attr-defined]
+    renamed = await alice.call("session.create", project="proj")
+    own["session.update"] = {
+        "session_id": renamed.session.meta.id,  # type: ignore[attr-defined]
+        "session": {"title": f"{who} renamed"},
+        "update_mask": "title",
+    }
     doomed = await alice.call("session.create")
     own["session.delete"] = {"session_id": doomed.session.meta.id}  # type: ignore[attr-defined]
     document = world["document"]
@@ -137,10 +168,23 @@ CHECKS: dict[str, Check] = {
     "session.list": lambda p, d, w: listed(d, w["session_id"]),
     "session.show": lambda p, d, w: session_in(d, p, ACTIVE),
     "session.resume": lambda p, d, w: session_in(d, p, ACTIVE),
+    "session.update": lambda p, d, w: (
+        session_in(d, p, ACTIVE)
+        and d["session"]["title"] == p["session"]["title"]
+        and d["session"]["revision"] == 2
+    ),
     "session.delete": lambda p, d, w: d == {"session_id": p["session_id"]},
     "session.export": lambda p, d, w: d["document"]["session"]["meta"]["id"] == p["session_id"],
     "session.import": lambda p, d, w: d["session"]["meta"]["id"] == p["document"]["session"]["meta"]["id"],
     "session.tell": lambda p, d, w: d["message"]["content"] == p["content"] and bool(d["replies"]),
+    "session.turn": lambda p, d, w: (
+        d["turn"]["id"] == p["turn_id"]
+        and d["turn"]["state"] == "TURN_STATE_SUCCEEDED"
+        and len(d["messages"]) == 2
+    ),
+    "session.cancel_turn": lambda p, d, w: (
+        d["turn"]["id"] == p["turn_id"] and d["turn"]["state"] == "TURN_STATE_CANCELLED"
+    ),
     "context.show": lambda p, d, w: [s["resource"] for s in d["config"]["sources"]] == ["repo"],
     "context.set": lambda p, d, w: d["config"]["token_budget"] == p["config"]["token_budget"],
     "context.inspect": lambda p, d, w: d["item"]["id"] == p["item_id"] and bool(d["item"]["content"]),

@@ -36,7 +36,7 @@ from tests.conformance.envelopes import envelope_problems, operation_of
 from tests.conformance.generated import build_world
 from tests.conformance.harness import Run
 from tests.conformance.scenarios import REGISTRY_KINDS, entries
-from tests.conformance.subjects import own_subjects
+from tests.conformance.subjects import own_subjects, silent_model
 from tests.server_process import ServerProcess, Tokens, start_server
 
 EXAMPLES = int(os.environ.get("ACP_FUZZ_EXAMPLES", "4"))
@@ -83,7 +83,9 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     # A deep folder, so a glob that backtracks per segment would show it.
     (directory / "repo").joinpath(*["d"] * 24).mkdir(parents=True)
     (directory / "repo").joinpath(*["d"] * 24, "xyz.txt").write_text("x\n")
-    server = start_server(directory, "--max-body-bytes", "65536", tokens=tokens.path)
+    # The subjects' queued turn waits behind a model that never answers: the server allows it.
+    endpoint = ["--model-endpoint", silent_model().base_url]
+    server = start_server(directory, "--max-body-bytes", "65536", *endpoint, tokens=tokens.path)
     try:
         KNOWN.update(asyncio.run(populate(server, tokens, directory / "populated")))
         yield server, tokens

@@ -37,6 +37,7 @@ def test_every_mutating_operation_says_what_happens() -> None:
         "plan.correct",
         "plan.rollback",
         "session.tell",
+        "session.cancel_turn",
     }
 
 

@@ -158,13 +158,13 @@ def test_client_side_reads_error_back() -> None:
 
 
 def test_versions() -> None:
-    assert versions.negotiate(None) == versions.CURRENT == "1.2"
+    assert versions.negotiate(None) == versions.CURRENT == "1.3"
     assert versions.negotiate("1.1") == "1.1"
-    for unsupported in ("1.0", "2.0", "1.3"):
+    for unsupported in ("1.0", "2.0", "1.4"):
         with pytest.raises(ACPError) as info:
             versions.negotiate(unsupported)
         assert info.value.code == "VERSION_MISMATCH"
-        assert info.value.details["supported_versions"] == ["1.2", "1.1"]
+        assert info.value.details["supported_versions"] == ["1.3", "1.2", "1.1"]
     versions.check_operation("1.2", "events.ticket", "1.2")
     versions.check_operation("1.1", "plan.list", "1.1")
     with pytest.raises(ACPError, match=r"introduced in ACP 1\.2"):

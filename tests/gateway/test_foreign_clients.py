@@ -65,12 +65,17 @@ def test_curl_sse(served: Served) -> None:
         "-N", "--max-time", "1.5", "-H", auth, f"{base}/api/v1/events/stream?session_id={session_id}"
     )
     assert streamed.returncode == 28  # ended by --max-time: the stream stays open
-    frames = [frame for frame in streamed.stdout.split("\n\n") if frame.startswith("id: ")]
-    assert len(frames) == 2
-    lines = frames[0].splitlines()
-    assert lines[1] == "event: session.message"
-    event = json.loads(lines[2].removeprefix("data: "))
-    assert lines[0] == f"id: {event['sequence']}"
+    frames = [frame.splitlines() for frame in streamed.stdout.split("\n\n") if frame.startswith("id: ")]
+    # The tell's events at ACP 1.3 (no ACP-Version header: the newest).
+    assert [lines[1] for lines in frames] == [
+        "event: session.turn_started",
+        "event: session.message",
+        "event: session.message",
+        "event: session.turn_completed",
+    ]
+    for lines in frames:
+        event = json.loads(lines[2].removeprefix("data: "))
+        assert lines[0] == f"id: {event['sequence']}"
     assert ": keep-alive" in streamed.stdout
 
 
@@ -78,7 +83,7 @@ def test_buf_curl_over_reflection(served: Served) -> None:
     listed = buf_curl(served, "", "--list-services")
     assert "cleveragents.acp.v1.SessionService" in listed.stdout.split(), listed.stderr
     version = buf_curl(served, "cleveragents.acp.v1.MetaService/GetVersion")
-    assert json.loads(version.stdout)["supportedVersions"] == ["1.2", "1.1"], version.stderr
+    assert json.loads(version.stdout)["supportedVersions"] == ["1.3", "1.2", "1.1"], version.stderr
     refused = buf_curl(served, "cleveragents.acp.v1.SessionService/ListSessions", "-d", "{}")
     assert refused.returncode != 0
     error = json.loads(refused.stderr)
@@ -144,8 +149,15 @@ def test_buf_curl_calls_and_follows_the_event_stream(served: Served) -> None:
     events = [
         item["event"] for item in json_values(output.decode() if isinstance(output, bytes) else output or "")
     ]
-    assert [e["type"] for e in events] == ["session.message", "session.message"]
-    assert int(events[0]["sequence"]) < int(events[1]["sequence"])
+    # The tell's events at ACP 1.3 (no acp-version metadata: the newest).
+    assert [e["type"] for e in events] == [
+        "session.turn_started",
+        "session.message",
+        "session.message",
+        "session.turn_completed",
+    ]
+    sequences = [int(e["sequence"]) for e in events]
+    assert sequences == sorted(set(sequences))
     assert {e["sessionId"] for e in events} == {session_id}
     refused = buf_curl(served, "cleveragents.acp.v1.EventService/SubscribeEvents", "-d", "{}")
     assert json.loads(refused.stderr)["code"] == "unauthenticated"

@@ -167,7 +167,7 @@ def test_versions(channel: Any, served: Served) -> None:
     # Every operation at every version: tests/conformance/generated.py (version.matrix).
     reason, metadata, _ = fails(channel, version_op, version="2.0")
     assert reason == "VERSION_MISMATCH"
-    assert metadata["supported_versions"] == '["1.2","1.1"]'
+    assert metadata["supported_versions"] == '["1.3","1.2","1.1"]'
 
 
 def test_stream_admission_errors_come_before_any_item(channel: Any, served: Served) -> None:
@@ -194,10 +194,17 @@ def test_subscribe_streams_events(channel: Any, served: Served) -> None:
     stream: Any = channel.unary_stream(
         subscribe.full_method, response_deserializer=subscribe.response_type.FromString
     )(request, metadata=[("authorization", f"Bearer {served.token()}")], timeout=TIMEOUT)
-    events = [next(stream).event, next(stream).event]
+    events = [next(stream).event for _ in range(4)]
     stream.cancel()
-    assert [e.type for e in events] == ["session.message", "session.message"]
-    assert events[0].sequence < events[1].sequence
+    # The tell's events at ACP 1.3 (no acp-version metadata: the newest).
+    assert [e.type for e in events] == [
+        "session.turn_started",
+        "session.message",
+        "session.message",
+        "session.turn_completed",
+    ]
+    assert events[1].session_message.message.content == "hello"
+    assert [e.sequence for e in events] == sorted({e.sequence for e in events})
     assert {e.session_id for e in events} == {session_id}
 
 

@@ -63,7 +63,7 @@ def test_version_is_open_on_the_envelope_and_rest(http: httpx.Client) -> None:
     by_envelope = data_of(envelope(http, {"operation": "meta.version"}))
     response = http.get("/api/v1/version")
     assert data_of(response) == by_envelope
-    assert by_envelope["supported_versions"] == list(versions.SUPPORTED) == ["1.2", "1.1"]
+    assert by_envelope["supported_versions"] == list(versions.SUPPORTED) == ["1.3", "1.2", "1.1"]
     assert by_envelope["server_build"].startswith("cleveragents-acp")
     assert response.headers["acp-version"] == versions.CURRENT
 

@@ -162,7 +162,7 @@ async def _grpc_over_tls(target: str, root_certificates: bytes) -> None:
     transport = GrpcTransport.connect(target, root_certificates=root_certificates, timeout=10)
     async with ACPClient(transport) as client:
         version = await client.call("meta.version")
-        assert list(version.supported_versions) == ["1.2", "1.1"]  # type: ignore[attr-defined]
+        assert list(version.supported_versions) == ["1.3", "1.2", "1.1"]  # type: ignore[attr-defined]
         with pytest.raises(ACPError) as info:
             await client.call("session.list")
         assert info.value.code == "AUTH_REQUIRED"
@@ -187,7 +187,7 @@ def test_tls_and_cors(
         assert server.http.startswith("https://")
         context = ssl.create_default_context(cafile=str(cert))
         with httpx.Client(base_url=server.http, verify=context, timeout=10) as client:
-            assert data_of(envelope(client, {"operation": "meta.version"}))["current_version"] == "1.2"
+            assert data_of(envelope(client, {"operation": "meta.version"}))["current_version"] == "1.3"
             error_of(envelope(client, {"operation": "session.list"}), "AUTH_REQUIRED")
             preflight = client.options(
                 "/api/v1/acp",
@@ -219,7 +219,7 @@ def test_gateway_only_mode(tmp_path: pathlib.Path, served: Served, children: Chi
         assert not any("NOT REACHABLE" in line for line in gateway.stdout)
         with httpx.Client(base_url=gateway.http, timeout=10) as client:
             version = client.get("/api/v1/version", headers={"X-Request-ID": "through-gw"})
-            assert data_of(version)["supported_versions"] == ["1.2", "1.1"]
+            assert data_of(version)["supported_versions"] == ["1.3", "1.2", "1.1"]
             assert version.json()["request_id"] == "through-gw"
             assert data_of(client.get("/healthz")) == {"status": "SERVING"}
             error_of(envelope(client, {"operation": "session.list"}), "AUTH_REQUIRED")

@@ -100,6 +100,10 @@ def test_admission_errors_are_envelopes_not_streams(http: httpx.Client, served: 
     error_of(http.get(STREAM, headers={**auth, "ACP-Version": "9.9"}), "VERSION_MISMATCH")
 
 
+# The events of one tell at ACP 1.3: the turn starts, the user's message and the reply, the turn ends.
+TELL_EVENTS = ["session.turn_started", "session.message", "session.message", "session.turn_completed"]
+
+
 def test_frames_keepalive_and_resume(http: httpx.Client, served: Served) -> None:
     token = served.token()
     session_id = new_session(http, token)
@@ -107,29 +111,35 @@ def test_frames_keepalive_and_resume(http: httpx.Client, served: Served) -> None
         frames.quiet_for(0.8)
         assert ": keep-alive" in frames.comments
         tell(http, token, session_id, "one")
-        first, second = frames.next(), frames.next()
-    for frame in (first, second):
-        assert frame.event == "session.message"
+        one = [frames.next() for _ in TELL_EVENTS]
+    # The tell's events at ACP 1.3 (no ACP-Version header: the newest).
+    assert [frame.event for frame in one] == TELL_EVENTS
+    for frame in one:
         event = orjson.loads(frame.data)
         assert event["session_id"] == session_id
         assert event["sequence"] == frame.id
-    assert int(first.id or 0) < int(second.id or 0)
+    ids = [int(frame.id or 0) for frame in one]
+    assert ids == sorted(set(ids))
 
     tell(http, token, session_id, "two")
+    # Resume after one's reply: one's turn_completed, then two's turn.
     with stream(
-        http, token, params={"session_id": session_id}, headers={"Last-Event-ID": first.id}
+        http, token, params={"session_id": session_id}, headers={"Last-Event-ID": one[2].id}
     ) as frames:
         resumed = [frames.next() for _ in range(3)]
-    assert next(f.id for f in resumed) == second.id
-    assert orjson.loads(resumed[1].data)["session_message"]["message"]["content"] == "two"
+    assert resumed[0].id == one[3].id
+    assert [f.event for f in resumed] == ["session.turn_completed", "session.turn_started", "session.message"]
+    assert orjson.loads(resumed[2].data)["session_message"]["message"]["content"] == "two"
 
-    with stream(http, token, params={"session_id": session_id, "after_sequence": second.id}) as frames:
+    with stream(http, token, params={"session_id": session_id, "after_sequence": one[3].id}) as frames:
+        assert frames.next().event == "session.turn_started"
         assert orjson.loads(frames.next().data)["session_message"]["message"]["content"] == "two"
 
+    # A filter skips the turn event before the first message.
     with stream(
         http, token, params={"session_id": session_id, "event_type": ["plan.created", "session.message"]}
     ) as frames:
-        assert frames.next().id == first.id
+        assert frames.next().id == one[1].id
 
 
 def test_streams_deliver_only_permitted_namespaces(http: httpx.Client, served: Served) -> None:

@@ -123,7 +123,9 @@ def test_a_gateway_passes_the_ticket_upstream_and_nothing_logs_it(
             tickets.append(ticket)
             with open_with_ticket(client, ticket, session_id=session_id) as response:
                 assert response.status_code == 200
-                assert Frames(response).next().event == "session.message"
+                assert (
+                    Frames(response).next().event == "session.turn_started"
+                )  # the tell's first event (ACP 1.3)
             with open_with_ticket(client, ticket, session_id=session_id) as reused:
                 reused.read()
                 assert error_of(reused, "AUTH_REQUIRED")["refinement"] == "TICKET_USED"

@@ -46,7 +46,7 @@ def test_the_catalog_holds_both_majors_each_with_its_prefix_package_and_versions
     assert (v1.prefix, v1.package, v1.version_table.supported) == (
         "/api/v1",
         "cleveragents.acp.v1",
-        ("1.2", "1.1"),
+        ("1.3", "1.2", "1.1"),
     )
     assert (v2.prefix, v2.package, v2.version_table.supported) == ("/api/v2", "cleveragents.acp.v2", ("2.0",))
     assert list(v2.operations) == ["events.subscribe", "session.count", "session.show"]
@@ -129,7 +129,7 @@ async def test_bad_calls_of_the_second_major_get_acp_errors(
     err = await _error(_client(facade, "2.1", v1_and_v2), "session.show", session_id="x")
     assert (err.code, err.details["supported_versions"]) == ("VERSION_MISMATCH", ["2.0"])
     err = await _error(_client(facade, "3.0", v1_and_v2), "session.show", session_id="x")
-    assert (err.code, err.details["supported_versions"]) == ("VERSION_MISMATCH", ["1.2", "1.1"])
+    assert (err.code, err.details["supported_versions"]) == ("VERSION_MISMATCH", ["1.3", "1.2", "1.1"])
 
 
 async def test_an_operation_carried_to_another_major_keeps_its_request(v1_and_v2: Catalog) -> None:

@@ -112,10 +112,15 @@ def _v2_shape(data: dict[str, object], session_id: str) -> None:
     assert data["session"]["meta"]["id"] == session_id  # type: ignore[index]
 
 
-def _v1_shape(data: dict[str, object]) -> None:
-    # next_page_token: ACP 1.2's paging of the history ("" when not paging).
-    assert set(data) == {"session", "messages", "next_page_token"}, data
-    assert len(data["messages"]) == 2  # type: ignore[arg-type]
+def _v1_shape(data: dict[str, Any]) -> None:
+    """session.show at ACP 1.3 (every caller here speaks it)."""
+    # next_page_token: ACP 1.2's paging of the history ("" when not paging); turns: ACP 1.3's
+    # turns of the page's user messages.
+    assert set(data) == {"session", "messages", "next_page_token", "turns"}, data
+    assert len(data["messages"]) == 2
+    assert [(t["state"], t["message_id"]) for t in data["turns"]] == [
+        ("TURN_STATE_SUCCEEDED", data["messages"][0]["id"])
+    ]
 
 
 async def test_envelope_each_major_at_its_own_endpoint(served: Served, http: httpx.AsyncClient) -> None:
@@ -124,7 +129,7 @@ async def test_envelope_each_major_at_its_own_endpoint(served: Served, http: htt
     assert (v2["status"], v2["acp_version"]) == ("ok", "2.0"), v2
     _v2_shape(v2["data"], served.session_id)
     v1 = (await http.post("/api/v1/acp", json={"operation": "session.show", "params": params})).json()
-    assert (v1["status"], v1["acp_version"]) == ("ok", "1.2"), v1
+    assert (v1["status"], v1["acp_version"]) == ("ok", "1.3"), v1
     _v1_shape(v1["data"])
 
 
@@ -159,7 +164,7 @@ async def test_rest_routes_of_each_major(served: Served, http: httpx.AsyncClient
     assert (v2.status_code, v2.headers["ACP-Version"]) == (200, "2.0"), v2.text
     _v2_shape(v2.json()["data"], served.session_id)
     v1 = await http.get(f"/api/v1/sessions/{served.session_id}")
-    assert v1.headers["ACP-Version"] == "1.2"
+    assert v1.headers["ACP-Version"] == "1.3"
     _v1_shape(v1.json()["data"])
     # ACP 2 has no session list; a 1.x version on an ACP 2 route is refused.
     missing = await http.get("/api/v2/sessions")
@@ -315,17 +320,17 @@ def test_an_operation_only_a_later_major_has_is_a_command(served: Served, mode: 
 
 
 async def test_meta_version_names_every_major_served(http: httpx.AsyncClient) -> None:
-    for spoken in ("1.2", "1.1"):
+    for spoken in ("1.3", "1.2", "1.1"):
         body = {"operation": "meta.version", "params": {}, "acp_version": spoken}
         answer = (await http.post("/api/v1/acp", json=body)).json()
         assert answer["status"] == "ok", answer
-        assert answer["data"]["supported_versions"] == ["2.0", "1.2", "1.1"]
-        assert answer["data"]["current_version"] == "1.2"
+        assert answer["data"]["supported_versions"] == ["2.0", "1.3", "1.2", "1.1"]
+        assert answer["data"]["current_version"] == "1.3"
 
 
 async def test_the_openapi_document_describes_every_major(http: httpx.AsyncClient) -> None:
     document = (await http.get("/api/v1/openapi.json")).json()
-    assert document["info"]["x-acp-versions"] == ["2.0", "1.2", "1.1"]
+    assert document["info"]["x-acp-versions"] == ["2.0", "1.3", "1.2", "1.1"]
     paths = document["paths"]
     v2_envelope = paths["/api/v2/acp"]["post"]
     assert v2_envelope["operationId"] == "acp.envelope.v2"

@@ -46,6 +46,7 @@ class SessionSide(Protocol):
     def history(self, session_id: str) -> list[session_pb2.Message]: ...
     def token_budget(self, session: session_pb2.Session) -> int: ...
     def text(self, session: session_pb2.Session, actor: str, turn: int) -> Emit: ...
+    def used(self, prompt_tokens: int, completion_tokens: int) -> None: ...
 
 
 def _tokens(text: str) -> int:
@@ -77,6 +78,8 @@ class ModelOrchestrator:
                 )
             except ModelError as failure:
                 raise failure.to_acp() from None
+            if turn.usage is not None:
+                self.side.used(turn.usage.prompt_tokens, turn.usage.completion_tokens)
             if turn.text:
                 replies.append(Reply(turn.text))
             if not turn.tool_calls:

@@ -20,7 +20,7 @@ from cleveragents.acp.facade.domain.bounded import caller_work
 from cleveragents.acp.facade.domain.plans import actor, model, setup
 from cleveragents.acp.facade.domain.plans.recording import PlanRecorder, now
 from cleveragents.acp.facade.domain.plans.running import PlanRunner
-from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2, registry_pb2
+from cleveragents.acp.v1 import common_pb2, events_pb2, plan_pb2, registry_pb2, session_pb2
 
 SESSION_KIND = "session"
 
@@ -105,9 +105,9 @@ class PlanCreator:
 
         def resolve() -> tuple[registry_pb2.Action, str, setup.PlanSetup]:
             action_entry = self.registries.fetch(registry_pb2.Action, namespace, action)
-            profile_name = automation_profile or action_entry.spec.automation_profile
-            plan_setup = setup.resolve(self.registries, namespace, action_entry, project, profile_name)
-            setup.check_egress(self.registries, plan_setup.actor)
+            # A plan's profile: the one the call names, else its session's override
+            # (session.update's automation_profile), else the action's own.
+            session_profile = ""
             if session_id:
                 session = recorder.store.get(SESSION_KIND, session_id)
                 if session is None or session.namespace != namespace:
@@ -117,6 +117,10 @@ class PlanCreator:
                         {"session_id": session_id},
                         refinement="SESSION_NOT_FOUND",
                     )
+                session_profile = session_pb2.Session.FromString(session.body).automation_profile
+            profile_name = automation_profile or session_profile or action_entry.spec.automation_profile
+            plan_setup = setup.resolve(self.registries, namespace, action_entry, project, profile_name)
+            setup.check_egress(self.registries, plan_setup.actor)
             return action_entry, profile_name, plan_setup
 
         action_entry, profile_name, plan_setup = await recorder.read(resolve)

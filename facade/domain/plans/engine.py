@@ -20,7 +20,7 @@ from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain import paging
 from cleveragents.acp.facade.domain.events.log import EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
-from cleveragents.acp.facade.domain.plans import diff, leases, listing, model, setup
+from cleveragents.acp.facade.domain.plans import diff, leases, listing, model, records, setup
 from cleveragents.acp.facade.domain.plans.apply import Restored
 from cleveragents.acp.facade.domain.plans.corrections import PlanCorrector
 from cleveragents.acp.facade.domain.plans.creation import PlanCreator
@@ -97,8 +97,12 @@ class PlanEngine:
     def artifacts(self, plan: plan_pb2.Plan) -> list[StagedArtifact]:
         return self.recorder.staging(plan).artifacts()
 
-    def diff(self, plan: plan_pb2.Plan) -> list[plan_pb2.FileDiff]:
-        return [diff.file_diff(a) for a in self.artifacts(plan)]
+    def diff(self, plan: plan_pb2.Plan) -> plan_pb2.GetPlanDiffResponse:
+        """The diff and the digest of exactly the staged artifacts it shows (one read)."""
+        artifacts = self.artifacts(plan)
+        return plan_pb2.GetPlanDiffResponse(
+            files=[diff.file_diff(a) for a in artifacts], digest=diff.digest(artifacts)
+        )
 
     def prompt(self, plan: plan_pb2.Plan) -> plan_pb2.GetPlanPromptResponse:
         given = self.records.prompt(plan.meta.id)
@@ -139,29 +143,35 @@ class PlanEngine:
     async def execute(self, ctx: CallContext, plan_id: str, *, wait: bool = False) -> plan_pb2.Plan:
         plan = await self.recorder.read(lambda: self.load(ctx, plan_id))
         model.require("execute", plan)
-        task = await self.runner.start(plan)
+        with records.expecting(plan_id, ctx.if_revision):
+            task = await self.runner.start(plan)
         if wait:
             await asyncio.shield(task)
         return await self.recorder.read(lambda: self.records.load(plan_id))
 
     async def cancel(self, ctx: CallContext, plan_id: str, *, reason: str = "") -> plan_pb2.Plan:
-        return await self.runner.cancel(ctx, plan_id, reason)
+        with records.expecting(plan_id, ctx.if_revision):
+            return await self.runner.cancel(ctx, plan_id, reason)
 
     async def correct(
         self, ctx: CallContext, request: plan_pb2.CorrectPlanRequest
     ) -> tuple[plan_pb2.Plan, plan_pb2.DecisionNode]:
-        return await self.corrector.correct(ctx, request)
+        with records.expecting(request.plan_id, ctx.if_revision):
+            return await self.corrector.correct(ctx, request)
 
     # plan.apply, plan.rollback ----------------------------------------------------------------
 
-    async def apply(self, ctx: CallContext, plan_id: str) -> tuple[plan_pb2.Plan, list[str]]:
+    async def apply(
+        self, ctx: CallContext, plan_id: str, diff_digest: str = ""
+    ) -> tuple[plan_pb2.Plan, list[str]]:
         def loaded() -> tuple[plan_pb2.Plan, setup.PlanSetup]:
             plan = self.load(ctx, plan_id)
             return plan, self.recorder.setup_of(plan)
 
         plan, plan_setup = await self.recorder.read(loaded)
         model.require("apply", plan)
-        changed = await self.files.apply(plan, plan_setup)
+        with records.expecting(plan_id, ctx.if_revision):
+            changed = await self.files.apply(plan, plan_setup, diff_digest)
         return plan, changed
 
     async def rollback(
@@ -171,7 +181,8 @@ class PlanEngine:
             lambda: (self.load(ctx, plan_id), self.records.checkpoint(plan_id))
         )
         model.require("rollback", plan)
-        return plan, await self.files.rollback(plan, entries, force)
+        with records.expecting(plan_id, ctx.if_revision):
+            return plan, await self.files.rollback(plan, entries, force)
 
     # restart, takeover and shutdown -----------------------------------------------------------
 

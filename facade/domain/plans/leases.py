@@ -40,6 +40,16 @@ SCAN_LIMIT = 100
 _OPEN: set[str] = set()
 
 
+def opened(owner: str) -> None:
+    """``owner`` (from ``new_owner``) is a live holder of this process until ``closed``:
+    other lease users of the store (session turns) name their holders the same way."""
+    _OPEN.add(owner)
+
+
+def closed(owner: str) -> None:
+    _OPEN.discard(owner)
+
+
 def lease_name(plan_id: str) -> str:
     return PREFIX + plan_id
 

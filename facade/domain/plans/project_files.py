@@ -16,7 +16,16 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.beneath import Anchor
-from cleveragents.acp.facade.domain.plans import apply, invariants, leases, model, records, rollback, setup
+from cleveragents.acp.facade.domain.plans import (
+    apply,
+    diff,
+    invariants,
+    leases,
+    model,
+    records,
+    rollback,
+    setup,
+)
 from cleveragents.acp.facade.domain.plans.apply import Fence, Restored, Write
 from cleveragents.acp.facade.domain.plans.leasing import LeaseKeeper
 from cleveragents.acp.facade.domain.plans.recording import PlanRecorder
@@ -63,17 +72,23 @@ class PlanFiles:
 
     # plan.apply -------------------------------------------------------------------------
 
-    async def apply(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> list[str]:
+    async def apply(
+        self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup, diff_digest: str = ""
+    ) -> list[str]:
         """Refusals leave the plan's state as it was and record the error. The file work
         (reads, fsyncs) runs on a worker thread, one apply or rollback per plan, shielded:
         a caller that goes away does not leave the plan half-applied."""
-        return await asyncio.shield(self._apply_exclusive(plan, plan_setup))
+        return await asyncio.shield(self._apply_exclusive(plan, plan_setup, diff_digest))
 
-    async def _apply_exclusive(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> list[str]:
+    async def _apply_exclusive(
+        self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup, diff_digest: str
+    ) -> list[str]:
         with self._exclusive(plan.meta.id):
-            return await self._apply_files(plan, plan_setup)
+            return await self._apply_files(plan, plan_setup, diff_digest)
 
-    async def _prepare_apply(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> list[Write]:
+    async def _prepare_apply(
+        self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup, diff_digest: str
+    ) -> list[Write]:
         """Invariants first (every violation listed), then the writes and their checkpoint.
 
         Reading the staged files and matching the invariants (a forbid_regex over every
@@ -85,15 +100,22 @@ class PlanFiles:
             )
         )
         artifacts, found = await asyncio.to_thread(invariants.check, checks, staging.artifacts)
+        # The very artifacts the writes below are made from: nothing staged later can slip in.
+        diff.check_digest(plan.meta.id, diff_digest, artifacts)
         if found:
             message = f"apply refused: {len(found)} invariant violation(s): " + "; ".join(found)
             raise ACPError(ErrorCode.INVALID_STATE, message, {"plan_id": plan.meta.id, "violations": found})
         return await asyncio.to_thread(apply.prepare, artifacts, plan_setup.resources)
 
-    async def _apply_files(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup) -> list[str]:
+    async def _apply_files(
+        self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup, diff_digest: str
+    ) -> list[str]:
         try:
-            writes = await self._prepare_apply(plan, plan_setup)
+            writes = await self._prepare_apply(plan, plan_setup, diff_digest)
         except ACPError as exc:
+            if exc.details.get("refinement") == "DIFF_CHANGED" or exc.details.get("field") == "diff_digest":
+                # A refused digest or bad input: the caller's, nothing of the plan's to record.
+                raise
             refused = common_pb2.ErrorInfo(code=exc.code, message=exc.message)
             await self.recorder.write(lambda: self.recorder.record_error(plan, refused))
             raise

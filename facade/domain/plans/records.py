@@ -14,14 +14,16 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from google.protobuf import message
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain import revisions
 from cleveragents.acp.facade.domain.plans import model
-from cleveragents.acp.facade.store.base import ListQuery, Record, Store
+from cleveragents.acp.facade.store.base import ListQuery, Record, StaleRevisionError, Store
 from cleveragents.acp.v1 import events_pb2, plan_pb2, registry_pb2
 
 KIND = "plan"
@@ -109,9 +111,45 @@ class CheckpointEntry:
         return CheckpointEntry(**data)
 
 
+@dataclass
+class Expected:
+    """A caller's expected revision of one plan (``if_revision``), for the first save of
+    that plan the call makes: the plan operation's own write, where it is compared and set."""
+
+    plan_id: str
+    revision: int
+    used: bool = False
+
+
+# Set for the length of one plan operation (``expecting``); tasks it starts share the object,
+# so once the first save used it, no later save (a run's own) is held to it.
+_EXPECTED: ContextVar[Expected | None] = ContextVar("plan_expected_revision", default=None)
+
+
+@contextmanager
+def expecting(plan_id: str, revision: int | None) -> Iterator[Expected | None]:
+    """Hold the first save of ``plan_id`` in this call to ``revision`` (None: no check)."""
+    if revision is None:
+        yield None
+        return
+    guard = Expected(plan_id, revision)
+    token = _EXPECTED.set(guard)
+    try:
+        yield guard
+    finally:
+        _EXPECTED.reset(token)
+
+
 def unsettled(record: Record) -> bool:
     """Running, or stopped midway through writing its project."""
     return record.state == model.state_name(model.RUNNING) or record.attrs.get("journal") in _WRITING
+
+
+def from_record(record: Record) -> plan_pb2.Plan:
+    """The plan a record holds, at the record's revision (the store's is the truth)."""
+    plan = plan_pb2.Plan.FromString(record.body)
+    plan.revision = record.revision
+    return plan
 
 
 def not_found(plan_id: str) -> ACPError:
@@ -149,17 +187,19 @@ class PlanRecords:
         return record
 
     def load(self, plan_id: str) -> plan_pb2.Plan:
-        return plan_pb2.Plan.FromString(self.record(plan_id).body)
+        return from_record(self.record(plan_id))
 
     def journal(self, plan_id: str) -> str:
         return self.record(plan_id).attrs.get("journal", "")
 
-    def _record_of(self, plan: plan_pb2.Plan, journal: str) -> Record:
+    def _record_of(self, plan: plan_pb2.Plan, journal: str, revision: int = 1) -> Record:
+        plan.revision = revision
         return Record(
             kind=KIND,
             id=plan.meta.id,
             namespace=plan.meta.namespace,
             body=plan.SerializeToString(),
+            revision=revision,
             state=model.state_name(plan.state),
             attrs={
                 "action": plan.action,
@@ -175,14 +215,42 @@ class PlanRecords:
     def insert(self, plan: plan_pb2.Plan) -> None:
         self.store.insert(self._record_of(plan, ""))
 
-    def save(self, plan: plan_pb2.Plan, *, journal: str | None = None) -> None:
+    def save(self, plan: plan_pb2.Plan, *, journal: str | None = None, fence: bool = True) -> None:
+        """Write the plan at the next revision, compare-and-set on the revision read here
+        (every change moves it); the call's expected revision (``expecting``) is held to
+        the first save of its plan. ``fence`` False: a write that is not the lease holder's
+        (``touch`` of a plan another process runs)."""
+        plan_id = plan.meta.id
         plan.meta.update_time.GetCurrentTime()
-        with self.fenced(plan.meta.id):
-            kept = self.journal(plan.meta.id) if journal is None else journal
-            self.store.update(self._record_of(plan, kept))
+        with self.fenced(plan_id) if fence else self.store.transaction():
+            current = self.record(plan_id)
+            guard = _EXPECTED.get()
+            guarded = guard is not None and guard.plan_id == plan_id and not guard.used
+            if guard is not None and guarded:
+                if guard.revision != current.revision:
+                    raise revisions.mismatch("plan", plan_id, guard.revision, current.revision)
+                guard.used = True
+            kept = current.attrs.get("journal", "") if journal is None else journal
+            try:
+                self.store.update(
+                    self._record_of(plan, kept, current.revision + 1), expected_revision=current.revision
+                )
+            except StaleRevisionError as exc:
+                if guard is not None and guarded:
+                    raise revisions.mismatch("plan", plan_id, guard.revision, exc.current) from None
+                raise ACPError(
+                    ErrorCode.INVALID_STATE,
+                    f"plan {plan_id} changed meanwhile; read it again",
+                    {"plan_id": plan_id},
+                ) from None
+
+    def touch(self, plan_id: str, *, fence: bool = True) -> None:
+        """Move the plan's revision (a change made elsewhere, such as a cancel request left
+        for its run): the save that holds the call's expected revision."""
+        self.save(self.load(plan_id), fence=fence)
 
     def query(self, query: ListQuery) -> list[plan_pb2.Plan]:
-        return [plan_pb2.Plan.FromString(r.body) for r in self.store.query(query)]
+        return [from_record(r) for r in self.store.query(query)]
 
     def in_flight(self) -> list[Record]:
         """Plans running or half-written: each is some process's business while it holds

@@ -206,6 +206,8 @@ class PlanRunner:
         if task is None:
             held = await recorder.read(lambda: recorder.store.get_lease(leases.lease_name(plan_id)))
             if held is not None and held.live and held.owner != self.keeper.leases.owner:
+                if ctx.if_revision is not None:
+                    await recorder.write(lambda: self.records.touch(plan_id, fence=False))
                 return await self._cancel_elsewhere(plan_id, reason or "cancelled")
 
             def cancel_idle() -> plan_pb2.Plan:
@@ -216,6 +218,9 @@ class PlanRunner:
                 return current
 
             return await recorder.write(cancel_idle)
+        if ctx.if_revision is not None:
+            # The request itself is no save: the caller's expected revision is held here.
+            await recorder.write(lambda: self.records.touch(plan_id))
         self.cancels.request(plan_id, reason or "cancelled")
         await asyncio.wait({task}, timeout=CANCEL_WAIT_SECONDS)
         return await recorder.read(lambda: self.records.load(plan_id))

@@ -1,4 +1,5 @@
-"""The session export document (format ``cleveragents.acp.session``, version 1).
+"""The session export document (format ``cleveragents.acp.session``, version 2;
+version 1, from before turns, still imports).
 
 ``build`` writes it; ``parse`` reads it back (from the request's Struct), refusing anything
 malformed with INVALID_PARAMS naming the JSON path of what is wrong (``$.messages[2].role``). The
@@ -20,9 +21,15 @@ from cleveragents.acp.facade.domain.sessions.records import STATE_NAMES
 from cleveragents.acp.v1 import context_pb2, session_pb2
 
 FORMAT = "cleveragents.acp.session"
-VERSION = 1
-SUPPORTED_VERSIONS = (VERSION,)
-_FIELDS = ("format", "version", "exported_at", "session", "messages", "context")
+VERSION = 2
+SUPPORTED_VERSIONS = (1, VERSION)
+_FIELDS = ("format", "version", "exported_at", "session", "messages", "context", "turns")
+_TURN_STATES = {
+    session_pb2.TURN_STATE_SUCCEEDED,
+    session_pb2.TURN_STATE_FAILED,
+    session_pb2.TURN_STATE_CANCELLED,
+    session_pb2.TURN_STATE_INTERRUPTED,
+}
 _ROLES = {
     value: session_pb2.MessageRole.Name(value)
     for value in session_pb2.MessageRole.values()
@@ -38,21 +45,29 @@ class Imported:
     session: session_pb2.Session
     rows: list[bytes]
     context: context_pb2.ContextConfig | None
+    turns: list[session_pb2.Turn]
 
 
 def build(
-    session: session_pb2.Session,
+    given: session_pb2.Session,
     messages: list[session_pb2.Message],
     context: context_pb2.ContextConfig | None,
     exported_at: timestamp_pb2.Timestamp,
+    turns: list[session_pb2.Turn],
 ) -> dict[str, Any]:
+    # A revision orders one store's changes to one record, not content: an imported copy is
+    # a new record that starts at its own first revision, so the document carries none (not
+    # even the 0 proto3 JSON prints for a cleared field).
+    session = codec.to_dict(given)
+    session.pop("revision", None)
     return {
         "format": FORMAT,
         "version": VERSION,
         "exported_at": exported_at.ToJsonString(),
-        "session": codec.to_dict(session),
+        "session": session,
         "messages": [codec.to_dict(m) for m in messages],
         "context": codec.to_dict(context) if context is not None else None,
+        "turns": [codec.to_dict(t) for t in turns],
     }
 
 
@@ -157,7 +172,34 @@ def parsing(document: struct_pb2.Struct) -> slices.Sliced[Imported]:
     context = (
         None if raw_context is None else _parse_message(raw_context, context_pb2.ContextConfig, "$.context")
     )
-    return Imported(session, rows, context)
+    raw_turns = _plain(fields["turns"]) if "turns" in fields else []
+    if not isinstance(raw_turns, list):
+        raise invalid("$.turns", f"expected an array, got {_json_type(raw_turns)}")
+    turns = [_parse_message(t, session_pb2.Turn, f"$.turns[{i}]") for i, t in enumerate(raw_turns)]
+    _check_turns(turns, ids)
+    return Imported(session, rows, context, turns)
+
+
+def _check_turns(turns: list[session_pb2.Turn], message_ids: set[str]) -> None:
+    """Each turn once, ended (a turn queued or running when exported ran nowhere since),
+    its messages in the document."""
+    ids: set[str] = set()
+    for i, turn in enumerate(turns):
+        path = f"$.turns[{i}]"
+        try:
+            ULID.from_str(turn.id)
+        except ValueError as exc:
+            raise invalid(f"{path}.id", f"not a ULID: {exc}") from None
+        if turn.id in ids:
+            raise invalid(f"{path}.id", f"{turn.id!r} is used by an earlier turn")
+        ids.add(turn.id)
+        if turn.state not in _TURN_STATES:
+            raise invalid(
+                f"{path}.state", "must be an ended state: succeeded, failed, cancelled, interrupted"
+            )
+        for j, reply in enumerate(turn.reply_ids):
+            if reply not in message_ids:
+                raise invalid(f"{path}.reply_ids[{j}]", f"no message {reply!r} in the document")
 
 
 def _check_session(session: session_pb2.Session) -> None:

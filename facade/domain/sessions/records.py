@@ -91,6 +91,8 @@ def seconds(stamp: timestamp_pb2.Timestamp) -> float:
 
 
 def to_record(session: session_pb2.Session, revision: int = 1) -> Record:
+    """The record of ``session`` at ``revision``, which the session (and its body) carry."""
+    session.revision = revision
     return Record(
         kind=SESSION_KIND,
         id=session.meta.id,
@@ -119,7 +121,14 @@ def load(store: Store, ctx: CallContext, session_id: str) -> tuple[Record, sessi
     record = store.get(SESSION_KIND, session_id)
     if record is None or not ctx.may_see(record.namespace):
         raise not_found(session_id)
-    return record, session_pb2.Session.FromString(record.body)
+    return record, from_record(record)
+
+
+def from_record(record: Record) -> session_pb2.Session:
+    """The session a record holds, at the record's revision (the store's is the truth)."""
+    session = session_pb2.Session.FromString(record.body)
+    session.revision = record.revision
+    return session
 
 
 def load_with_messages(
@@ -144,9 +153,7 @@ def with_messages(
     """The session and its messages from its record and items, once the caller may see them."""
     if record is None or not ctx.may_see(record.namespace):
         raise not_found(session_id)
-    return session_pb2.Session.FromString(record.body), [
-        session_pb2.Message.FromString(body) for _, body in items
-    ]
+    return from_record(record), [session_pb2.Message.FromString(body) for _, body in items]
 
 
 def messages(store: Store, session_id: str) -> list[session_pb2.Message]:

@@ -8,9 +8,8 @@ closes it and ``resume`` reopens it. Semantics in docs/sessions.md.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import orjson
 from ulid import ULID
@@ -18,7 +17,8 @@ from ulid import ULID
 from cleveragents.acp.contract import limits
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain import paging
+from cleveragents.acp.facade.domain import paging, revisions
+from cleveragents.acp.facade.domain.access import roles
 from cleveragents.acp.facade.domain.bounded import slices
 from cleveragents.acp.facade.domain.context.service import DEFAULT_TOKEN_BUDGET, Context, Scope, session_key
 from cleveragents.acp.facade.domain.models.client import ChatModels
@@ -33,10 +33,12 @@ from cleveragents.acp.facade.domain.registries import Registries
 from cleveragents.acp.facade.domain.registries.builtins import is_builtin
 from cleveragents.acp.facade.domain.registries.registry import LABEL_KEY, MAX_LABEL_VALUE
 from cleveragents.acp.facade.domain.sessions import export as session_export
+from cleveragents.acp.facade.domain.sessions import turns
 from cleveragents.acp.facade.domain.sessions.records import (
     MESSAGES,
     SESSION_KIND,
     STATE_NAMES,
+    from_record,
     load,
     messages,
     new_id,
@@ -47,6 +49,7 @@ from cleveragents.acp.facade.domain.sessions.records import (
     set_now,
     to_record,
 )
+from cleveragents.acp.facade.domain.sessions.running import CURRENT, TurnRunner
 from cleveragents.acp.facade.store.base import (
     ListQuery,
     Record,
@@ -54,7 +57,10 @@ from cleveragents.acp.facade.store.base import (
     Store,
     StoreConflictError,
 )
-from cleveragents.acp.v1 import events_pb2, registry_pb2, session_pb2
+from cleveragents.acp.v1 import events_pb2, plan_pb2, registry_pb2, session_pb2
+
+# The fields session.update changes (its update_mask paths).
+UPDATABLE = ("title", "labels", "project", "multitask", "automation_profile")
 
 DEFAULT_ORCHESTRATOR = "orchestrator"
 MAX_MESSAGE_CHARS = 100_000
@@ -79,6 +85,18 @@ def _invalid(field: str, message: str) -> ACPError:
     return ACPError(ErrorCode.INVALID_PARAMS, message, {"field": field})
 
 
+def _policy(value: int) -> session_pb2.MultitaskPolicy.ValueType:
+    """A known multitask policy, or INVALID_PARAMS naming the four."""
+    if value not in turns.POLICY_NAMES:
+        raise ACPError(
+            ErrorCode.INVALID_PARAMS,
+            f"unknown multitask policy {value}; the policies are "
+            + ", ".join(f"MULTITASK_POLICY_{n.upper()}" for n in turns.POLICY_NAMES.values()),
+            {"field": "multitask", "policies": list(turns.POLICY_NAMES.values())},
+        )
+    return session_pb2.MultitaskPolicy.ValueType(value)
+
+
 def label_problem(labels: Mapping[str, str]) -> tuple[str, str] | None:
     """(``labels.<key>``, problem) for the first label breaking the registries' label rules."""
     if len(labels) > limits.MAX_MAP_ENTRIES:
@@ -91,6 +109,32 @@ def label_problem(labels: Mapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
+class _TurnPlans:
+    """The plan starter a session's orchestrators get: it notes each plan on the turn
+    that started it (``Turn.plan_ids``), even when the turn is stopped before it replies."""
+
+    def __init__(self, starter: PlanStarter) -> None:
+        self.starter = starter
+
+    async def start_plan(
+        self,
+        ctx: CallContext,
+        *,
+        namespace: str,
+        action: str,
+        project: str,
+        session_id: str,
+        inputs: dict[str, Any],
+    ) -> plan_pb2.Plan:
+        plan = await self.starter.start_plan(
+            ctx, namespace=namespace, action=action, project=project, session_id=session_id, inputs=inputs
+        )
+        running = CURRENT.get()
+        if running is not None:
+            running.plan_ids.append(plan.meta.id)
+        return plan
+
+
 class Sessions:
     def __init__(
         self,
@@ -101,15 +145,16 @@ class Sessions:
         *,
         plan_starter: PlanStarter | None = None,
         models: ChatModels | None = None,
+        plan_cancel: Callable[[CallContext, str], Awaitable[Any]] | None = None,
     ) -> None:
         self.store = store
         self.registries = registries
         self.events = events
         self.context = context
         self.pages = paging.Pager(store)
-        # Turns whose caller stopped waiting, finishing on their own (``tell``).
-        self._turns: set[asyncio.Task[session_pb2.TellSessionResponse]] = set()
-        builtin = BuiltinOrchestrator(registries, plan_starter)
+        self.plan_cancel = plan_cancel
+        self.runner = TurnRunner(self)
+        builtin = BuiltinOrchestrator(registries, _TurnPlans(plan_starter) if plan_starter else None)
         # Actor provider -> the orchestrator that runs sessions of actors of that provider.
         self.orchestrators: dict[str, Orchestrator] = {BuiltinOrchestrator.provider: builtin}
         if models is not None:
@@ -128,8 +173,13 @@ class Sessions:
         return config.token_budget or DEFAULT_TOKEN_BUDGET
 
     def text(self, session: session_pb2.Session, actor: str, turn: int) -> Emit:
+        running = CURRENT.get()
+        turn_id = running.turn_id if running is not None else ""
+
         async def emit(index: int, text: str) -> None:
-            delta = events_pb2.TextDelta(actor=actor, turn=turn, index=index, text=text)
+            if running is not None:
+                running.text.setdefault(turn, []).append(text)
+            delta = events_pb2.TextDelta(actor=actor, turn=turn, index=index, text=text, turn_id=turn_id)
             await self.events.append(
                 [
                     events_pb2.Event(
@@ -139,6 +189,13 @@ class Sessions:
             )
 
         return emit
+
+    def used(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """A model call of the current turn used these tokens (``Turn.usage``)."""
+        running = CURRENT.get()
+        if running is not None:
+            running.prompt_tokens += prompt_tokens
+            running.completion_tokens += completion_tokens
 
     def referrers(self, kind: str, namespace: str, name: str) -> list[str]:
         """Sessions naming an actor (as orchestrator) or a project: they block its removal."""
@@ -178,6 +235,9 @@ class Sessions:
         session.project = req.project
         session.state = ACTIVE
         session.labels.update(req.labels)
+        if req.multitask:
+            session.multitask = _policy(req.multitask)
+        session.automation_profile = req.automation_profile
         record = to_record(session)
 
         def insert(store: Store) -> None:
@@ -186,15 +246,28 @@ class Sessions:
             problem = self._reference_problem(namespace, orchestrator, req.project)
             if problem is not None:
                 raise _invalid(*problem)
+            self._check_profile(ctx, namespace, req.automation_profile)
             store.insert(record)
 
-        if req.project or not is_builtin("actor", orchestrator):
+        if req.project or req.automation_profile or not is_builtin("actor", orchestrator):
             await self.store.write(insert)
         else:
             # Nothing stored to check first (a built-in orchestrator, no project): one insert,
             # which a store may commit without its writer thread.
             await self.store.insert_alone(record)
         return response
+
+    def _check_profile(self, ctx: CallContext, namespace: str, profile: str) -> None:
+        """A session's automation override names a profile of its namespace; one allowing
+        commands only an admin may set (as plan.use's override: roles.check_profile_override)."""
+        if not profile:
+            return
+        found = self.registries.find("automation_profile", namespace, profile)
+        if not isinstance(found, registry_pb2.AutomationProfile):
+            raise _invalid(
+                "automation_profile", f"no automation profile {profile!r} in namespace {namespace!r}"
+            )
+        roles.check_profile_override(ctx, found.spec, None, profile)
 
     def _reference_problem(self, namespace: str, orchestrator: str, project: str) -> tuple[str, str] | None:
         """(field, problem) when the orchestrator actor or the project does not exist."""
@@ -211,7 +284,9 @@ class Sessions:
         # One snapshot: the record and its messages agree.
         session, history = await read_with_messages(self.store, ctx, session_id)
         if not req.page_size and not req.page_token:
-            return session_pb2.GetSessionResponse(session=session, messages=history)
+            return session_pb2.GetSessionResponse(
+                session=session, messages=history, turns=await self._turns_of(session_id, history)
+            )
 
         def after(position: str | None, limit: int) -> list[session_pb2.Message]:
             start = 0 if position is None else int(position) + 1
@@ -220,7 +295,21 @@ class Sessions:
         page, next_token = self.pages.page(
             "session.messages", {"session_id": session_id}, req, after, lambda m: str(m.index)
         )
-        return session_pb2.GetSessionResponse(session=session, messages=page, next_page_token=next_token)
+        return session_pb2.GetSessionResponse(
+            session=session,
+            messages=page,
+            next_page_token=next_token,
+            turns=await self._turns_of(session_id, page),
+        )
+
+    async def _turns_of(
+        self, session_id: str, shown: Sequence[session_pb2.Message]
+    ) -> list[session_pb2.Turn]:
+        """The turns of the user's messages shown, in order (none for a history from before 1.3)."""
+        ids = [m.turn_id for m in shown if m.turn_id and m.role == session_pb2.MESSAGE_ROLE_USER]
+        if not ids:
+            return []
+        return await self.store.read(lambda store: turns.by_ids(store, session_id, ids))
 
     async def list_sessions(
         self, ctx: CallContext, req: session_pb2.ListSessionsRequest
@@ -248,17 +337,89 @@ class Sessions:
 
         records, token = await self.pages.page_async(LIST_SCOPE, filters, req, fetch, lambda r: r.id)
         return session_pb2.ListSessionsResponse(
-            sessions=[session_pb2.Session.FromString(r.body) for r in records], next_page_token=token
+            sessions=[from_record(r) for r in records], next_page_token=token
         )
 
     async def delete(self, ctx: CallContext, session_id: str) -> None:
         def delete(store: Store) -> None:
-            record, _ = load(store, ctx, session_id)
-            store.delete_items(MESSAGES, session_id)
-            self.context.configs.delete(record.namespace, session_key(session_id))
-            store.delete(SESSION_KIND, session_id)
+            with store.transaction():
+                record, _ = load(store, ctx, session_id)
+                expected = revisions.check(ctx, "session", session_id, record.revision)
+                try:
+                    deleted = store.delete(SESSION_KIND, session_id, expected_revision=expected)
+                except StaleRevisionError as exc:
+                    raise revisions.mismatch("session", session_id, expected, exc.current) from None
+                if not deleted:
+                    raise not_found(session_id)
+                store.delete_items(MESSAGES, session_id)
+                for turn in turns.of_session(store, session_id):
+                    store.delete_items(turns.PENDING, turn.id)
+                    store.delete(turns.TURN_KIND, turns.key(session_id, turn.id))
+                self.context.configs.delete(record.namespace, session_key(session_id))
 
         await self.store.write(delete)
+
+    async def update(
+        self, ctx: CallContext, req: session_pb2.UpdateSessionRequest
+    ) -> session_pb2.UpdateSessionResponse:
+        """Title, labels (replaced whole), project, multitask policy and automation profile,
+        checked as session.create checks them; one ``session.updated`` event in the same
+        transaction."""
+        paths = list(dict.fromkeys(req.update_mask.paths))
+        if not paths:
+            raise _invalid("update_mask", f"name the fields to change: {', '.join(UPDATABLE)}")
+        for path in paths:
+            if path not in UPDATABLE:
+                raise _invalid(
+                    "update_mask", f"session.update cannot change {path!r}; it changes {', '.join(UPDATABLE)}"
+                )
+        given = req.session
+        if "title" in paths and len(given.title) > MAX_TITLE_CHARS:
+            raise _invalid("session.title", f"title is longer than {MAX_TITLE_CHARS} characters")
+        if "multitask" in paths:
+            _policy(given.multitask)
+        if "labels" in paths:
+            problem = label_problem(given.labels)
+            if problem is not None:
+                raise _invalid(f"session.{problem[0]}", problem[1])
+        return await self.store.write(lambda _store: self._update(ctx, req.session_id, given, paths))
+
+    def _update(
+        self, ctx: CallContext, session_id: str, given: session_pb2.Session, paths: list[str]
+    ) -> session_pb2.UpdateSessionResponse:
+        with self.store.transaction():
+            record, session = load(self.store, ctx, session_id)
+            expected = revisions.check(ctx, "session", session_id, record.revision)
+            namespace = session.meta.namespace
+            if (
+                "project" in paths
+                and given.project
+                and not self.registries.exists("project", namespace, given.project)
+            ):
+                raise _invalid("session.project", f"no project {given.project!r} in namespace {namespace!r}")
+            if "automation_profile" in paths:
+                try:
+                    self._check_profile(ctx, namespace, given.automation_profile)
+                except ACPError as exc:
+                    if exc.details.get("field") == "automation_profile":
+                        exc.details["field"] = "session.automation_profile"
+                    raise
+            for path in paths:
+                if path == "labels":
+                    session.labels.clear()
+                    session.labels.update(given.labels)
+                else:
+                    setattr(session, path, getattr(given, path))
+            session.meta.update_time.CopyFrom(now())
+            self._save(session, expected, ctx)
+            self.events.publish(
+                events_pb2.Event(
+                    namespace=namespace,
+                    session_id=session_id,
+                    session_updated=events_pb2.SessionUpdated(session=session, fields=paths),
+                )
+            )
+        return session_pb2.UpdateSessionResponse(session=session)
 
     async def resume(self, ctx: CallContext, session_id: str) -> session_pb2.Session:
         return await self.store.write(lambda _store: self._resume(ctx, session_id))
@@ -266,6 +427,7 @@ class Sessions:
     def _resume(self, ctx: CallContext, session_id: str) -> session_pb2.Session:
         with self.store.transaction():
             record, session = load(self.store, ctx, session_id)
+            expected = revisions.check(ctx, "session", session_id, record.revision)
             if session.state != CLOSED:
                 raise ACPError(
                     ErrorCode.INVALID_STATE,
@@ -274,58 +436,96 @@ class Sessions:
                 )
             session.state = ACTIVE
             session.meta.update_time.CopyFrom(now())
-            self._save(session, record.revision)
+            self._save(session, expected, ctx)
         return session
 
-    def _save(self, session: session_pb2.Session, read_revision: int) -> None:
+    def claim_revision(self, ctx: CallContext, record: Record, session: session_pb2.Session) -> None:
+        """A tell or turn cancel naming an expected revision: compare it and move the
+        session's revision in the caller's transaction (the write that admits the turn or
+        records the cancel), so of two callers holding the same revision exactly one gets
+        through. Without one, neither touches the session record (no contention)."""
+        if ctx.if_revision is None:
+            return
+        expected = revisions.check(ctx, "session", session.meta.id, record.revision)
+        session.meta.update_time.CopyFrom(now())
+        self._save(session, expected, ctx)
+
+    def _save(self, session: session_pb2.Session, read_revision: int, ctx: CallContext | None = None) -> None:
+        """Write the session at the next revision if the record is still at ``read_revision``
+        (the compare-and-set the caller's expected revision rides on)."""
         try:
             self.store.update(to_record(session, read_revision + 1), expected_revision=read_revision)
-        except (StaleRevisionError, KeyError):
-            raise ACPError(
-                ErrorCode.INVALID_STATE,
-                f"session {session.meta.id} changed or went away meanwhile; read it again",
-                {"session_id": session.meta.id},
-            ) from None
+        except StaleRevisionError as exc:
+            if ctx is not None and ctx.if_revision is not None:
+                raise revisions.mismatch("session", session.meta.id, read_revision, exc.current) from None
+            raise self._changed(session) from None
+        except KeyError:
+            raise self._changed(session) from None
+
+    @staticmethod
+    def _changed(session: session_pb2.Session) -> ACPError:
+        return ACPError(
+            ErrorCode.INVALID_STATE,
+            f"session {session.meta.id} changed or went away meanwhile; read it again",
+            {"session_id": session.meta.id},
+        )
 
     # tell -----------------------------------------------------------------------------
 
     async def tell(
         self, ctx: CallContext, req: session_pb2.TellSessionRequest
     ) -> session_pb2.TellSessionResponse:
-        def admitted(store: Store) -> tuple[session_pb2.Session, Orchestrator]:
+        if req.multitask:
+            _policy(req.multitask)
+
+        def admitted(store: Store) -> Orchestrator:
             _, session = load(store, ctx, req.session_id)
             if len(req.content) > MAX_MESSAGE_CHARS:
                 raise _invalid("content", f"a message holds at most {MAX_MESSAGE_CHARS} characters")
-            if session.state == CLOSED:
-                raise ACPError(
-                    ErrorCode.INVALID_STATE,
-                    f"session {session.meta.id} is closed; session.resume reopens it",
-                    {"session_id": session.meta.id, "state": "closed"},
-                )
-            return session, self._orchestrator(session)
+            self.check_open(session)
+            return self._orchestrator(session)
 
-        session, orchestrator = await self.store.read(admitted)
-        # A caller that stops waiting (a deadline, a dropped connection) does not cut the turn
-        # in half: the message and the replies are stored and published all the same.
-        turn = asyncio.get_running_loop().create_task(self._turn(ctx, session, orchestrator, req.content))
-        self._turns.add(turn)
-        turn.add_done_callback(self._turns.discard)
-        return await asyncio.shield(turn)
+        orchestrator = await self.store.read(admitted)
+        return await self.runner.tell(ctx, req, orchestrator)
 
-    async def _turn(
-        self, ctx: CallContext, session: session_pb2.Session, orchestrator: Orchestrator, content: str
-    ) -> session_pb2.TellSessionResponse:
-        user = session_pb2.Message(role=session_pb2.MESSAGE_ROLE_USER, content=content)
-        (stored_user,) = await self._append(session.meta.id, [user])
-        outcome = await orchestrator.respond(ctx, session, content)
-        replies = [
-            session_pb2.Message(
-                role=session_pb2.MESSAGE_ROLE_ORCHESTRATOR, content=r.content, plan_id=r.plan_id
+    def check_open(self, session: session_pb2.Session) -> None:
+        if session.state == CLOSED:
+            raise ACPError(
+                ErrorCode.INVALID_STATE,
+                f"session {session.meta.id} is closed; session.resume reopens it",
+                {"session_id": session.meta.id, "state": "closed"},
             )
-            for r in outcome.replies
-        ]
-        stored_replies = await self._append(session.meta.id, replies, close=outcome.close)
-        return session_pb2.TellSessionResponse(message=stored_user, replies=stored_replies)
+
+    async def get_turn(
+        self, ctx: CallContext, req: session_pb2.GetTurnRequest
+    ) -> session_pb2.GetTurnResponse:
+        def read(store: Store) -> session_pb2.GetTurnResponse:
+            load(store, ctx, req.session_id)
+            got = turns.read(store, req.session_id, req.turn_id)
+            if got is None or got[1].session_id != req.session_id:
+                raise turns.not_found(req.session_id, req.turn_id)
+            turn = got[1]
+            wanted = {turn.message_id, *turn.reply_ids}
+            shown = [m for m in messages(store, req.session_id) if m.id in wanted]
+            if turn.state == turns.QUEUED:
+                waiting = turns.pending(store, turn.id)
+                shown = [waiting] if waiting is not None else []
+            return session_pb2.GetTurnResponse(turn=turn, messages=shown)
+
+        return await self.store.read(read)
+
+    async def cancel_turn(
+        self, ctx: CallContext, req: session_pb2.CancelTurnRequest
+    ) -> session_pb2.CancelTurnResponse:
+        turn = await self.runner.cancel(ctx, req, self.plan_cancel)
+        return session_pb2.CancelTurnResponse(turn=turn)
+
+    def recover(self) -> None:
+        """At start, before any call (blocking): settle the turns stopped processes left."""
+        self.runner.recover()
+
+    async def close(self) -> None:
+        await self.runner.close()
 
     def _orchestrator(self, session: session_pb2.Session) -> Orchestrator:
         namespace, name = session.meta.namespace, session.orchestrator
@@ -352,12 +552,30 @@ class Sessions:
             )
         return orchestrator
 
-    async def _append(
-        self, session_id: str, new: Iterable[session_pb2.Message], *, close: bool = False
-    ) -> list[session_pb2.Message]:
-        return await self.store.write(lambda _store: self._append_now(session_id, new, close=close))
+    def remove_messages(self, session_id: str, turn_id: str) -> None:
+        """Take a turn's messages out of the history (a ``rollback``): the messages after
+        them move up, so indices stay 0..n-1. In the caller's transaction."""
+        with self.store.transaction():
+            record = self.store.get(SESSION_KIND, session_id)
+            if record is None:
+                return
+            session = session_pb2.Session.FromString(record.body)
+            history = messages(self.store, session_id)
+            kept = [m for m in history if m.turn_id != turn_id]
+            if len(kept) == len(history):
+                return
+            for index, msg in enumerate(kept):
+                msg.index = index
+            self.store.delete_items(MESSAGES, session_id)
+            if kept:
+                self.store.append_items(
+                    MESSAGES, session_id, [m.SerializeToString(deterministic=True) for m in kept]
+                )
+            session.message_count = len(kept)
+            session.meta.update_time.CopyFrom(now())
+            self._save(session, record.revision)
 
-    def _append_now(
+    def append_now(
         self, session_id: str, new: Iterable[session_pb2.Message], *, close: bool = False
     ) -> list[session_pb2.Message]:
         """Store messages after the history, update the session, emit one event each.
@@ -373,7 +591,7 @@ class Sessions:
             for offset, given in enumerate(new):
                 msg = session_pb2.Message()
                 msg.CopyFrom(given)
-                msg.id = str(ULID())
+                msg.id = given.id or str(ULID())
                 msg.index = session.message_count + offset
                 msg.create_time.CopyFrom(stamp)
                 stored.append(msg)
@@ -406,7 +624,15 @@ class Sessions:
         record, session = load(self.store, ctx, session_id)
         history = messages(self.store, session_id)
         config = self.context.configs.get(record.namespace, session_key(session_id))
-        document = session_export.build(session, history, config, now())
+        ended = []
+        for turn in turns.of_session(self.store, session_id):
+            if turn.state in turns.ACTIVE_STATES:
+                # Exported as it will be imported: a copy runs nothing.
+                turns.end(turn, turns.CANCELLED, now(), "exported while it was queued or running")
+                if not turn.HasField("start_time"):
+                    continue
+            ended.append(turn)
+        document = session_export.build(session, history, config, now(), ended)
         response = session_pb2.ExportSessionResponse()
         response.document.update(document)
         # Never a document session.import would refuse: measured as JSON (HTTP) and protobuf (gRPC).
@@ -442,6 +668,7 @@ class Sessions:
         if req.new_id:
             # Same creation instant, fresh randomness: the session still lists where it was made.
             session.meta.id = str(ULID.from_timestamp(seconds(session.meta.create_time)))
+            # Turn records are keyed by session and turn id: the copy keeps its turn ids.
         problem = label_problem(session.labels) or self._reference_problem(
             namespace, session.orchestrator, session.project
         )
@@ -477,4 +704,15 @@ class Sessions:
                 self.store.append_items(MESSAGES, session.meta.id, rows[start : start + IMPORT_CHUNK])
             if imported.context is not None:
                 self.context.configs.put(namespace, session_key(session.meta.id), imported.context)
+            for turn in imported.turns:
+                turn.session_id = session.meta.id
+                try:
+                    self.store.insert(turns.to_record(turn, namespace))
+                except StoreConflictError:
+                    raise ACPError(
+                        ErrorCode.ALREADY_EXISTS,
+                        f"session {session.meta.id} already has a turn with id {turn.id}",
+                        {"turn_id": turn.id},
+                        refinement="SESSION_ALREADY_EXISTS",
+                    ) from None
         return session

@@ -81,6 +81,12 @@ def _stop(process: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> int:
         process.stdout.close()
 
 
+# The events of one tell to a client speaking ACP 1.3 (the CLI's version): the turn starts,
+# the user's message and the orchestrator's reply, the turn ends.
+TELL_EVENTS = ["session.turn_started", "session.message", "session.message", "session.turn_completed"]
+TELL = len(TELL_EVENTS)
+
+
 def test_watch_resumes_after_the_server_is_killed_and_restarted(
     tmp_path: pathlib.Path, children: Children
 ) -> None:
@@ -99,7 +105,7 @@ def test_watch_resumes_after_the_server_is_killed_and_restarted(
         remote("session", "tell", session_id, "one")
         readers = [Lines(w) for w in watchers]
         for reader in readers:
-            reader.until(2)
+            reader.until(TELL)
         assert server.stop(signal.SIGKILL) == -signal.SIGKILL
         # While the server is down its database moves on; the watchers must get these too.
         local("session", "tell", session_id, "two")
@@ -110,9 +116,10 @@ def test_watch_resumes_after_the_server_is_killed_and_restarted(
         )
         remote("session", "tell", session_id, "three")
         for reader, name in zip(readers, ("http", "grpc"), strict=True):
-            events = [json.loads(line) for line in reader.until(6)]
-            assert [e["sequence"] for e in events] == [1, 2, 3, 4, 5, 6], name
-            said = [e["session_message"]["message"]["content"] for e in events[::2]]
+            events = [json.loads(line) for line in reader.until(3 * TELL)]
+            assert [e["sequence"] for e in events] == list(range(1, 3 * TELL + 1)), name
+            assert [e["type"] for e in events] == 3 * TELL_EVENTS, name
+            said = [e["session_message"]["message"]["content"] for e in events[1::TELL]]
             assert said == ["one", "two", "three"], name
     finally:
         try:
@@ -122,9 +129,9 @@ def test_watch_resumes_after_the_server_is_killed_and_restarted(
     assert statuses == [EXIT_INTERRUPTED, EXIT_INTERRUPTED]
     for name in ("http", "grpc"):
         err = (tmp_path / f"{name}.err").read_text()
-        assert "connection lost; reconnecting to resume after sequence 2" in err, err
+        assert f"connection lost; reconnecting to resume after sequence {TELL}" in err, err
         assert "Traceback" not in err, err
-    assert len(readers[0].lines) == 6
+    assert len(readers[0].lines) == 3 * TELL
     assert readers[0].buffer == b""
 
 

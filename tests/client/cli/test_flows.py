@@ -183,7 +183,11 @@ def test_session_tell_export_import_and_chat(cli: Cli, tmp_path: pathlib.Path) -
     assert json.loads(exported.out)["document"]["format"] == "cleveragents.acp.session"
     # A Struct holds numbers as doubles; whole ones print as integers, not 2.0 (issue 29).
     document = json.loads(exported.out)["document"]
-    assert (document["session"]["message_count"], document["version"]) == (2, 1)
+    # Format version 2 (ACP 1.3): the document carries the session's turns, here the tell's one.
+    assert (document["session"]["message_count"], document["version"]) == (2, 2)
+    assert [(t["state"], t["message_id"]) for t in document["turns"]] == [
+        ("TURN_STATE_SUCCEEDED", document["messages"][0]["id"])
+    ]
     assert isinstance(document["session"]["message_count"], int)
     assert isinstance(document["version"], int)
     assert "message_count: 2\n" in cli("session", "export", session_id).out

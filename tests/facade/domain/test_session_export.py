@@ -38,6 +38,18 @@ def without(document: dict[str, Any], *paths: tuple[str, ...]) -> dict[str, Any]
     return copied
 
 
+def unturned(document: dict[str, Any]) -> dict[str, Any]:
+    """The document with its turn ids (and the turns' session ids) left out: an import with
+    ``new_id`` gives the turns fresh ids, as it does the session."""
+    copied = copy.deepcopy(document)
+    for message in copied["messages"]:
+        message.pop("turn_id", None)
+    for turn in copied.get("turns", []):
+        turn.pop("id", None)
+        turn.pop("session_id", None)
+    return copied
+
+
 @pytest.fixture
 async def conversation(client: ACPClient, tmp_path: pathlib.Path) -> session_pb2.Session:
     await add_project(client, "web", tmp_path / "web")
@@ -59,12 +71,25 @@ async def conversation(client: ACPClient, tmp_path: pathlib.Path) -> session_pb2
 
 async def test_document_shape(client: ACPClient, conversation: session_pb2.Session) -> None:
     document = await export(client, conversation.meta.id)
-    assert set(document) == {"format", "version", "exported_at", "session", "messages", "context"}
+    assert set(document) == {"format", "version", "exported_at", "session", "messages", "context", "turns"}
     assert document["format"] == "cleveragents.acp.session"
-    assert document["version"] == 1
+    assert document["version"] == 2
+    # One turn per tell: the user's message, its reply, its state.
+    turns = document["turns"]
+    assert [t["state"] for t in turns] == ["TURN_STATE_SUCCEEDED"] * 2
+    assert [t["message_id"] for t in turns] == [document["messages"][i]["id"] for i in (0, 2)]
+    assert [t["reply_ids"] for t in turns] == [[document["messages"][i]["id"]] for i in (1, 3)]
+    assert [m["in_reply_to"] for m in document["messages"]] == [
+        "",
+        document["messages"][0]["id"],
+        "",
+        document["messages"][2]["id"],
+    ]
     assert document["session"]["meta"]["id"] == conversation.meta.id
     assert document["session"]["state"] == "SESSION_STATE_ACTIVE"
     assert document["session"]["message_count"] == 4
+    # No revision: an imported copy is a new record, at its own revision 1.
+    assert "revision" not in document["session"]
     assert [m["index"] for m in document["messages"]] == [0, 1, 2, 3]
     assert [m["role"] for m in document["messages"]] == ["MESSAGE_ROLE_USER", "MESSAGE_ROLE_ORCHESTRATOR"] * 2
     assert document["context"] == {
@@ -110,8 +135,8 @@ async def test_id_clash_and_new_id(client: ACPClient, conversation: session_pb2.
     # Same creation instant: the copy lists where the original does.
     assert copy_.meta.id[:10] == sid[:10]
     again = await export(client, copy_.meta.id)
-    assert without(again, ("exported_at",), ("session", "meta", "id")) == without(
-        document, ("exported_at",), ("session", "meta", "id")
+    assert unturned(without(again, ("exported_at",), ("session", "meta", "id"))) == unturned(
+        without(document, ("exported_at",), ("session", "meta", "id"))
     )
     # Both sessions hold their own history and context.
     await client.call("session.delete", session_id=sid)
@@ -137,7 +162,29 @@ async def test_import_into_another_namespace(
     assert moved.meta.namespace == "other"
     again = await export(client, moved.meta.id)
     assert again["session"]["meta"]["namespace"] == "other"
-    assert again["messages"] == document["messages"]
+    assert unturned(again)["messages"] == unturned(document)["messages"]
+    assert unturned(again)["turns"] == unturned(document)["turns"]
+
+
+async def test_a_version_1_document_still_imports(
+    client: ACPClient, conversation: session_pb2.Session
+) -> None:
+    """Exports from before turns (version 1: no ``turns``, no turn fields) import as they were."""
+    document = unturned(await export(client, conversation.meta.id))
+    del document["turns"]
+    for message in document["messages"]:
+        message.pop("in_reply_to", None)
+        message.pop("partial", None)
+    document["version"] = 1
+    imported = await import_(client, document, new_id=True)
+    shown = await client.call("session.show", session_id=imported.meta.id)
+    assert isinstance(shown, session_pb2.GetSessionResponse)
+    assert shown.messages[0].content == "/help"
+    assert list(shown.turns) == []
+    # The imported session takes new tells as turns.
+    told = await tell(client, imported.meta.id, "/help")
+    assert told.turn.state == session_pb2.TURN_STATE_SUCCEEDED
+    assert told.message.index == 4
 
 
 async def test_closed_session_round_trips_closed(client: ACPClient) -> None:
@@ -166,7 +213,7 @@ def _bad_documents(good: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]
         ("empty", {}, "$.format"),
         ("unknown top-level field", {**good, "extra": 1}, "$.extra"),
         ("wrong format", edit(("format",), "something.else"), "$.format"),
-        ("future version", edit(("version",), 2), "$.version"),
+        ("future version", edit(("version",), 3), "$.version"),
         ("version as text", edit(("version",), "1"), "$.version"),
         ("version as boolean", edit(("version",), True), "$.version"),
         ("no session", without(good, ("session",)), "$.session"),
@@ -192,6 +239,10 @@ def _bad_documents(good: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]
         ("unknown role number", edit(("messages", 0, "role"), 9), "$.messages[0].role"),
         ("bad message time", edit(("messages", 0, "create_time"), "noon"), "$.messages[0]"),
         ("context not an object", edit(("context",), "all"), "$.context"),
+        ("turns not an array", edit(("turns",), {}), "$.turns"),
+        ("turn still running", edit(("turns", 0, "state"), "TURN_STATE_RUNNING"), "$.turns[0].state"),
+        ("turn id not a ULID", edit(("turns", 1, "id"), "t1"), "$.turns[1].id"),
+        ("reply not in the document", edit(("turns", 0, "reply_ids"), ["m9"]), "$.turns[0].reply_ids[0]"),
         ("negative budget", edit(("context", "token_budget"), -1), "$.context.token_budget"),
         (
             "missing resource",
@@ -210,8 +261,8 @@ async def test_malformed_documents_name_what_is_wrong(
         assert err.code == "INVALID_PARAMS", what
         assert err.details["path"] == path, (what, err.message)
         assert path in err.message, what
-    err = await error_of(client, "session.import", document={**good, "version": 2}, new_id=True)
-    assert err.details["supported_versions"] == [1]
+    err = await error_of(client, "session.import", document={**good, "version": 3}, new_id=True)
+    assert err.details["supported_versions"] == [1, 2]
     listed = await client.call("session.list")
     assert isinstance(listed, session_pb2.ListSessionsResponse)
     assert len(listed.sessions) == 1
@@ -236,6 +287,7 @@ async def test_a_big_import_lets_other_calls_through(
         {**first, "id": f"m{i}", "index": i, "content": f"message {i}"} for i in range(MESSAGES)
     ]
     document["session"]["message_count"] = MESSAGES
+    document["turns"] = []
     importing = asyncio.create_task(import_(client, document, new_id=True))
     answered_meanwhile = 0
     while not importing.done():

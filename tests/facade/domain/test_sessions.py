@@ -166,7 +166,7 @@ async def test_each_message_is_one_session_message_event(client: ACPClient) -> N
     received: list[events_pb2.Event] = []
 
     async def follow() -> None:
-        async for event in client.subscribe(session_id=sid):
+        async for event in client.subscribe(session_id=sid, event_type=["session.message"]):
             received.append(event)
             if len(received) == 4:
                 return

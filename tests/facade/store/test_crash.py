@@ -111,10 +111,14 @@ async def test_sigkill_after_acknowledged_acp_calls_loses_nothing(
             stream = cast(AsyncGenerator[events_pb2.Event, None], client.subscribe(session_id=session_id))
             try:
                 first = await asyncio.wait_for(anext(stream), TIMEOUT)
+                second = await asyncio.wait_for(anext(stream), TIMEOUT)
             finally:
                 await stream.aclose()
-            assert first.type == "session.message"
-            assert first.session_message.message.content == content
+            # ACP 1.3: the tell's turn started, then the user's message joined the history.
+            assert first.type == "session.turn_started"
+            assert first.session_turn_started.turn.message_id == second.session_message.message.id
+            assert second.type == "session.message"
+            assert second.session_message.message.content == content
 
 
 async def test_sigkill_amid_concurrent_writers_loses_nothing_acknowledged(

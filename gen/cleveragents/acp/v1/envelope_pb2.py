@@ -26,7 +26,7 @@ from cleveragents.acp.v1 import errors_pb2 as cleveragents_dot_acp_dot_v1_dot_er
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"cleveragents/acp/v1/envelope.proto\x12\x13\x63leveragents.acp.v1\x1a cleveragents/acp/v1/errors.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x15\n\x04\x41uth\x12\r\n\x05token\x18\x01 \x01(\t\"\x9f\x01\n\x0fRequestEnvelope\x12\x13\n\x0b\x61\x63p_version\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\toperation\x18\x03 \x01(\t\x12\'\n\x06params\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\'\n\x04\x61uth\x18\x05 \x01(\x0b\x32\x19.cleveragents.acp.v1.Auth\"\x1d\n\x06Timing\x12\x13\n\x0b\x64uration_ms\x18\x01 \x01(\x01\"\xc9\x01\n\x10ResponseEnvelope\x12\x13\n\x0b\x61\x63p_version\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12$\n\x04\x64\x61ta\x18\x04 \x01(\x0b\x32\x16.google.protobuf.Value\x12)\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x1a.cleveragents.acp.v1.Error\x12+\n\x06timing\x18\x06 \x01(\x0b\x32\x1b.cleveragents.acp.v1.Timingb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"cleveragents/acp/v1/envelope.proto\x12\x13\x63leveragents.acp.v1\x1a cleveragents/acp/v1/errors.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x15\n\x04\x41uth\x12\r\n\x05token\x18\x01 \x01(\t\"\xb4\x01\n\x0fRequestEnvelope\x12\x13\n\x0b\x61\x63p_version\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\toperation\x18\x03 \x01(\t\x12\'\n\x06params\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\'\n\x04\x61uth\x18\x05 \x01(\x0b\x32\x19.cleveragents.acp.v1.Auth\x12\x13\n\x0bif_revision\x18\x06 \x01(\x05\"\x1d\n\x06Timing\x12\x13\n\x0b\x64uration_ms\x18\x01 \x01(\x01\"\xc9\x01\n\x10ResponseEnvelope\x12\x13\n\x0b\x61\x63p_version\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12$\n\x04\x64\x61ta\x18\x04 \x01(\x0b\x32\x16.google.protobuf.Value\x12)\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x1a.cleveragents.acp.v1.Error\x12+\n\x06timing\x18\x06 \x01(\x0b\x32\x1b.cleveragents.acp.v1.Timingb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,9 +36,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AUTH']._serialized_start=123
   _globals['_AUTH']._serialized_end=144
   _globals['_REQUESTENVELOPE']._serialized_start=147
-  _globals['_REQUESTENVELOPE']._serialized_end=306
-  _globals['_TIMING']._serialized_start=308
-  _globals['_TIMING']._serialized_end=337
-  _globals['_RESPONSEENVELOPE']._serialized_start=340
-  _globals['_RESPONSEENVELOPE']._serialized_end=541
+  _globals['_REQUESTENVELOPE']._serialized_end=327
+  _globals['_TIMING']._serialized_start=329
+  _globals['_TIMING']._serialized_end=358
+  _globals['_RESPONSEENVELOPE']._serialized_start=361
+  _globals['_RESPONSEENVELOPE']._serialized_end=562
 # @@protoc_insertion_point(module_scope)

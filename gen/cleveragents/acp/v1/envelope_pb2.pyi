@@ -50,9 +50,14 @@ class RequestEnvelope(_message.Message):
     OPERATION_FIELD_NUMBER: _builtins.int
     PARAMS_FIELD_NUMBER: _builtins.int
     AUTH_FIELD_NUMBER: _builtins.int
+    IF_REVISION_FIELD_NUMBER: _builtins.int
     acp_version: _builtins.str
     request_id: _builtins.str
     operation: _builtins.str
+    if_revision: _builtins.int
+    """For a mutation of one session or plan: the revision the caller read. A stale one is
+    refused with no effect (INVALID_STATE, refinement REVISION_MISMATCH). ACP 1.3.
+    """
     @_builtins.property
     def params(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -65,10 +70,11 @@ class RequestEnvelope(_message.Message):
         operation: _builtins.str = ...,
         params: _struct_pb2.Struct | None = ...,
         auth: Global___Auth | None = ...,
+        if_revision: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["auth", b"auth", "params", b"params"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acp_version", b"acp_version", "auth", b"auth", "operation", b"operation", "params", b"params", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acp_version", b"acp_version", "auth", b"auth", "if_revision", b"if_revision", "operation", b"operation", "params", b"params", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -311,6 +311,7 @@ class TextDelta(_message.Message):
     TURN_FIELD_NUMBER: _builtins.int
     INDEX_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
     actor: _builtins.str
     """The actor writing: a plan's actor, or a session's orchestrator actor."""
     turn: _builtins.int
@@ -322,6 +323,8 @@ class TextDelta(_message.Message):
     the model's stream.
     """
     text: _builtins.str
+    turn_id: _builtins.str
+    """The session turn the text belongs to (`session.text_delta`; ACP 1.3)."""
     def __init__(
         self,
         *,
@@ -329,14 +332,65 @@ class TextDelta(_message.Message):
         turn: _builtins.int = ...,
         index: _builtins.int = ...,
         text: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "index", b"index", "text", b"text", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "index", b"index", "text", b"text", "turn", b"turn", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TextDelta: _TypeAlias = TextDelta  # noqa: Y015
+
+@_typing.final
+class SessionTurn(_message.Message):
+    """SessionTurn reports a turn as it starts or ends (ACP 1.3)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def turn(self) -> _session_pb2.Turn: ...
+    def __init__(
+        self,
+        *,
+        turn: _session_pb2.Turn | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionTurn: _TypeAlias = SessionTurn  # noqa: Y015
+
+@_typing.final
+class SessionUpdated(_message.Message):
+    """SessionUpdated reports a session.update (ACP 1.3)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> _session_pb2.Session: ...
+    @_builtins.property
+    def fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The fields that changed (the update mask's paths)."""
+
+    def __init__(
+        self,
+        *,
+        session: _session_pb2.Session | None = ...,
+        fields: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fields", b"fields", "session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionUpdated: _TypeAlias = SessionUpdated  # noqa: Y015
 
 @_typing.final
 class Event(_message.Message):
@@ -366,6 +420,9 @@ class Event(_message.Message):
     LOG_RECORD_FIELD_NUMBER: _builtins.int
     PLAN_TEXT_DELTA_FIELD_NUMBER: _builtins.int
     SESSION_TEXT_DELTA_FIELD_NUMBER: _builtins.int
+    SESSION_TURN_STARTED_FIELD_NUMBER: _builtins.int
+    SESSION_TURN_COMPLETED_FIELD_NUMBER: _builtins.int
+    SESSION_UPDATED_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Global, gap-free and monotonic; resume after it with `after_sequence`."""
     type: _builtins.str
@@ -408,6 +465,18 @@ class Event(_message.Message):
     def session_text_delta(self) -> Global___TextDelta:
         """Text a session's model orchestrator is writing (`session.text_delta`)."""
 
+    @_builtins.property
+    def session_turn_started(self) -> Global___SessionTurn:
+        """A turn began running (`session.turn_started`)."""
+
+    @_builtins.property
+    def session_turn_completed(self) -> Global___SessionTurn:
+        """A turn ended: succeeded, failed, cancelled or interrupted (`session.turn_completed`)."""
+
+    @_builtins.property
+    def session_updated(self) -> Global___SessionUpdated:
+        """A session.update changed the session (`session.updated`)."""
+
     def __init__(
         self,
         *,
@@ -431,12 +500,15 @@ class Event(_message.Message):
         log_record: Global___LogRecord | None = ...,
         plan_text_delta: Global___TextDelta | None = ...,
         session_text_delta: Global___TextDelta | None = ...,
+        session_turn_started: Global___SessionTurn | None = ...,
+        session_turn_completed: Global___SessionTurn | None = ...,
+        session_updated: Global___SessionUpdated | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["log_record", b"log_record", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "plan_text_delta", b"plan_text_delta", "session_message", b"session_message", "session_text_delta", b"session_text_delta", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "validation_completed", b"validation_completed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["log_record", b"log_record", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "plan_text_delta", b"plan_text_delta", "session_message", b"session_message", "session_text_delta", b"session_text_delta", "session_turn_completed", b"session_turn_completed", "session_turn_started", b"session_turn_started", "session_updated", b"session_updated", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "validation_completed", b"validation_completed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["log_record", b"log_record", "namespace", b"namespace", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_id", b"plan_id", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "plan_text_delta", b"plan_text_delta", "sequence", b"sequence", "session_id", b"session_id", "session_message", b"session_message", "session_text_delta", b"session_text_delta", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "trace_id", b"trace_id", "type", b"type", "validation_completed", b"validation_completed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["log_record", b"log_record", "namespace", b"namespace", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_id", b"plan_id", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "plan_text_delta", b"plan_text_delta", "sequence", b"sequence", "session_id", b"session_id", "session_message", b"session_message", "session_text_delta", b"session_text_delta", "session_turn_completed", b"session_turn_completed", "session_turn_started", b"session_turn_started", "session_updated", b"session_updated", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "trace_id", b"trace_id", "type", b"type", "validation_completed", b"validation_completed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["plan_created", "plan_phase_changed", "plan_state_changed", "plan_decision_made", "tool_invoked", "tool_completed", "validation_completed", "plan_apply_completed", "plan_error", "session_message", "log_record", "plan_text_delta", "session_text_delta"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["plan_created", "plan_phase_changed", "plan_state_changed", "plan_decision_made", "tool_invoked", "tool_completed", "validation_completed", "plan_apply_completed", "plan_error", "session_message", "log_record", "plan_text_delta", "session_text_delta", "session_turn_started", "session_turn_completed", "session_updated"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import descriptor_pb2 as google_dot_protobuf_dot_descriptor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!cleveragents/acp/v1/options.proto\x12\x13\x63leveragents.acp.v1\x1a google/protobuf/descriptor.proto\"d\n\tOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\t\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x11\n\tanonymous\x18\x04 \x01(\x08\x12\x16\n\x0ewhen_abandoned\x18\x05 \x01(\t:S\n\toperation\x12\x1e.google.protobuf.MethodOptions\x18\xf9\x9a\x03 \x01(\x0b\x32\x1e.cleveragents.acp.v1.Operation:.\n\x05since\x12\x1d.google.protobuf.FieldOptions\x18\xfa\x9a\x03 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!cleveragents/acp/v1/options.proto\x12\x13\x63leveragents.acp.v1\x1a google/protobuf/descriptor.proto\"y\n\tOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\t\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x11\n\tanonymous\x18\x04 \x01(\x08\x12\x16\n\x0ewhen_abandoned\x18\x05 \x01(\t\x12\x13\n\x0bif_revision\x18\x06 \x01(\t:S\n\toperation\x12\x1e.google.protobuf.MethodOptions\x18\xf9\x9a\x03 \x01(\x0b\x32\x1e.cleveragents.acp.v1.Operation:.\n\x05since\x12\x1d.google.protobuf.FieldOptions\x18\xfa\x9a\x03 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,5 +33,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cleveragents.acp.v1.options
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OPERATION']._serialized_start=92
-  _globals['_OPERATION']._serialized_end=192
+  _globals['_OPERATION']._serialized_end=213
 # @@protoc_insertion_point(module_scope)

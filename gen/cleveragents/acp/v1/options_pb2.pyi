@@ -31,6 +31,7 @@ class Operation(_message.Message):
     SUMMARY_FIELD_NUMBER: _builtins.int
     ANONYMOUS_FIELD_NUMBER: _builtins.int
     WHEN_ABANDONED_FIELD_NUMBER: _builtins.int
+    IF_REVISION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The ACP operation name, `<group>.<verb>` (for example `plan.status`)."""
     since: _builtins.str
@@ -45,6 +46,11 @@ class Operation(_message.Message):
     is one store transaction, made whole or not at all. The table in docs/server.md
     ("Deadlines and disconnects") and the OpenAPI descriptions are derived from it.
     """
+    if_revision: _builtins.str
+    """For a mutation of one session or plan: the kind of that object (`session`, `plan`).
+    Such an operation takes an expected revision (the envelope's `if_revision`, gRPC
+    metadata `acp-if-revision`, HTTP `If-Match`); any other operation refuses one.
+    """
     def __init__(
         self,
         *,
@@ -53,10 +59,11 @@ class Operation(_message.Message):
         summary: _builtins.str = ...,
         anonymous: _builtins.bool = ...,
         when_abandoned: _builtins.str = ...,
+        if_revision: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anonymous", b"anonymous", "name", b"name", "since", b"since", "summary", b"summary", "when_abandoned", b"when_abandoned"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anonymous", b"anonymous", "if_revision", b"if_revision", "name", b"name", "since", b"since", "summary", b"summary", "when_abandoned", b"when_abandoned"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

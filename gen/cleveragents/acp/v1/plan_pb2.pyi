@@ -188,12 +188,17 @@ class Plan(_message.Message):
     TIMINGS_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     AUTOMATION_PROFILE_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
     action: _builtins.str
     project: _builtins.str
     session_id: _builtins.str
     phase: Global___PlanPhase.ValueType
     state: Global___PlanState.ValueType
     automation_profile: _builtins.str
+    revision: _builtins.int
+    """Moves with every change of the plan; a mutation may name the revision it read
+    (`if_revision`, HTTP `If-Match`).
+    """
     @_builtins.property
     def meta(self) -> _common_pb2.EntityMeta: ...
     @_builtins.property
@@ -221,10 +226,11 @@ class Plan(_message.Message):
         timings: _abc.Iterable[Global___PhaseTiming] | None = ...,
         last_error: _common_pb2.ErrorInfo | None = ...,
         automation_profile: _builtins.str = ...,
+        revision: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "inputs", b"inputs", "last_error", b"last_error", "meta", b"meta", "progress", b"progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "automation_profile", b"automation_profile", "cost", b"cost", "inputs", b"inputs", "last_error", b"last_error", "meta", b"meta", "phase", b"phase", "progress", b"progress", "project", b"project", "session_id", b"session_id", "state", b"state", "timings", b"timings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "automation_profile", b"automation_profile", "cost", b"cost", "inputs", b"inputs", "last_error", b"last_error", "meta", b"meta", "phase", b"phase", "progress", b"progress", "project", b"project", "revision", b"revision", "session_id", b"session_id", "state", b"state", "timings", b"timings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -559,15 +565,21 @@ class ApplyPlanRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PLAN_ID_FIELD_NUMBER: _builtins.int
+    DIFF_DIGEST_FIELD_NUMBER: _builtins.int
     plan_id: _builtins.str
+    diff_digest: _builtins.str
+    """The `digest` of the plan.diff the caller reviewed: when the staged artifacts changed
+    since, the apply is refused (INVALID_STATE, refinement DIFF_CHANGED) and writes nothing.
+    """
     def __init__(
         self,
         *,
         plan_id: _builtins.str = ...,
+        diff_digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan_id", b"plan_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["diff_digest", b"diff_digest", "plan_id", b"plan_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -840,16 +852,22 @@ class GetPlanDiffResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     FILES_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    digest: _builtins.str
+    """Names exactly the staged artifacts this diff shows (`sha256:<hex>`); plan.apply's
+    `diff_digest` binds an apply to it.
+    """
     @_builtins.property
     def files(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileDiff]: ...
     def __init__(
         self,
         *,
         files: _abc.Iterable[Global___FileDiff] | None = ...,
+        digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "files", b"files"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

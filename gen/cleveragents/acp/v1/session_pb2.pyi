@@ -6,6 +6,7 @@ isort:skip_file
 from cleveragents.acp.v1 import common_pb2 as _common_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
@@ -60,6 +61,173 @@ MESSAGE_ROLE_ORCHESTRATOR: MessageRole.ValueType  # 2
 MESSAGE_ROLE_SYSTEM: MessageRole.ValueType  # 3
 Global___MessageRole: _TypeAlias = MessageRole  # noqa: Y015
 
+class _TurnState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TurnStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TurnState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TURN_STATE_UNSPECIFIED: _TurnState.ValueType  # 0
+    TURN_STATE_QUEUED: _TurnState.ValueType  # 1
+    """Waiting for the turn before it to end (the `enqueue` policy, or a background tell)."""
+    TURN_STATE_RUNNING: _TurnState.ValueType  # 2
+    TURN_STATE_SUCCEEDED: _TurnState.ValueType  # 3
+    TURN_STATE_FAILED: _TurnState.ValueType  # 4
+    TURN_STATE_CANCELLED: _TurnState.ValueType  # 5
+    """Stopped by session.cancel_turn, or by a later tell with the `rollback` policy."""
+    TURN_STATE_INTERRUPTED: _TurnState.ValueType  # 6
+    """Stopped by a later tell with the `interrupt` policy; its replies so far are kept."""
+
+class TurnState(_TurnState, metaclass=_TurnStateEnumTypeWrapper):
+    """TurnState is where a turn is in its life (ACP 1.3)."""
+
+TURN_STATE_UNSPECIFIED: TurnState.ValueType  # 0
+TURN_STATE_QUEUED: TurnState.ValueType  # 1
+"""Waiting for the turn before it to end (the `enqueue` policy, or a background tell)."""
+TURN_STATE_RUNNING: TurnState.ValueType  # 2
+TURN_STATE_SUCCEEDED: TurnState.ValueType  # 3
+TURN_STATE_FAILED: TurnState.ValueType  # 4
+TURN_STATE_CANCELLED: TurnState.ValueType  # 5
+"""Stopped by session.cancel_turn, or by a later tell with the `rollback` policy."""
+TURN_STATE_INTERRUPTED: TurnState.ValueType  # 6
+"""Stopped by a later tell with the `interrupt` policy; its replies so far are kept."""
+Global___TurnState: _TypeAlias = TurnState  # noqa: Y015
+
+class _MultitaskPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MultitaskPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MultitaskPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MULTITASK_POLICY_UNSPECIFIED: _MultitaskPolicy.ValueType  # 0
+    """The session's own policy (the session's default is `enqueue`)."""
+    MULTITASK_POLICY_REJECT: _MultitaskPolicy.ValueType  # 1
+    """Refused with INVALID_STATE, refinement TURN_IN_PROGRESS naming the running turn."""
+    MULTITASK_POLICY_ENQUEUE: _MultitaskPolicy.ValueType  # 2
+    """Runs after the turns before it; its model request sees the whole finished history."""
+    MULTITASK_POLICY_INTERRUPT: _MultitaskPolicy.ValueType  # 3
+    """The running turn is stopped (INTERRUPTED) and keeps the replies it stored, marked."""
+    MULTITASK_POLICY_ROLLBACK: _MultitaskPolicy.ValueType  # 4
+    """The running turn is stopped (CANCELLED) and its message and replies are removed."""
+
+class MultitaskPolicy(_MultitaskPolicy, metaclass=_MultitaskPolicyEnumTypeWrapper):
+    """MultitaskPolicy says what a tell does when it arrives while another turn of the session
+    is queued or running (ACP 1.3; the names are LangGraph's).
+    """
+
+MULTITASK_POLICY_UNSPECIFIED: MultitaskPolicy.ValueType  # 0
+"""The session's own policy (the session's default is `enqueue`)."""
+MULTITASK_POLICY_REJECT: MultitaskPolicy.ValueType  # 1
+"""Refused with INVALID_STATE, refinement TURN_IN_PROGRESS naming the running turn."""
+MULTITASK_POLICY_ENQUEUE: MultitaskPolicy.ValueType  # 2
+"""Runs after the turns before it; its model request sees the whole finished history."""
+MULTITASK_POLICY_INTERRUPT: MultitaskPolicy.ValueType  # 3
+"""The running turn is stopped (INTERRUPTED) and keeps the replies it stored, marked."""
+MULTITASK_POLICY_ROLLBACK: MultitaskPolicy.ValueType  # 4
+"""The running turn is stopped (CANCELLED) and its message and replies are removed."""
+Global___MultitaskPolicy: _TypeAlias = MultitaskPolicy  # noqa: Y015
+
+@_typing.final
+class TurnUsage(_message.Message):
+    """TurnUsage is what a turn's model calls used."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    COST_FIELD_NUMBER: _builtins.int
+    prompt_tokens: _builtins.int
+    completion_tokens: _builtins.int
+    cost: _builtins.float
+    """In the model's cost unit (the actor's pricing)."""
+    def __init__(
+        self,
+        *,
+        prompt_tokens: _builtins.int = ...,
+        completion_tokens: _builtins.int = ...,
+        cost: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_tokens", b"completion_tokens", "cost", b"cost", "prompt_tokens", b"prompt_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnUsage: _TypeAlias = TurnUsage  # noqa: Y015
+
+@_typing.final
+class Turn(_message.Message):
+    """Turn is one user message and what the orchestrator did about it (ACP 1.3)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    REPLY_IDS_FIELD_NUMBER: _builtins.int
+    PLAN_IDS_FIELD_NUMBER: _builtins.int
+    MULTITASK_FIELD_NUMBER: _builtins.int
+    BACKGROUND_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """A ULID."""
+    session_id: _builtins.str
+    state: Global___TurnState.ValueType
+    message_id: _builtins.str
+    """The user's message the turn answers (its `id`)."""
+    multitask: Global___MultitaskPolicy.ValueType
+    """The policy the turn's tell arrived with, as applied."""
+    background: _builtins.bool
+    @_builtins.property
+    def reply_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The orchestrator's replies, in order (their `id`s)."""
+
+    @_builtins.property
+    def plan_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The plans the turn started."""
+
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def usage(self) -> Global___TurnUsage: ...
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorInfo:
+        """Why a failed, cancelled or interrupted turn ended."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+        state: Global___TurnState.ValueType = ...,
+        message_id: _builtins.str = ...,
+        reply_ids: _abc.Iterable[_builtins.str] | None = ...,
+        plan_ids: _abc.Iterable[_builtins.str] | None = ...,
+        multitask: Global___MultitaskPolicy.ValueType = ...,
+        background: _builtins.bool = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
+        usage: Global___TurnUsage | None = ...,
+        error: _common_pb2.ErrorInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "error", b"error", "start_time", b"start_time", "usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["background", b"background", "create_time", b"create_time", "end_time", b"end_time", "error", b"error", "id", b"id", "message_id", b"message_id", "multitask", b"multitask", "plan_ids", b"plan_ids", "reply_ids", b"reply_ids", "session_id", b"session_id", "start_time", b"start_time", "state", b"state", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Turn: _TypeAlias = Turn  # noqa: Y015
+
 @_typing.final
 class Session(_message.Message):
     """Session is a conversation between a user and an orchestrator actor."""
@@ -93,6 +261,9 @@ class Session(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
+    MULTITASK_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    AUTOMATION_PROFILE_FIELD_NUMBER: _builtins.int
     title: _builtins.str
     orchestrator: _builtins.str
     """The orchestrator actor's name (registry key in the session's namespace)."""
@@ -100,6 +271,14 @@ class Session(_message.Message):
     """The project the session works on, if any."""
     state: Global___SessionState.ValueType
     message_count: _builtins.int
+    multitask: Global___MultitaskPolicy.ValueType
+    """What a tell does while another turn runs, unless the tell says."""
+    revision: _builtins.int
+    """Moves with every change of the session (a message, an update, a state change); a
+    mutation may name the revision it read (`if_revision`, HTTP `If-Match`).
+    """
+    automation_profile: _builtins.str
+    """The automation profile of the plans the session's turns start ("" for the action's own)."""
     @_builtins.property
     def meta(self) -> _common_pb2.EntityMeta: ...
     @_builtins.property
@@ -114,10 +293,13 @@ class Session(_message.Message):
         state: Global___SessionState.ValueType = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         message_count: _builtins.int = ...,
+        multitask: Global___MultitaskPolicy.ValueType = ...,
+        revision: _builtins.int = ...,
+        automation_profile: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "message_count", b"message_count", "meta", b"meta", "orchestrator", b"orchestrator", "project", b"project", "state", b"state", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["automation_profile", b"automation_profile", "labels", b"labels", "message_count", b"message_count", "meta", b"meta", "multitask", b"multitask", "orchestrator", b"orchestrator", "project", b"project", "revision", b"revision", "state", b"state", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -135,6 +317,9 @@ class Message(_message.Message):
     CONTENT_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     PLAN_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    IN_REPLY_TO_FIELD_NUMBER: _builtins.int
+    PARTIAL_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     index: _builtins.int
     """Position in the history, from 0."""
@@ -142,6 +327,12 @@ class Message(_message.Message):
     content: _builtins.str
     plan_id: _builtins.str
     """The plan this message started or reports on, if any."""
+    turn_id: _builtins.str
+    """The turn the message belongs to."""
+    in_reply_to: _builtins.str
+    """For a reply: the id of the user's message it answers."""
+    partial: _builtins.bool
+    """A reply stored before its turn was interrupted: it may be unfinished."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -153,10 +344,13 @@ class Message(_message.Message):
         content: _builtins.str = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         plan_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        in_reply_to: _builtins.str = ...,
+        partial: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "create_time", b"create_time", "id", b"id", "index", b"index", "plan_id", b"plan_id", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "create_time", b"create_time", "id", b"id", "in_reply_to", b"in_reply_to", "index", b"index", "partial", b"partial", "plan_id", b"plan_id", "role", b"role", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -191,11 +385,16 @@ class CreateSessionRequest(_message.Message):
     ORCHESTRATOR_FIELD_NUMBER: _builtins.int
     PROJECT_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    MULTITASK_FIELD_NUMBER: _builtins.int
+    AUTOMATION_PROFILE_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     title: _builtins.str
     orchestrator: _builtins.str
     """Defaults to the built-in orchestrator."""
     project: _builtins.str
+    multitask: Global___MultitaskPolicy.ValueType
+    """The session's multitask policy (default `enqueue`)."""
+    automation_profile: _builtins.str
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -206,10 +405,12 @@ class CreateSessionRequest(_message.Message):
         orchestrator: _builtins.str = ...,
         project: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        multitask: Global___MultitaskPolicy.ValueType = ...,
+        automation_profile: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "namespace", b"namespace", "orchestrator", b"orchestrator", "project", b"project", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["automation_profile", b"automation_profile", "labels", b"labels", "multitask", b"multitask", "namespace", b"namespace", "orchestrator", b"orchestrator", "project", b"project", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -370,22 +571,28 @@ class GetSessionResponse(_message.Message):
     SESSION_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    TURNS_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """The next page of messages when paging ("" on the last page)."""
     @_builtins.property
     def session(self) -> Global___Session: ...
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]: ...
+    @_builtins.property
+    def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___Turn]:
+        """The turns of the user's messages on this page, in order."""
+
     def __init__(
         self,
         *,
         session: Global___Session | None = ...,
         messages: _abc.Iterable[Global___Message] | None = ...,
         next_page_token: _builtins.str = ...,
+        turns: _abc.Iterable[Global___Turn] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "next_page_token", b"next_page_token", "session", b"session"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "next_page_token", b"next_page_token", "session", b"session", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -524,17 +731,27 @@ class TellSessionRequest(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
+    BACKGROUND_FIELD_NUMBER: _builtins.int
+    MULTITASK_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     content: _builtins.str
+    background: _builtins.bool
+    """Answer at once with the queued turn; its progress streams as events
+    (session.turn_started, session.text_delta, session.message, session.turn_completed).
+    """
+    multitask: Global___MultitaskPolicy.ValueType
+    """What to do if another turn is queued or running; the session's policy when unset."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         content: _builtins.str = ...,
+        background: _builtins.bool = ...,
+        multitask: Global___MultitaskPolicy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["background", b"background", "content", b"content", "multitask", b"multitask", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -546,24 +763,177 @@ class TellSessionResponse(_message.Message):
 
     MESSAGE_FIELD_NUMBER: _builtins.int
     REPLIES_FIELD_NUMBER: _builtins.int
+    TURN_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def message(self) -> Global___Message:
         """The user's message as stored."""
 
     @_builtins.property
     def replies(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]:
-        """The orchestrator's replies, in order."""
+        """The orchestrator's replies, in order (none yet for a background tell)."""
+
+    @_builtins.property
+    def turn(self) -> Global___Turn:
+        """The turn, as it ended (or queued, for a background tell)."""
 
     def __init__(
         self,
         *,
         message: Global___Message | None = ...,
         replies: _abc.Iterable[Global___Message] | None = ...,
+        turn: Global___Turn | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "turn", b"turn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "replies", b"replies"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "replies", b"replies", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TellSessionResponse: _TypeAlias = TellSessionResponse  # noqa: Y015
+
+@_typing.final
+class GetTurnRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    turn_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTurnRequest: _TypeAlias = GetTurnRequest  # noqa: Y015
+
+@_typing.final
+class GetTurnResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURN_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def turn(self) -> Global___Turn: ...
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]:
+        """The turn's messages: the user's, then the replies."""
+
+    def __init__(
+        self,
+        *,
+        turn: Global___Turn | None = ...,
+        messages: _abc.Iterable[Global___Message] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTurnResponse: _TypeAlias = GetTurnResponse  # noqa: Y015
+
+@_typing.final
+class CancelTurnRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    CANCEL_PLANS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    turn_id: _builtins.str
+    cancel_plans: _builtins.bool
+    """Also cancel the plans the turn started."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        cancel_plans: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_plans", b"cancel_plans", "session_id", b"session_id", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelTurnRequest: _TypeAlias = CancelTurnRequest  # noqa: Y015
+
+@_typing.final
+class CancelTurnResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def turn(self) -> Global___Turn: ...
+    def __init__(
+        self,
+        *,
+        turn: Global___Turn | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelTurnResponse: _TypeAlias = CancelTurnResponse  # noqa: Y015
+
+@_typing.final
+class UpdateSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
+    UPDATE_MASK_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    @_builtins.property
+    def session(self) -> Global___Session:
+        """The new values of the fields `update_mask` names."""
+
+    @_builtins.property
+    def update_mask(self) -> _field_mask_pb2.FieldMask:
+        """Which fields change: `title`, `labels` (replaced whole), `project`, `multitask`,
+        `automation_profile`. Empty is INVALID_PARAMS.
+        """
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        session: Global___Session | None = ...,
+        update_mask: _field_mask_pb2.FieldMask | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session", "update_mask", b"update_mask"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session", "session_id", b"session_id", "update_mask", b"update_mask"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateSessionRequest: _TypeAlias = UpdateSessionRequest  # noqa: Y015
+
+@_typing.final
+class UpdateSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateSessionResponse: _TypeAlias = UpdateSessionResponse  # noqa: Y015

@@ -75,6 +75,21 @@ class SessionServiceStub:
                 request_serializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.TellSessionRequest.SerializeToString,
                 response_deserializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.TellSessionResponse.FromString,
                 _registered_method=True)
+        self.GetTurn = channel.unary_unary(
+                '/cleveragents.acp.v1.SessionService/GetTurn',
+                request_serializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.GetTurnRequest.SerializeToString,
+                response_deserializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.GetTurnResponse.FromString,
+                _registered_method=True)
+        self.CancelTurn = channel.unary_unary(
+                '/cleveragents.acp.v1.SessionService/CancelTurn',
+                request_serializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.CancelTurnRequest.SerializeToString,
+                response_deserializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.CancelTurnResponse.FromString,
+                _registered_method=True)
+        self.UpdateSession = channel.unary_unary(
+                '/cleveragents.acp.v1.SessionService/UpdateSession',
+                request_serializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.UpdateSessionRequest.SerializeToString,
+                response_deserializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.UpdateSessionResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -129,6 +144,24 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTurn(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelTurn(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +204,21 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.TellSession,
                     request_deserializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.TellSessionRequest.FromString,
                     response_serializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.TellSessionResponse.SerializeToString,
+            ),
+            'GetTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTurn,
+                    request_deserializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.GetTurnRequest.FromString,
+                    response_serializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.GetTurnResponse.SerializeToString,
+            ),
+            'CancelTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTurn,
+                    request_deserializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.CancelTurnRequest.FromString,
+                    response_serializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.CancelTurnResponse.SerializeToString,
+            ),
+            'UpdateSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSession,
+                    request_deserializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.UpdateSessionRequest.FromString,
+                    response_serializer=cleveragents_dot_acp_dot_v1_dot_session__pb2.UpdateSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -390,6 +438,87 @@ class SessionService:
             '/cleveragents.acp.v1.SessionService/TellSession',
             cleveragents_dot_acp_dot_v1_dot_session__pb2.TellSessionRequest.SerializeToString,
             cleveragents_dot_acp_dot_v1_dot_session__pb2.TellSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cleveragents.acp.v1.SessionService/GetTurn',
+            cleveragents_dot_acp_dot_v1_dot_session__pb2.GetTurnRequest.SerializeToString,
+            cleveragents_dot_acp_dot_v1_dot_session__pb2.GetTurnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cleveragents.acp.v1.SessionService/CancelTurn',
+            cleveragents_dot_acp_dot_v1_dot_session__pb2.CancelTurnRequest.SerializeToString,
+            cleveragents_dot_acp_dot_v1_dot_session__pb2.CancelTurnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cleveragents.acp.v1.SessionService/UpdateSession',
+            cleveragents_dot_acp_dot_v1_dot_session__pb2.UpdateSessionRequest.SerializeToString,
+            cleveragents_dot_acp_dot_v1_dot_session__pb2.UpdateSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,9 @@ class SessionServiceStub:
     ExportSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.ExportSessionRequest, _session_pb2.ExportSessionResponse]
     ImportSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.ImportSessionRequest, _session_pb2.ImportSessionResponse]
     TellSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.TellSessionRequest, _session_pb2.TellSessionResponse]
+    GetTurn: _grpc.UnaryUnaryMultiCallable[_session_pb2.GetTurnRequest, _session_pb2.GetTurnResponse]
+    CancelTurn: _grpc.UnaryUnaryMultiCallable[_session_pb2.CancelTurnRequest, _session_pb2.CancelTurnResponse]
+    UpdateSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.UpdateSessionRequest, _session_pb2.UpdateSessionResponse]
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -55,6 +58,9 @@ class SessionServiceAsyncStub(SessionServiceStub):
     ExportSession: _aio.UnaryUnaryMultiCallable[_session_pb2.ExportSessionRequest, _session_pb2.ExportSessionResponse]  # type: ignore[assignment]
     ImportSession: _aio.UnaryUnaryMultiCallable[_session_pb2.ImportSessionRequest, _session_pb2.ImportSessionResponse]  # type: ignore[assignment]
     TellSession: _aio.UnaryUnaryMultiCallable[_session_pb2.TellSessionRequest, _session_pb2.TellSessionResponse]  # type: ignore[assignment]
+    GetTurn: _aio.UnaryUnaryMultiCallable[_session_pb2.GetTurnRequest, _session_pb2.GetTurnResponse]  # type: ignore[assignment]
+    CancelTurn: _aio.UnaryUnaryMultiCallable[_session_pb2.CancelTurnRequest, _session_pb2.CancelTurnResponse]  # type: ignore[assignment]
+    UpdateSession: _aio.UnaryUnaryMultiCallable[_session_pb2.UpdateSessionRequest, _session_pb2.UpdateSessionResponse]  # type: ignore[assignment]
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """SessionService is the session lifecycle (SessionWorkflow in ADR-026)."""
@@ -114,5 +120,26 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _session_pb2.TellSessionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.TellSessionResponse, _abc.Awaitable[_session_pb2.TellSessionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetTurn(
+        self,
+        request: _session_pb2.GetTurnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.GetTurnResponse, _abc.Awaitable[_session_pb2.GetTurnResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CancelTurn(
+        self,
+        request: _session_pb2.CancelTurnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.CancelTurnResponse, _abc.Awaitable[_session_pb2.CancelTurnResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateSession(
+        self,
+        request: _session_pb2.UpdateSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.UpdateSessionResponse, _abc.Awaitable[_session_pb2.UpdateSessionResponse]]: ...
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -38,11 +38,9 @@ A client that drops its connection before its answer began ends the call's wait:
 application task is cancelled, as gRPC cancels a call whose deadline passed (what the call's
 work does then is the operation's ``when_abandoned``: docs/server.md, "Deadlines and disconnects").
 
-An answer whose head declares its length (every envelope, every plain Starlette response) is
-written in one send: its start is kept until the next message, and when that is the whole
-body uvicorn's own ``send`` writes both into a buffer that leaves in one write (``_Answering``;
-uvicorn writes the head and the body with a write each: two segments, two wake-ups of the
-client). The bytes are uvicorn's; anything else goes through uvicorn's ``send`` as it comes.
+An answer whose head declares its length (every envelope, every plain Starlette response)
+leaves in one send: uvicorn writes its head and its body with a write each, and the head is
+held until the body's write takes it along (``_Transport``). The bytes are uvicorn's.
 
 The phase of the request being read (``_IDLE``, ``_HEAD``, ``_BODY``, ``_DONE``) is followed
 from httptools' callbacks; uvicorn's own keep-alive timer (one made and cancelled per response)
@@ -91,38 +89,56 @@ class ConnectionLimits:
 
 
 class _Transport:
-    """The connection's transport as uvicorn sees it: writes held while one answer is written
-    (``hold``, ``release``), and a ``close`` while the client is still sending its request body
-    lingers instead (``GuardedProtocol.linger``)."""
+    """The connection's transport as uvicorn sees it: an answer's head held until its body
+    (one send), and a ``close`` while the client is still sending its request body lingers
+    instead (``GuardedProtocol.linger``).
+
+    uvicorn writes a response's head and its body with a ``write`` each: two sends, two
+    segments, two wake-ups of the client. A head that declares a length (uvicorn's cycle then
+    expects that many bytes: every envelope, every plain Starlette response) is held here
+    until the next write, which takes it along, or a close; any other head (a stream's)
+    leaves at once."""
 
     def __init__(self, transport: asyncio.Transport, protocol: GuardedProtocol) -> None:
         self._transport = transport
         self._protocol = protocol
-        self._held: list[bytes] | None = None
-        # The transport's own write (an attribute, not a method: no call of ours per write),
-        # a list's append while an answer is held.
-        self.write: Callable[[bytes], None] = transport.write
+        self._held: bytes | None = None
+        # The request cycle whose head was held (only a response's first write is held).
+        self._headed: object = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
-    def hold(self) -> None:
-        held: list[bytes] = []
-        self._held = held
-        self.write = held.append
-
-    def release(self) -> None:
-        """Send what was held, in one write."""
+    def write(self, data: bytes) -> None:
         held = self._held
-        if held is None:
+        if held is not None:
+            self._held = None
+            self._transport.write(held + data)
             return
-        self._held = None
-        self.write = self._transport.write
-        if held and not self._protocol.lost:
-            self._transport.write(b"".join(held))
+        cycle = self._protocol.cycle
+        if (
+            cycle is not self._headed
+            and cycle.response_started
+            and cycle.chunked_encoding is False
+            and cycle.expected_content_length
+            and not cycle.response_complete
+            and cycle.scope["method"] != "HEAD"
+        ):
+            self._headed = cycle
+            self._held = data
+            return
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        """Send a held head."""
+        held = self._held
+        if held is not None:
+            self._held = None
+            if not self._protocol.lost:
+                self._transport.write(held)
 
     def close(self) -> None:
-        self.release()
+        self.flush()
         protocol = self._protocol
         sending = protocol.phase is _BODY
         if sending and not (protocol.draining or protocol.lost or self._transport.is_closing()):
@@ -133,58 +149,6 @@ class _Transport:
     def is_closing(self) -> bool:
         """Closing once lingering: uvicorn arms no keep-alive and reads no next request."""
         return bool(self._protocol.draining) or self._transport.is_closing()
-
-
-def _declares_length(headers: Any) -> bool:
-    try:
-        for name, _ in headers:
-            if name.lower() == b"content-length":
-                return True
-    except (TypeError, ValueError, AttributeError):
-        pass
-    return False
-
-
-class _Answering:
-    """The ASGI ``send`` of one request cycle (the module's docstring).
-
-    A start whose head declares a length is kept until the next message; when that is the
-    whole body, uvicorn's ``send`` writes both while the transport holds them, else both go
-    to uvicorn's ``send`` in turn. Nothing is written while the start is kept: the answer has
-    not begun (``response_started``), for uvicorn and for ``connection_lost`` alike."""
-
-    __slots__ = ("cycle", "send", "start", "transport")
-
-    def __init__(self, transport: _Transport, cycle: RequestResponseCycle) -> None:
-        self.transport = transport
-        self.cycle = cycle
-        self.send = cycle.send
-        self.start: Any = None
-
-    async def __call__(self, message: Any) -> None:
-        start = self.start
-        if start is None:
-            if (
-                message["type"] == "http.response.start"
-                and not self.cycle.response_started
-                and _declares_length(message.get("headers", ()))
-            ):
-                self.start = message
-                return
-            await self.send(message)
-            return
-        self.start = None
-        if message["type"] != "http.response.body" or message.get("more_body", False):
-            await self.send(start)
-            await self.send(message)
-            return
-        transport = self.transport
-        transport.hold()
-        try:
-            await self.send(start)
-            await self.send(message)
-        finally:
-            transport.release()
 
 
 class Clients:
@@ -281,12 +245,11 @@ class GuardedProtocol(HttpToolsProtocol):
         # by then has until this one to send its headers.
         self._headers_due: float | None = None
         self._timer: asyncio.TimerHandle | None = None
-        # The phase of the request the parser reads; the bytes received since the last
+        # The phase of the request the parser reads, and the bytes received since the last
         # request's headers ended while the next one's were not (a head httptools still
-        # holds), and the size of the request line and header lines parsed so far.
+        # holds, or one that came in the same read as its end).
         self.phase = _IDLE
         self._unparsed = 0
-        self._head_bytes = 0
         self._too_large = False
         self._in_body = False
         # The body under way: when its headers ended (loop time; restarted when the server
@@ -379,8 +342,6 @@ class GuardedProtocol(HttpToolsProtocol):
         task = asyncio.current_task()
         self._app_task = task
         cycle = getattr(send, "__self__", None)
-        if isinstance(cycle, RequestResponseCycle):
-            send = _Answering(self.transport, cycle)
         try:
             await self._app(scope, receive, send)
         except asyncio.CancelledError:
@@ -438,22 +399,17 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.phase = _HEAD
-        self._head_bytes = 0
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-        self._head_bytes += len(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_bytes += len(name) + len(value) + 4
-        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self.phase = _BODY
+        limit = self.bounds.max_header_bytes
+        if self._unparsed > limit:
+            # A head that came whole with more than the limit (in one read): its own size.
+            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+            if size > limit:
+                self._too_large = True
+                raise _HeadersTooLargeError
         self._unparsed = 0
-        if self._head_bytes > self.bounds.max_header_bytes:
-            self._too_large = True
-            raise _HeadersTooLargeError
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:

@@ -423,7 +423,7 @@ class GuardedProtocol(HttpToolsProtocol):
                 self._idle_deadline()
         else:
             self.phase = _DONE
-            self._disarm()
+            self._due = self._headers_due = None  # _disarm, on every request's path
 
     def _begin_body(self) -> None:
         self._in_body = True
@@ -446,7 +446,7 @@ class GuardedProtocol(HttpToolsProtocol):
         else:
             if self.phase is _DONE:
                 self.phase = _IDLE
-            self._idle_deadline()
+            self._headers_due = self._arm(self.timeout_keep_alive) + self.bounds.header_timeout
         if self.phase is _BODY and not self.draining:
             # Answered while its body still comes: the rest keeps its own pace.
             self._begin_body()

@@ -22,11 +22,11 @@ no request reaches the application:
   waits for its turn) is not held against the client;
 - a connection over ``max_connections`` in all makes room instead (``Clients.evictable``):
   from the address with the most connections, its oldest idle connection (no request under
-  way: never sent one, or between two; a head not yet whole is none yet), else the body furthest behind the minimum rate
-  (no grace here: the server is full), refused as above. Only when no connection is idle or
-  behind is the newcomer refused as above. 2,100 slow connections from 9 addresses once
-  got 20 of 25 legitimate newcomers refused, and 40 trickled bodies from 4 addresses 5 of 5;
-  now they lose their own connections first.
+  way: never sent one, or between two; a head not yet whole is none yet), else the body
+  furthest behind the minimum rate (no grace here: the server is full), refused as above.
+  Only when no connection is idle or behind is the newcomer refused as above. 2,100 slow
+  connections from 9 addresses once got 20 of 25 legitimate newcomers refused, and 40
+  trickled bodies from 4 addresses 5 of 5; now they lose their own connections first.
 
 After a refusal the connection reads and drops what the client still sends for a moment
 before closing, so the client sees the answer instead of a reset. So does any close while the

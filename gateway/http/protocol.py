@@ -51,11 +51,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import unquote
 
+import httptools
 import orjson
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -214,6 +217,28 @@ def refusal(err: ACPError) -> bytes:
         "connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
+
+
+# A request line's method and target, as far as this module reads one (``_unknown_method``).
+_REQUEST_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}) (/[!-~]{0,2048}) HTTP/1\.[01]")
+
+
+def _unknown_method(line: bytes) -> ACPError:
+    """The answer to a request whose method httptools does not know, from its request line
+    (empty when not at hand): NOT_FOUND, as the application answers a method no route
+    serves; an unreadable line is an unreadable request."""
+    found = _REQUEST_LINE.fullmatch(line)
+    if found is None:
+        return _unreadable()
+    method = found[1].decode("ascii")
+    path = unquote(found[2].decode("ascii").split("?", 1)[0])
+    return ACPError(
+        ErrorCode.NOT_FOUND, f"{method} is not served on {path}", {"path": path, "method": method}
+    )
+
+
+def _unreadable() -> ACPError:
+    return ACPError(ErrorCode.INVALID_PARAMS, "the request is not valid HTTP/1.1", {"field": "request"})
 
 
 class _HeadersTooLargeError(Exception):
@@ -382,7 +407,24 @@ class GuardedProtocol(HttpToolsProtocol):
                 self._body_bytes += len(data)
         elif phase is not _DONE:
             self._unparsed += len(data)
-        super().data_received(data)
+        # uvicorn's ``data_received`` (its keep-alive timer is never set here), except for a
+        # method httptools does not know: h11 took any token, and the application answers a
+        # method no route serves with NOT_FOUND; so does this.
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserInvalidMethodError:
+            line = data.split(b"\r\n", 1)[0] if phase is _IDLE and self._unparsed == len(data) else b""
+            self._refuse(_unknown_method(line))
+            return
+        except httptools.HttpParserError:
+            self.logger.warning("Invalid HTTP request received.")
+            self.send_400_response("Invalid HTTP request received.")
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
         phase = self.phase
         if phase is _BODY:
             if not self._in_body and not (self.draining or self.transport.is_closing()):
@@ -557,9 +599,7 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._too_large:
             self._refuse(self._headers_too_large())
             return
-        self._refuse(
-            ACPError(ErrorCode.INVALID_PARAMS, "the request is not valid HTTP/1.1", {"field": "request"})
-        )
+        self._refuse(_unreadable())
 
     def _refuse(self, err: ACPError) -> None:
         """Answer ``err`` (unless a response already began), drain for a moment, close."""

@@ -1,8 +1,10 @@
-"""How ``GuardedProtocol`` bounds a request's head on httptools (``gateway/http/protocol.py``),
+"""How ``GuardedProtocol`` reads a request's head on httptools (``gateway/http/protocol.py``),
 which keeps a header that never ends and has no size limit of its own: a head over
 ``max_header_bytes`` is refused with the envelope whether it comes in many reads (refused
 before it ends) or in one (measured once whole), and a small head is not refused for the body
-that came in the same read. In process, on a transport that records what is written."""
+that came in the same read. A method httptools does not know (h11 took any token) is
+NOT_FOUND, as the application answers a method no route serves. In process, on a transport
+that records what is written."""
 
 from __future__ import annotations
 
@@ -75,4 +77,16 @@ async def test_a_small_head_is_not_refused_for_the_body_in_the_same_read() -> No
     assert received == [body]
     assert len(transport.writes) == 1
     assert transport.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    protocol.connection_lost(None)
+
+
+async def test_a_method_httptools_does_not_know_is_not_found() -> None:
+    protocol, transport = _guarded(_never_called)
+    protocol.data_received(b"BREW /api/v1/acp%20x?q=1 HTTP/1.1\r\nHost: t\r\n\r\n")
+    await _turns()
+    head, _, body = b"".join(transport.writes).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 404 "), head
+    error = orjson.loads(body)["error"]
+    assert error["code"] == "NOT_FOUND"
+    assert error["details"] == {"path": "/api/v1/acp x", "method": "BREW"}
     protocol.connection_lost(None)

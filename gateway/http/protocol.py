@@ -6,9 +6,12 @@ uvicorn refuses a malformed request with a plain-text 400, has no bound on a req
 no per-client cap. Here each refusal is an ACP envelope, written by the protocol itself since
 no request reaches the application:
 
-- headers over ``max_header_bytes`` (the request line and header lines as parsed, or the bytes
-  of a head still incomplete): INVALID_PARAMS (``details.field`` ``headers``); any other
-  unreadable request: INVALID_PARAMS (``field`` ``request``);
+- headers over ``max_header_bytes`` (the bytes received while a head is incomplete; a head
+  that came whole in a read over the limit, by its request line and header lines):
+  INVALID_PARAMS (``details.field`` ``headers``); any other unreadable request:
+  INVALID_PARAMS (``field`` ``request``), but a method httptools does not know (h11 took any
+  token): NOT_FOUND, as the application answers a method no route serves (``details.path``,
+  ``method``);
 - a request whose headers are not complete within ``header_timeout`` seconds of the
   connection (or of the previous response), or whose body is not complete within
   ``body_timeout`` more: INVALID_PARAMS (refinement ``REQUEST_TIMEOUT``), then closed;

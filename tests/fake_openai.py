@@ -297,6 +297,8 @@ class FakeOpenAI:
         done, _ = await asyncio.wait({released, eof}, return_when=asyncio.FIRST_COMPLETED)
         if released in done:
             eof.cancel()
+            # Let the cancelled read end before the connection's next read starts.
+            await asyncio.gather(eof, return_exceptions=True)
             return True
         released.cancel()
         self.dropped += 1

@@ -16,6 +16,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import pathlib
+import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -25,13 +29,16 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.http_transport import HTTPTransport
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.contract.retry import RetryPolicy
+from cleveragents.acp.facade.domain.plans import leases
 from cleveragents.acp.facade.domain.sessions import turns
 from cleveragents.acp.facade.factory import open_store
-from cleveragents.acp.v1 import session_pb2
+from cleveragents.acp.facade.store.base import EventFilter
+from cleveragents.acp.v1 import events_pb2, session_pb2
 from tests.chaos.processes import free_port
 from tests.conformance.test_turns import TURN_EVENTS, collect, ended, held, said, shown, summary
 from tests.facade.plans.model_world import KEY, KEY_ENV
-from tests.fake_openai import FakeOpenAI, eventually
+from tests.facade.plans.test_lease_processes import _write_locks as write_locks
+from tests.fake_openai import FakeOpenAI, eventually, turn
 from tests.gateway.test_workers import free_port_pair, per_worker, running
 from tests.postgres import fresh_schema
 from tests.server_process import ServerProcess, Tokens, start_server
@@ -40,6 +47,8 @@ USER, ORCH = session_pb2.MESSAGE_ROLE_USER, session_pb2.MESSAGE_ROLE_ORCHESTRATO
 TIMEOUT = 30.0
 # Fresh connections tried before giving up on reaching both workers (1/2 each).
 MAX_TRIES = 60
+# The servers' lease time ($ACP_PLAN_LEASE_SECONDS): how long a frozen process keeps its turn.
+TTL = 3.0
 
 
 @dataclasses.dataclass
@@ -72,7 +81,7 @@ def processes(
         "--idle-timeout",
         "600",
     ]
-    env = {KEY_ENV: KEY}
+    env = {KEY_ENV: KEY, leases.TTL_ENV: str(TTL)}
     token = tokens.tokens["alice"]
     if request.param == "workers":
         db = str(directory / "acp.db")
@@ -301,3 +310,116 @@ async def told_once_each(where: Processes, before: list[float]) -> None:
     if where.kind == "workers":
         after = await tells(where)
         assert [after[i] - before[i] for i in range(2)] == [1, 1]
+
+
+def freeze(pid: int, db: str) -> None:
+    """SIGSTOP ``pid`` at an instant it holds no SQLite write lock (a process frozen inside a
+    SQLite write stops every writer of the file: no takeover is possible, none is claimed;
+    docs/server.md, "A locked database"). PostgreSQL ends such a transaction itself."""
+    paths = [] if "://" in db else [db, f"{db}-shm", f"{db}-wal"]
+    for _ in range(100):
+        os.kill(pid, signal.SIGSTOP)
+        while pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            time.sleep(0.001)
+        if not write_locks(pid, paths):
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} held a SQLite write lock at each of 100 stops")
+
+
+async def session_events(where: Processes, session_id: str) -> list[events_pb2.Event]:
+    """The session's events as stored (no stream: a frozen process may be serving it)."""
+
+    def read() -> list[events_pb2.Event]:
+        store = open_store(where.db)
+        try:
+            stored = store.read_events(0, 10_000, EventFilter(session_id=session_id))
+        finally:
+            store.close()
+        return [events_pb2.Event.FromString(e.body) for e in stored]
+
+    return await asyncio.to_thread(read)
+
+
+@pytest.mark.timeout(180)
+async def test_a_frozen_turn_runner_is_taken_over_and_writes_nothing_after(
+    processes: Processes, sides: tuple[ACPClient, ACPClient]
+) -> None:
+    """SIGSTOP of the process running a session's turn (it holds the run lease): once the
+    lease lapses ($ACP_PLAN_LEASE_SECONDS) the other process's queued turn ends the frozen
+    one as failed and runs; on SIGCONT the frozen process stores nothing more (its model
+    answer completes, but its fenced writes are refused), and its caller is told the turn's
+    stored end."""
+    one_side, other_side = sides
+    release_one = asyncio.Event()
+    frozen = processes.pids[0]
+    async with FakeOpenAI(processes.fake_port) as fake:
+        await one_side.call(
+            "actor.add",
+            name="chat-frozen",
+            spec={"provider": "openai", "model": "m", "base_url": fake.base_url, "api_key_env": KEY_ENV},
+        )
+        created = await one_side.call("session.create", orchestrator="chat-frozen")
+        assert isinstance(created, session_pb2.CreateSessionResponse)
+        sid = created.session.meta.id
+        fake.then(held("Answer one.", release_one, after=2), turn("Answer two."))
+        first = asyncio.ensure_future(one_side.call("session.tell", session_id=sid, content="Q1"))
+        # Mid-turn: the first piece of the answer is stored (its delta event).
+        for _ in range(int(TIMEOUT / 0.05)):
+            streamed = [e for e in await session_events(processes, sid) if e.session_text_delta.text]
+            if streamed:
+                break
+            await asyncio.sleep(0.05)
+        assert [e.session_text_delta.text for e in streamed] == ["Answ"]
+        one_id = streamed[0].session_text_delta.turn_id
+        assert await lease_pid(processes, turns.run_lease(sid)) == frozen
+        await asyncio.to_thread(freeze, frozen, processes.db)
+        try:
+            frozen_at = time.monotonic()
+            second = await other_side.call("session.tell", session_id=sid, content="Q2", background=True)
+            assert isinstance(second, session_pb2.TellSessionResponse)
+            one = await ended(other_side, sid, one_id)
+            settled = time.monotonic() - frozen_at
+            two = await ended(other_side, sid, second.turn.id)
+            taken_over = time.monotonic() - frozen_at
+        finally:
+            os.kill(frozen, signal.SIGCONT)
+        assert two.state == session_pb2.TURN_STATE_SUCCEEDED
+        # The frozen process wakes; its model stream is let through to the end.
+        release_one.set()
+        answer = await first
+        assert isinstance(answer, session_pb2.TellSessionResponse)
+        assert answer.turn.state == session_pb2.TURN_STATE_FAILED
+        assert answer.turn.error.message == "the server process running it stopped"
+        assert not answer.replies
+        view = await shown(other_side, sid)
+        assert [(m.role, m.content) for m in view.messages] == [
+            (USER, "Q1"),
+            (USER, "Q2"),
+            (ORCH, "Answer two."),
+        ]
+        assert [t.state for t in view.turns] == [
+            session_pb2.TURN_STATE_FAILED,
+            session_pb2.TURN_STATE_SUCCEEDED,
+        ]
+        stored = await session_events(processes, sid)
+        # Of the first turn's answer only what streamed before the freeze: the frozen
+        # process's deltas after it are fenced out like its replies.
+        one_deltas = [
+            e.session_text_delta.text for e in stored if e.session_text_delta.turn_id == answer.turn.id
+        ]
+        assert one_deltas == ["Answ"]
+        assert summary([e for e in stored if e.type in TURN_EVENTS]) == [
+            ("session.turn_started", "TURN_STATE_RUNNING"),
+            ("session.message", "MESSAGE_ROLE_USER:Q1"),
+            ("session.turn_completed", "TURN_STATE_FAILED"),
+            ("session.turn_started", "TURN_STATE_RUNNING"),
+            ("session.message", "MESSAGE_ROLE_USER:Q2"),
+            ("session.message", "MESSAGE_ROLE_ORCHESTRATOR:Answer two."),
+            ("session.turn_completed", "TURN_STATE_SUCCEEDED"),
+        ]
+        print(
+            f"{processes.kind}: SIGSTOP + {settled:.2f} s: the frozen turn ended {one.error.message!r}; "
+            f"+ {taken_over:.2f} s: the next turn answered (lease {TTL} s)"
+        )

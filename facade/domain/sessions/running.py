@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ulid import ULID
 
@@ -59,6 +59,7 @@ class Sessions(Protocol):
 
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # How often a runner looks for a stop request left on its lease by another process, and a
 # waiting turn looks again whether the turn before it ended in another process.
@@ -95,6 +96,37 @@ class Running:
 
 # The turn the current task runs for (set in the orchestrator's task only).
 CURRENT: ContextVar[Running | None] = ContextVar("acp_session_turn", default=None)
+
+
+async def fenced(store: Store, running: Running, write: Callable[[Store], T]) -> T | None:
+    """``write`` in a transaction that first checks the turn's run lease is still its
+    runner's (token and expiry, on the store's clock), as every write of a turn is: a runner
+    frozen past its lease and taken over (SIGSTOP, a long GC pause) stores nothing more when
+    it wakes. None, and the turn asked to stop, when the lease is lost or a stop was asked."""
+    if running.stop.done():
+        return None
+
+    def guarded(s: Store) -> T:
+        s.check_lease(turns.run_lease(running.session_id), running.token)
+        return write(s)
+
+    try:
+        return await store.write(guarded)
+    except LeaseLostError:
+        running.request("lost")
+        return None
+
+
+async def still_running(store: Store, running: Running) -> bool:
+    """Whether the turn's runner still holds its lease (a read: before a side effect that
+    cannot share the lease's transaction, such as starting a plan)."""
+    if running.stop.done():
+        return False
+    lease = await store.read(lambda s: s.get_lease(turns.run_lease(running.session_id)))
+    if lease is not None and lease.live and lease.token == running.token:
+        return True
+    running.request("lost")
+    return False
 
 
 @dataclass(frozen=True)

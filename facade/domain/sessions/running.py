@@ -15,10 +15,10 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ulid import ULID
 
@@ -35,6 +35,24 @@ from cleveragents.acp.v1 import events_pb2, session_pb2
 
 class _Publisher(Protocol):
     def publish(self, event: events_pb2.Event) -> events_pb2.Event: ...
+
+
+class _Feed(Protocol):
+    def __aiter__(self) -> AsyncIterator[events_pb2.Event]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class _Followed(Protocol):
+    """An event log that also delivers what other processes commit (``EventLog``)."""
+
+    @property
+    def delivered_sequence(self) -> int: ...
+
+    def subscribe(
+        self, *, namespaces: frozenset[str] | None, event_types: Sequence[str] = (), after_sequence: int = 0
+    ) -> _Feed: ...
 
 
 class Sessions(Protocol):
@@ -166,6 +184,10 @@ class TurnRunner:
         self.tasks: set[asyncio.Task[Any]] = set()
         self._beat: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        # Turns of this process waiting for their place, and what wakes them when a turn
+        # ends in another process (a feed of session.turn_completed events).
+        self._waiting = 0
+        self._watcher: asyncio.Task[None] | None = None
         self._closed = False
 
     # tell -----------------------------------------------------------------------------
@@ -248,8 +270,11 @@ class TurnRunner:
     async def _drive(
         self, ctx: CallContext, session_id: str, turn_id: str, orchestrator: Orchestrator
     ) -> session_pb2.TellSessionResponse:
+        waited = False
         try:
             while True:
+                # Taken before looking, so a turn ending while we look still wakes us.
+                changed = self._changed
                 if await self.store.read(lambda _s: self._may_start(session_id, turn_id)):
                     got: _Try = await self.store.write(lambda _s: self._try_start(session_id, turn_id))
                     if isinstance(got, _Ended):
@@ -258,9 +283,17 @@ class TurnRunner:
                         return got.response
                     if isinstance(got, _Started):
                         break
-                await self._wait()
+                if not waited:
+                    waited = True
+                    self._waiting += 1
+                    self._watch()
+                await self._wait(changed)
         finally:
             self.held.pop(turns.queue_lease(turn_id), None)
+            if waited:
+                self._waiting -= 1
+                if not self._waiting and self._watcher is not None:
+                    self._watcher.cancel()
         return await self._run(ctx, got, orchestrator)
 
     def _may_start(self, session_id: str, turn_id: str) -> bool:
@@ -341,9 +374,34 @@ class TurnRunner:
                 lease = self.store.claim_lease(name, self.owner, self.ttl, steal_token=current.token)
         return lease
 
-    async def _wait(self) -> None:
+    async def _wait(self, changed: asyncio.Event | None = None) -> None:
+        """Until a turn of this process ends, a turn ends in another (``_watch``), or the
+        poll interval passes (what another process's lapsed lease needs)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), POLL_SECONDS)
+            await asyncio.wait_for((changed or self._changed).wait(), POLL_SECONDS)
+
+    def _watch(self) -> None:
+        """While turns wait here, follow the event log's ``session.turn_completed`` events
+        (other processes' too: workers wake each other's followers at once, PostgreSQL
+        replicas through LISTEN/NOTIFY), so a turn queued behind one that ends elsewhere
+        starts at once instead of at the next poll."""
+        events = self.sessions.events
+        if self._closed or not isinstance(events, _Followed):
+            return
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._watching(events))
+
+    async def _watching(self, events: _Followed) -> None:
+        feed = events.subscribe(
+            namespaces=None, event_types=["session.turn_completed"], after_sequence=events.delivered_sequence
+        )
+        try:
+            async for _ in feed:
+                self._changed_now()
+        except ACPError:
+            pass  # the feed ended (its queue overflowed, the log closed): the poll remains
+        finally:
+            feed.close()
 
     def _changed_now(self) -> None:
         """Wake this process's waiting turns (one of their sessions moved)."""
@@ -657,9 +715,10 @@ class TurnRunner:
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        if self._beat is not None:
-            self._beat.cancel()
-            await asyncio.gather(self._beat, return_exceptions=True)
+        for helper in (self._beat, self._watcher):
+            if helper is not None:
+                helper.cancel()
+                await asyncio.gather(helper, return_exceptions=True)
         held = dict(self.held)
         if held:
             with contextlib.suppress(Exception):

@@ -275,7 +275,10 @@ class TurnRunner:
             while True:
                 # Taken before looking, so a turn ending while we look still wakes us.
                 changed = self._changed
-                if await self.store.read(lambda _s: self._may_start(session_id, turn_id)):
+                # The first try is the write itself (an idle session's tell, the common
+                # case, starts in one store round trip); a turn that waits then looks with
+                # reads until a write could get anywhere.
+                if not waited or await self.store.read(lambda _s: self._may_start(session_id, turn_id)):
                     got: _Try = await self.store.write(lambda _s: self._try_start(session_id, turn_id))
                     if isinstance(got, _Ended):
                         if got.error is not None:

@@ -223,6 +223,10 @@ async def test_double_texting_across_processes(
                 assert [(m.role, m.content) for m in stored] == [(USER, "Q1"), (ORCH, "Answer one.")]
                 assert len(fake.requests) == 1
                 await told_once_each(processes, told_before)
+                print(
+                    f"{processes.kind} reject: Q1 -> pid {processes.pids[0]}, Q2 -> pid {processes.pids[1]} "
+                    f"refused {refused.value.details['refinement']}; history {[m.content for m in stored]}"
+                )
                 return
 
             second = await other_side.call(
@@ -299,6 +303,12 @@ async def test_double_texting_across_processes(
                 ("session.turn_completed", "TURN_STATE_SUCCEEDED"),
             ]
             await told_once_each(processes, told_before)
+            print(
+                f"{processes.kind} {policy}: Q1 -> pid {processes.pids[0]}, Q2 -> pid {processes.pids[1]}; "
+                f"turns {[session_pb2.TurnState.Name(t.state) for t in view.turns]}; "
+                f"history {[(m.content, m.partial) for m in view.messages]}; "
+                f"second model request {requests[1]}"
+            )
     finally:
         release_one.set()
         release_two.set()

@@ -37,6 +37,12 @@ def register(subparsers: Any, words: Sequence[str] | None = None) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument(
+        "--orchestrator",
+        metavar="ACTOR",
+        default="",
+        help="the orchestrator actor of the sessions it creates (default: the built-in orchestrator)",
+    )
     add_options(parser)
     parser.set_defaults(handler=editor_command, connects=True)
 
@@ -54,7 +60,7 @@ def editor_command(args: argparse.Namespace) -> int:
     conn = None
 
     async def run(conn: Connection) -> int:
-        return await serve(calls.open_client(conn), conn.where, rpc_fd)
+        return await serve(calls.open_client(conn), conn.where, rpc_fd, orchestrator=args.orchestrator)
 
     try:
         conn = resolve(args)

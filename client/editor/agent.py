@@ -68,8 +68,12 @@ def _version() -> str:
 class EditorAgent:
     """A Zed ACP ``Agent`` over ``ACPClient``."""
 
-    def __init__(self, client: ACPClient, where: str, permissions: Permissions | None = None) -> None:
+    def __init__(
+        self, client: ACPClient, where: str, permissions: Permissions | None = None, *, orchestrator: str = ""
+    ) -> None:
         self.client = client
+        # The orchestrator actor of new sessions ("": the built-in one).
+        self.orchestrator = orchestrator
         self.where = where
         self._permissions = permissions
         self._editor: Client | None = None
@@ -147,6 +151,7 @@ class EditorAgent:
                 "session.create",
                 namespace=namespace,
                 project=project.name,
+                orchestrator=self.orchestrator,
                 title=f"{posixpath.basename(cwd.rstrip('/')) or cwd} (editor)",
                 labels=LABELS,
                 automation_profile=modes.DEFAULT.profile,

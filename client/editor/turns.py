@@ -58,6 +58,13 @@ def resting(plan: plan_pb2.Plan) -> bool:
     )
 
 
+def staged_for_good(plan: plan_pb2.Plan) -> bool:
+    """Executed under a mode that never applies by itself: nothing follows without a person."""
+    mode = modes.BY_PROFILE.get(plan.automation_profile)
+    executed = plan.phase == plan_pb2.PLAN_PHASE_EXECUTE and plan.state == plan_pb2.PLAN_STATE_SUCCEEDED
+    return executed and mode is not None and not mode.spec["auto_apply"]
+
+
 class PromptTurn:
     """One ``session/prompt``, from the tell to its stop reason."""
 
@@ -127,14 +134,14 @@ class PromptTurn:
         await self.send(helpers.update_agent_message_text(_paragraph(message.content)))
 
     async def _follow_plan(self, plan_id: str) -> None:
-        view = PlanView(self.client, plan_id, {})
-        for update in await view.refresh():
-            await self.send(update)
-        view.folders = await self.folders(view.plan.meta.namespace, view.plan.project)
+        status = await self.client.call("plan.status", plan_id=plan_id)
+        plan: plan_pb2.Plan = status.plan  # type: ignore[attr-defined]
+        view = PlanView(self.client, plan_id, await self.folders(plan.meta.namespace, plan.project))
+        await self._refresh(view)
         events: asyncio.Queue[events_pb2.Event | None] = asyncio.Queue()
         pump = asyncio.create_task(self._pump(plan_id, events))
         try:
-            while not run_over(view.plan) and not self.cancelled:
+            while not (run_over(view.plan) or staged_for_good(view.plan) or self.cancelled):
                 try:
                     event = await asyncio.wait_for(events.get(), REST_SECONDS if resting(view.plan) else None)
                 except TimeoutError:

@@ -10,7 +10,6 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.editor.agent import EditorAgent
 from cleveragents.acp.client.editor.stdio import JsonRpcLines, open_writer
 
-
 # How long the bridge waits, once stdin ends, for the work in flight to make progress.
 SETTLE_SECONDS = 30.0
 REQUEST_TASK = "acp.Connection.request"

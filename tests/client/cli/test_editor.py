@@ -11,10 +11,10 @@ import os
 import pathlib
 import subprocess
 import sys
-from typing import Any
+from typing import Any, cast
 
-import pytest
 from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block
+from acp.interfaces import Client
 from acp.schema import AllowedOutcome, ClientCapabilities, Implementation, RequestPermissionResponse
 
 from tests.client.cli.conftest import Cli, clean_env
@@ -85,11 +85,15 @@ async def _flow(cli: Cli) -> None:
     site = tour(cli)
     env = _bridge_env(cli)
     first = Recorder()
-    async with spawn_agent_process(first, *agents_command("editor"), env=env, cwd=site) as (conn, _):
+    async with spawn_agent_process(cast(Client, first), *agents_command("editor"), env=env, cwd=site) as (
+        conn,
+        _,
+    ):
         init = await _initialize(conn)
         assert init.agent_capabilities.load_session is True
         assert [m.id for m in init.auth_methods] == ["acp-token"]
         created = await conn.new_session(cwd=str(site / "src"), mcp_servers=[])
+        assert created.modes is not None
         assert created.modes.current_mode_id == "ask"
         answer = await conn.prompt(session_id=created.session_id, prompt=[text_block("/hello name=Ada")])
         assert answer.stop_reason == "end_turn"
@@ -100,12 +104,17 @@ async def _flow(cli: Cli) -> None:
     # The step's diff comes with its tool call, or with the update that completes it.
     shown = [*first.kinds("tool_call"), *first.kinds("tool_call_update")]
     diffs = [c for u in shown for c in (u.content or []) if c.type == "diff"]
-    assert diffs and diffs[0].path == str(site / "hello.txt") and diffs[0].new_text == "Hello, Ada!\n"
-    assert first.asked and first.asked[0].content[0].new_text == "Hello, Ada!\n"
+    assert diffs, first.updates
+    assert (diffs[0].path, diffs[0].new_text) == (str(site / "hello.txt"), "Hello, Ada!\n")
+    assert first.asked, first.updates
+    assert first.asked[0].content[0].new_text == "Hello, Ada!\n"
     assert first.kinds("plan")
     # A second bridge (another editor) continues the same session.
     second = Recorder(allow=None)
-    async with spawn_agent_process(second, *agents_command("editor"), env=env, cwd=site) as (conn, _):
+    async with spawn_agent_process(cast(Client, second), *agents_command("editor"), env=env, cwd=site) as (
+        conn,
+        _,
+    ):
         await _initialize(conn)
         listed = await conn.list_sessions(cwd=str(site))
         assert session_id in [s.session_id for s in listed.sessions]
@@ -197,8 +206,10 @@ def test_bad_input_gets_json_rpc_errors_and_the_bridge_keeps_running(local_cli: 
     assert by_id[2]["error"]["code"] == -32601
     assert by_id[3]["error"]["code"] == -32002
     assert "agents project add" in by_id[3]["error"]["message"]
-    assert by_id[4]["error"]["code"] == -32602 and "absolute" in by_id[4]["error"]["message"]
-    assert by_id[5]["error"]["code"] == -32002 and "no session" in by_id[5]["error"]["message"]
+    assert by_id[4]["error"]["code"] == -32602
+    assert "absolute" in by_id[4]["error"]["message"]
+    assert by_id[5]["error"]["code"] == -32002
+    assert "no session" in by_id[5]["error"]["message"]
     assert by_id[1]["result"]["agentCapabilities"]["loadSession"] is True
 
 
@@ -224,8 +235,7 @@ def test_stdout_is_json_rpc_alone_while_the_server_is_unreachable(tmp_path: path
     answers, err = _raw(cli, [INIT, new], "--retry-attempts", "3", "--retry-seconds", "1")
     by_id = {a["id"]: a for a in answers}
     assert "result" in by_id[1]
-    assert (
-        by_id[2]["error"]["code"] == -32603 and "cannot reach the ACP server" in by_id[2]["error"]["message"]
-    )
+    assert by_id[2]["error"]["code"] == -32603
+    assert "cannot reach the ACP server" in by_id[2]["error"]["message"]
     assert by_id[2]["error"]["data"]["retryable"] is True
     assert "retrying" in err, err

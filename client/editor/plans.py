@@ -166,7 +166,8 @@ class PlanView:
         return [helpers.update_tool_call(call_id, status=status, content=(content + error) or None)]
 
     def _resource(self, step_id: str) -> str:
-        return next((a.resource for a in self._artifacts if a.step_id == step_id), "")
+        found = next((a.resource for a in self._artifacts if a.step_id == step_id), "")
+        return found or (next(iter(self.folders)) if len(self.folders) == 1 else "")
 
     async def _contents(self) -> dict[str, list[Any]]:
         """Per step, the diff of each file it staged (Zed ACP ``diff`` content: the text

@@ -80,6 +80,10 @@ class EditorAgent:
         self._prompts: dict[str, PromptTurn] = {}
         self._folders: dict[tuple[str, str], dict[str, str]] = {}
         self._actions: dict[str, set[str]] = {}
+        # Sessions read before (their namespace and orchestrator do not change).
+        self._known: dict[str, session_pb2.Session] = {}
+        # Per session, the last event sequence a prompt read (the next one reads after it).
+        self._seen: dict[str, int] = {}
         self._background: set[asyncio.Task[Any]] = set()
 
     # connection ------------------------------------------------------------------------
@@ -218,11 +222,22 @@ class EditorAgent:
             raise RequestError.invalid_request(
                 {"details": f"session {session_id} already has a prompt running"}
             )
-        session = await self._session(session_id)
-        text = modes.as_orchestrator_text(prompt_text(prompt), await self._action_names(session))
+        text = prompt_text(prompt)
+        if text.startswith("/"):
+            # Only a slash command needs the session first (its namespace's actions); plain
+            # text goes straight to the tell, which checks the session itself.
+            session = self._known.get(session_id) or await self._session(session_id)
+            text = modes.as_orchestrator_text(text, await self._action_names(session))
         if not text.strip():
             raise RequestError.invalid_params({"details": "the prompt has no text"})
-        turn = PromptTurn(self.client, self.editor, self.permissions, self.folders, session)
+        turn = PromptTurn(
+            self.client,
+            self.editor,
+            self.permissions,
+            self.folders,
+            session_id,
+            lambda: self._session(session_id),
+        )
         self._prompts[session_id] = turn
         try:
             with translated(self.where):
@@ -248,6 +263,7 @@ class EditorAgent:
         with translated(self.where):
             shown = await self.client.call("session.show", session_id=session_id, page_size=1)
         session: session_pb2.Session = shown.session  # type: ignore[attr-defined]
+        self._known[session_id] = session
         return session
 
     async def folders(self, namespace: str, project: str) -> dict[str, str]:

@@ -74,14 +74,17 @@ class PromptTurn:
         editor: Client,
         permissions: Permissions,
         folders: Folders,
-        session: session_pb2.Session,
+        session_id: str,
+        current: Callable[[], Awaitable[session_pb2.Session]],
     ) -> None:
         self.client = client
         self.editor = editor
         self.permissions = permissions
         self.folders = folders
-        self.session = session
-        self.session_id = session.meta.id
+        self.session_id = session_id
+        self.after_sequence = 0
+        # The session as stored now (its mode may have changed since the prompt began).
+        self.current = current
         self.turn_id = ""
         self.cancelled = False
         self._plans: list[str] = []
@@ -110,7 +113,13 @@ class PromptTurn:
 
     async def _follow_turn(self) -> session_pb2.Turn:
         streamed: dict[int, list[str]] = {}
-        async for event in self.client.subscribe(session_id=self.session_id, event_type=TURN_EVENTS):
+        # After the last event an earlier prompt of this session saw: a long session's past
+        # events are not read again (0, the first time: all retained, ours among them).
+        after = self.after_sequence
+        async for event in self.client.subscribe(
+            session_id=self.session_id, event_type=TURN_EVENTS, after_sequence=after
+        ):
+            self.after_sequence = event.sequence
             kind = event.WhichOneof("payload")
             if kind == "session_text_delta" and event.session_text_delta.turn_id == self.turn_id:
                 delta = event.session_text_delta
@@ -158,13 +167,13 @@ class PromptTurn:
         if self.cancelled:
             return
         await self._refresh(view)
-        mode = modes.BY_PROFILE.get(self.session.automation_profile, modes.BY_ID["stage"])
+        session = await self.current()
+        mode = modes.BY_PROFILE.get(session.automation_profile, modes.BY_ID["stage"])
         decision = await self.permissions.settle(self.session_id, view, mode)
         if decision is not None:
             await self.send(helpers.update_agent_message_text(_paragraph(decision.note)))
             if decision.mode is not None:
                 await self.send(helpers.update_current_mode(decision.mode.id))
-                self.session.automation_profile = decision.mode.profile
         else:
             await self.send(helpers.update_agent_message_text(_paragraph(outcome(view.plan))))
 

@@ -132,9 +132,7 @@ class EditorAgent:
 
     async def authenticate(self, method_id: str, **kwargs: Any) -> AuthenticateResponse:
         if method_id != AUTH_METHOD:
-            raise RequestError.invalid_params(
-                {"details": f"unknown auth method {method_id!r}; the one offered is {AUTH_METHOD!r}"}
-            )
+            raise _invalid(-32602, f"unknown auth method {method_id!r}; the one offered is {AUTH_METHOD!r}")
         with translated(self.where):
             await self.client.call("session.list", page_size=1)
         return AuthenticateResponse()
@@ -200,9 +198,7 @@ class EditorAgent:
     async def set_session_mode(self, mode_id: str, session_id: str, **kwargs: Any) -> SetSessionModeResponse:
         mode = modes.BY_ID.get(mode_id)
         if mode is None:
-            raise RequestError.invalid_params(
-                {"details": f"unknown mode {mode_id!r}; the modes are {', '.join(modes.BY_ID)}"}
-            )
+            raise _invalid(-32602, f"unknown mode {mode_id!r}; the modes are {', '.join(modes.BY_ID)}")
         session = await self._session(session_id)
         with translated(self.where):
             await modes.ensure_profile(self.client, session.meta.namespace, mode)
@@ -219,9 +215,7 @@ class EditorAgent:
 
     async def prompt(self, prompt: list[Any], session_id: str, **kwargs: Any) -> PromptResponse:
         if session_id in self._prompts:
-            raise RequestError.invalid_request(
-                {"details": f"session {session_id} already has a prompt running"}
-            )
+            raise _invalid(-32600, f"session {session_id} already has a prompt running")
         text = prompt_text(prompt)
         if text.startswith("/"):
             # Only a slash command needs the session first (its namespace's actions); plain
@@ -229,7 +223,7 @@ class EditorAgent:
             session = self._known.get(session_id) or await self._session(session_id)
             text = modes.as_orchestrator_text(text, await self._action_names(session))
         if not text.strip():
-            raise RequestError.invalid_params({"details": "the prompt has no text"})
+            raise _invalid(-32602, "the prompt has no text")
         turn = PromptTurn(
             self.client,
             self.editor,
@@ -340,3 +334,8 @@ def prompt_text(blocks: list[Any]) -> str:
         else:
             sys.stderr.write(f"agents editor: a {kind or 'content'} block of the prompt is left out\n")
     return "\n".join(parts)
+
+
+def _invalid(code: int, message: str) -> RequestError:
+    """A JSON-RPC error whose message says what was wrong (editors show the message)."""
+    return RequestError(code, message, {"details": message})

@@ -97,7 +97,10 @@ async def _flow(cli: Cli) -> None:
         assert created.modes.current_mode_id == "ask"
         answer = await conn.prompt(session_id=created.session_id, prompt=[text_block("/hello name=Ada")])
         assert answer.stop_reason == "end_turn"
+        await conn.set_session_mode(session_id=created.session_id, mode_id="stage")
     session_id = created.session_id
+    profile = cli("session", "show", session_id, "--value", "session.automation_profile").out.strip()
+    assert profile == "editor-stage"
     assert (site / "hello.txt").read_text() == "Hello, Ada!\n"
     calls = first.kinds("tool_call")
     assert [c.kind for c in calls] == ["edit", "edit"], calls
@@ -118,7 +121,10 @@ async def _flow(cli: Cli) -> None:
         await _initialize(conn)
         listed = await conn.list_sessions(cwd=str(site))
         assert session_id in [s.session_id for s in listed.sessions]
-        await conn.load_session(cwd=str(site), session_id=session_id, mcp_servers=[])
+        loaded = await conn.load_session(cwd=str(site), session_id=session_id, mcp_servers=[])
+        assert loaded is not None
+        assert loaded.modes is not None
+        assert loaded.modes.current_mode_id == "stage"
         replayed = [u.content.text for u in second.kinds("user_message_chunk")]
         assert replayed == ["/use hello name=Ada\n"], second.updates
         assert [c.kind for c in second.kinds("tool_call")] == ["edit"], second.updates

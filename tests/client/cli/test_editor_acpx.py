@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from tests.client.cli.conftest import Cli
+from tests.client.cli.conftest import Cli, make_cli
 from tests.client.cli.test_editor import tour
 from tests.facade.plans.model_world import KEY, KEY_ENV
 from tests.fake_openai import FakeOpenAI, turn
 from tests.needs import ROOT, unavailable
-from tests.server_process import agents_command
+from tests.server_process import ServerProcess, Tokens, agents_command
 
 ACPX = pathlib.Path(os.environ.get("ACP_ACPX", ROOT / ".build" / "acpx" / "node_modules" / ".bin" / "acpx"))
 
@@ -130,3 +130,14 @@ def test_acpx_cancel_ends_a_streaming_model_turn_cancelled(local_cli: Cli) -> No
     sessions = json.loads(local_cli("session", "list", "--json").out)["sessions"]
     shown = json.loads(local_cli("session", "show", sessions[0]["meta"]["id"], "--json").out)
     assert [t["state"] for t in shown["turns"]] == ["TURN_STATE_CANCELLED"], shown
+
+
+def test_acpx_runs_the_tour_against_a_server(
+    cli_server: tuple[ServerProcess, Tokens], tmp_path: pathlib.Path
+) -> None:
+    """The same through ``agents serve`` (HTTP, a token): the file written once allowed."""
+    cli = make_cli("http", tmp_path, cli_server)
+    site = tour(cli)
+    transcript = acpx(cli, site, "--approve-all", "exec", "/hello name=Ada")
+    assert {"session/new", "session/prompt", "session/request_permission"} <= set(methods(transcript))
+    assert (site / "hello.txt").read_text() == "Hello, Ada!\n"

@@ -7,7 +7,7 @@ THIRD_PARTY := .build/third_party
 RELEASED_IMAGE := proto/released/acp-1.2.binpb
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup serve test test-loops browser postgres programs newest-protobuf fuzz chaos lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bytecode bench bench-quick bench-tools bench-peer release-image clean
+.PHONY: setup serve test test-loops browser postgres programs newest-protobuf editor-clients fuzz chaos lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bytecode bench bench-quick bench-tools bench-peer release-image clean
 
 setup: $(STAMP)
 
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/agents serve --state-dir .acp $(SERVE_FLAGS)
 
-test: $(STAMP) browser postgres programs newest-protobuf
+test: $(STAMP) browser postgres programs newest-protobuf editor-clients
 	$(MAKE) --no-print-directory lint typecheck buf-lint gen-check buf-breaking import-lint pytest
 
 # Debian's Chromium for the console tests (Playwright drives it; `playwright install` is
@@ -61,6 +61,29 @@ newest-protobuf: $(STAMP)
 		rm -rf $(NEWEST_PROTOBUF) && mv $(NEWEST_PROTOBUF).tmp $(NEWEST_PROTOBUF); \
 	else rm -rf $(NEWEST_PROTOBUF).tmp; \
 		echo "!!! test: could not install $$pin (.build/newest-protobuf.log): the newest-protobuf test uses what $(NEWEST_PROTOBUF) holds, or skips (fails under CI=true)"; fi
+
+# Zed ACP clients nobody here wrote, for the `agents editor` tests: acpx from the npm registry
+# (into .build/acpx) and the example client of the Zed ACP Python SDK's sdist (the pinned
+# version's, into .build/zed-acp-sdk). Installed here, never during a test; without them the
+# tests skip loudly (fail under CI=true).
+ACPX_VERSION := 0.19.1
+EDITOR_CLIENTS := .build/acpx/node_modules/.bin/acpx .build/zed-acp-sdk/examples/client.py
+editor-clients: $(STAMP)
+	@mkdir -p .build
+	@if [ "$$(cat .build/acpx/.version 2>/dev/null)" = "$(ACPX_VERSION)" ]; then :; \
+	elif command -v npm >/dev/null && npm install --silent --no-audit --no-fund --prefix .build/acpx acpx@$(ACPX_VERSION) >.build/acpx.log 2>&1; then \
+		echo "$(ACPX_VERSION)" >.build/acpx/.version; \
+	else echo "!!! test: could not install acpx $(ACPX_VERSION) (.build/acpx.log): the acpx tests will skip (fail under CI=true)"; fi
+	@sdk=$$($(BIN)/python -c "from importlib import metadata; print(metadata.version('agent-client-protocol'))"); \
+	if [ "$$(cat .build/zed-acp-sdk/.version 2>/dev/null)" = "$$sdk" ]; then :; \
+	else rm -rf .build/zed-acp-sdk .build/zed-acp-sdk.tmp && mkdir -p .build/zed-acp-sdk.tmp && \
+		if $(BIN)/python -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+			--timeout 20 --retries 1 -d .build/zed-acp-sdk.tmp "agent-client-protocol==$$sdk" >.build/zed-acp-sdk.log 2>&1 \
+			&& tar -xzf .build/zed-acp-sdk.tmp/*.tar.gz -C .build/zed-acp-sdk.tmp; then \
+			mkdir -p .build/zed-acp-sdk && mv .build/zed-acp-sdk.tmp/*/examples .build/zed-acp-sdk/ \
+			&& echo "$$sdk" >.build/zed-acp-sdk/.version; \
+		else echo "!!! test: could not fetch the Zed ACP SDK's sdist (.build/zed-acp-sdk.log): its example-client test will skip (fail under CI=true)"; fi; \
+		rm -rf .build/zed-acp-sdk.tmp; fi
 
 # The local PostgreSQL for the PostgreSQL tests (tests/postgres.py): started when it is
 # installed but stopped and we may (root); otherwise those tests skip, which the run says
@@ -129,7 +152,7 @@ pytest: $(STAMP) bytecode
 # The whole suite the other way round from `make test`: in-process tests on uvloop, the
 # servers tests start (agents serve subprocesses) on asyncio's loop. Together with `make
 # test` every test has run on both loops (docs/testing.md).
-test-loops: $(STAMP) bytecode browser postgres programs newest-protobuf
+test-loops: $(STAMP) bytecode browser postgres programs newest-protobuf editor-clients
 	ACP_TEST_LOOP=uvloop ACP_LOOP=asyncio $(BIN)/python -m pytest
 
 # The fuzz tests with many more examples than `make test` runs (ACP_FUZZ_EXAMPLES there: 4).

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from bench import (
     actors,
+    editor,
     idempotency,
     layers,
     local,
@@ -41,6 +42,8 @@ FAMILIES: dict[str, Callable[[Run], None]] = {
     "memory": memory.run_all,
     "neighbours": neighbours.run_all,
     "actors": actors.run_all,
+    # agents editor (Zed ACP over stdio) against ACPClient on the same backend.
+    "editor": editor.run_all,
     "scaling": scaling.run_all,
     # Only where a PostgreSQL is reachable (bench/postgres.py); otherwise it says so.
     "postgres": postgres.run_all,

@@ -7,8 +7,8 @@ Every test runs hundreds of ``agents`` processes, and building a parser for each
 catalog's operations costs more than most calls: a parser is built for the command line it
 parses. ``words`` (see ``command_words``) names the command and its verb; a module builds
 those parsers in full and only the names and help lines of the others, which is all the
-overview and an unknown command's error show. ``serve`` and ``token`` (``NAMES`` of their
-modules) need no other module at all, so neither the catalog nor the client is imported.
+overview and an unknown command's error show. ``serve``, ``token`` and ``editor`` (``NAMES`` of
+their modules) need no other module at all, so neither the catalog nor the client is imported.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from cleveragents.acp.client.cli import exits, serve, tokens
+from cleveragents.acp.client.cli import editor, exits, serve, tokens
 from cleveragents.acp.client.cli.connect import add_options, given_globally
 from cleveragents.acp.contract.errors import TABLE
 
@@ -144,12 +144,12 @@ def command_words(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple
 def _command_modules(words: tuple[str, ...] | None) -> tuple[ModuleType, ...]:
     """The modules whose commands the parser needs: a module of its own alone when the line
     names one of its commands, else all (``calls`` imports the client and the catalog)."""
-    for module in (serve, tokens):
+    for module in (serve, tokens, editor):
         if words and words[0] in module.NAMES:
             return (module,)
     from cleveragents.acp.client.cli import calls
 
-    return (serve, tokens, calls)
+    return (serve, tokens, editor, calls)
 
 
 def build_parser(argv: Sequence[str] | None = None) -> Parser:

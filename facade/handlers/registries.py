@@ -11,13 +11,22 @@ from typing import Any
 from google.protobuf import message
 
 from cleveragents.acp.contract.call import CallContext
+from cleveragents.acp.facade.domain.registries.resolve import ProjectResolver
 from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs
 from cleveragents.acp.facade.handlers.table import handles
+from cleveragents.acp.v1 import workspace_pb2
 
 
 class RegistryHandlers:
     def __init__(self, verbs: RegistryVerbs) -> None:
         self._verbs = verbs
+        self._resolver = ProjectResolver(verbs.registries)
+
+    @handles("project.resolve")
+    async def ResolveProject(
+        self, request: workspace_pb2.ResolveProjectRequest, ctx: CallContext
+    ) -> workspace_pb2.ResolveProjectResponse:
+        return await self._resolver.resolve(ctx, request)
 
     @handles("actor.list", rpc="ListActors")
     @handles("skill.list", rpc="ListSkills")

@@ -22,6 +22,7 @@ DOMAIN: dict[str, list[tuple[str, str | None]]] = {
     "context.set": [("NOT_FOUND", "PROJECT_NOT_FOUND")],
     "context.simulate": [("NOT_FOUND", "PROJECT_NOT_FOUND"), ("INVALID_PARAMS", None)],
     "context.inspect": [("NOT_FOUND", "PROJECT_NOT_FOUND"), ("NOT_FOUND", "CONTEXT_ITEM_NOT_FOUND")],
+    "project.resolve": [("NOT_FOUND", "PROJECT_NOT_FOUND")],
     "plan.use": [
         ("NOT_FOUND", "ACTION_NOT_FOUND"),
         ("NOT_FOUND", "PROJECT_NOT_FOUND"),

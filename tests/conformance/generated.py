@@ -72,6 +72,7 @@ async def build_world(run: Run) -> dict[str, Any]:
         "config": {"token_budget": 100},
         "document": codec.to_dict(exported)["document"],
         "folder": base,
+        "path": str(base / "sub"),
     }
 
 

@@ -27,11 +27,12 @@ SCENARIOS: dict[str, Scenario] = {}
 MISSING_ID = "01J00000000000000000000000"
 FORGED_TOKEN = "Zm9yZ2Vk"
 REGISTRY_VERBS = frozenset({"list", "show", "add", "update", "remove"})
-# A registry kind is an operation group with exactly the five registry verbs.
+# A registry kind is an operation group with the five registry verbs (``project`` also has
+# ``resolve``, ACP 1.3, outside the registry's verbs).
 REGISTRY_KINDS = sorted(
     group
     for group in {op.group for op in catalog.OPERATIONS.values()}
-    if {op.verb for op in catalog.OPERATIONS.values() if op.group == group} == REGISTRY_VERBS
+    if {op.verb for op in catalog.OPERATIONS.values() if op.group == group} >= REGISTRY_VERBS
 )
 
 
@@ -213,6 +214,39 @@ async def references(run: Run) -> None:
     await run.fails(alice.call("tool.add", name="fs.read", spec={"argv": ["cat"]}), "ALREADY_EXISTS")
     builtin = await alice.call("actor.list", labels={"builtin": "true"})
     assert names(builtin) == BUILT_IN["actor"], builtin
+
+
+@scenario("project.resolve")
+async def project_resolve(run: Run) -> None:
+    """ACP 1.3: the project whose directory resource holds a path, the deepest resource
+    first; a path outside every project is NOT_FOUND saying how to register one; a relative
+    or empty path is INVALID_PARAMS; another namespace's project is not found for bob."""
+    alice, bob = run.client(), run.client("bob")
+    outer, inner = folder(run, "outer"), folder(run, "outer/inner")
+    await alice.call("resource.add", name="outer", spec={"type": "directory", "path": str(outer)})
+    await alice.call("resource.add", name="inner", spec={"type": "directory", "path": str(inner)})
+    await alice.call("project.add", name="big", spec={"resources": ["outer"]})
+    await alice.call("project.add", name="small", spec={"resources": ["inner"]})
+    found = codec.to_dict(await alice.call("project.resolve", path=f"{inner}/docs/../src"))
+    assert (found["project"]["name"], found["resource"], found["relative_path"]) == (
+        "small",
+        "inner",
+        "src",
+    ), found
+    found = codec.to_dict(await alice.call("project.resolve", path=str(outer)))
+    assert (found["project"]["name"], found["resource"], found.get("relative_path", "")) == (
+        "big",
+        "outer",
+        "",
+    ), found
+    err = await run.fails(
+        alice.call("project.resolve", path=f"{outer}-sibling"), "NOT_FOUND", "PROJECT_NOT_FOUND"
+    )
+    assert "agents project add" in err.message, err
+    await run.fails(bob.call("project.resolve", path=str(inner)), "NOT_FOUND", "PROJECT_NOT_FOUND")
+    await run.fails(bob.call("project.resolve", path=str(inner), namespace="default"), "AUTH_FORBIDDEN")
+    for path in ("relative/path", "", "/" + "a" * 5000):
+        await run.fails(alice.call("project.resolve", path=path), "INVALID_PARAMS")
 
 
 @scenario("meta")

@@ -20,7 +20,7 @@ from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.envelope import new_request_id
 from cleveragents.acp.contract.transport import CallOptions
 from tests.conformance.harness import Run
-from tests.conformance.scenarios import REGISTRY_KINDS, entries, folder, use
+from tests.conformance.scenarios import REGISTRY_KINDS, REGISTRY_VERBS, entries, folder, use
 from tests.facade.plans.helpers import INPUTS
 from tests.fake_openai import FakeOpenAI, Hang
 from tests.registry_specs import registry_spec
@@ -185,6 +185,10 @@ CHECKS: dict[str, Check] = {
     "session.cancel_turn": lambda p, d, w: (
         d["turn"]["id"] == p["turn_id"] and d["turn"]["state"] == "TURN_STATE_CANCELLED"
     ),
+    # The world's folder holds the resource ``base``, which projects ``w`` (and a principal's own) name.
+    "project.resolve": lambda p, d, w: (
+        (d["resource"], d["relative_path"]) == ("base", "sub") and "base" in d["project"]["spec"]["resources"]
+    ),
     "context.show": lambda p, d, w: [s["resource"] for s in d["config"]["sources"]] == ["repo"],
     "context.set": lambda p, d, w: d["config"]["token_budget"] == p["config"]["token_budget"],
     "context.inspect": lambda p, d, w: d["item"]["id"] == p["item_id"] and bool(d["item"]["content"]),
@@ -215,7 +219,7 @@ CHECKS: dict[str, Check] = {
 async def check_answer(run: Run, op: Operation, params: Params, data: Data, world: World) -> None:
     """The success answers about the subject asked for, in the state the call leaves it; a
     removed subject is gone."""
-    if op.group in REGISTRY_KINDS:
+    if op.group in REGISTRY_KINDS and op.verb in REGISTRY_VERBS:
         assert registry_answer(op, params, data, world), (op.name, params, data)
     else:
         assert op.name in CHECKS, f"{op.name}: no check of its answer in tests/conformance/subjects.py"

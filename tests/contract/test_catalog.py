@@ -48,12 +48,12 @@ EXPECTED = (
     # ACP 1.2
     + ["events.ticket"]
     # ACP 1.3
-    + ["session.turn", "session.cancel_turn", "session.update"]
+    + ["session.turn", "session.cancel_turn", "session.update", "project.resolve"]
 )
 
 
 def test_every_adr_operation_resolves_exactly_once() -> None:
-    assert len(EXPECTED) == 81
+    assert len(EXPECTED) == 82
     assert sorted(catalog.OPERATIONS) == sorted(EXPECTED)
     methods = [op.full_method for op in catalog.OPERATIONS.values()]
     assert len(methods) == len(set(methods))
@@ -178,7 +178,7 @@ def test_the_catalog_refuses_a_broken_contract(methods: str, message: str) -> No
 
 READ_VERBS = frozenset(
     {"list", "show", "status", "tree", "explain", "diff", "artifacts", "prompt"}
-    | {"inspect", "simulate", "subscribe", "version", "export", "ticket", "turn"}
+    | {"inspect", "simulate", "subscribe", "version", "export", "ticket", "turn", "resolve"}
 )
 
 

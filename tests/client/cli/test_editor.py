@@ -11,6 +11,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import uuid
 from typing import Any, cast
 
 from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block
@@ -36,8 +37,10 @@ def tour(cli: Cli) -> pathlib.Path:
     """The README's tour: a folder, a project on it, the action hello."""
     site = cli.cwd / "site"
     (site / "src").mkdir(parents=True)
-    cli("resource", "add", f"site-{cli.mode}", "--spec", json.dumps({"type": "directory", "path": str(site)}))
-    cli("project", "add", f"demo-{cli.mode}", "--spec", json.dumps({"resources": [f"site-{cli.mode}"]}))
+    # Servers are shared by a module's tests: each test's names are its own.
+    suffix = f"{cli.mode}-{uuid.uuid4().hex[:8]}"
+    cli("resource", "add", f"site-{suffix}", "--spec", json.dumps({"type": "directory", "path": str(site)}))
+    cli("project", "add", f"demo-{suffix}", "--spec", json.dumps({"resources": [f"site-{suffix}"]}))
     cli("action", "add", "hello", "--spec", json.dumps(HELLO), expect=None)
     return site
 

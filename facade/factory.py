@@ -10,7 +10,7 @@ import os
 import pathlib
 import pwd
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from google.protobuf import message
@@ -307,7 +307,7 @@ def open_facade(
         authenticator=authenticator,
         tickets=tickets,
         resources=resources,
-        inspector=_Inspector(store),
+        inspector=_Inspector(store, deliverer),
         idempotency=Idempotency(store, entity_types(), retention_seconds=request_retention),
     )
 
@@ -316,8 +316,9 @@ class _Inspector:
     """What the server's readiness and metrics read from the store (off the loop, on a
     store reader thread, in one snapshot)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, deliverer: Deliverer | None = None) -> None:
         self._store = store
+        self._deliverer = deliverer
 
     async def probe(self) -> None:
         """The store answers, and its writes can succeed (a full disk: not ready)."""
@@ -331,6 +332,16 @@ class _Inspector:
 
     def read_cache_counts(self) -> tuple[int, int]:
         return self._store.read_cache_counts()
+
+    def webhook_counts(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+        if self._deliverer is None:
+            return {}, {}
+        stats = self._deliverer.stats
+        return dict(stats.results), dict(stats.backlog)
+
+    def observe_webhook_latency(self, observer: Callable[[float], None]) -> None:
+        if self._deliverer is not None:
+            self._deliverer.latency_observer = observer
 
 
 def _probe(store: Store) -> None:

@@ -31,8 +31,6 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ulid import ULID
-
 from cleveragents.acp.contract import codec
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.domain.access.webhook_egress import WebhookEgress
@@ -41,8 +39,17 @@ from cleveragents.acp.facade.domain.events.subscription import Subscription
 from cleveragents.acp.facade.domain.plans import leases as plan_leases
 from cleveragents.acp.facade.domain.plans.leasing import every
 from cleveragents.acp.facade.domain.webhooks import records, sender, signing
-from cleveragents.acp.facade.domain.webhooks.records import KIND, SECRET_KIND, STATE_KIND, Secrets, State
-from cleveragents.acp.facade.domain.webhooks.service import Poke, put, put_state
+from cleveragents.acp.facade.domain.webhooks.attempts import RESULT_NAMES, delivery
+from cleveragents.acp.facade.domain.webhooks.records import (
+    KIND,
+    SECRET_KIND,
+    STATE_KIND,
+    Secrets,
+    State,
+    put,
+    put_state,
+)
+from cleveragents.acp.facade.domain.webhooks.service import Poke
 from cleveragents.acp.facade.domain.webhooks.settings import DeliverySettings
 from cleveragents.acp.facade.store.base import Lease, LeaseLostError, ListQuery, Record, Store
 from cleveragents.acp.v1 import events_pb2, webhook_pb2
@@ -56,14 +63,6 @@ SCAN_LIMIT = 500
 MAX_UNWRITTEN = 256
 # A lease is trusted for this share of its length after the renewal that extended it began.
 TRUSTED_SHARE = 0.9
-
-Result = webhook_pb2.WebhookDeliveryResult
-RESULT_NAMES = {
-    webhook_pb2.WEBHOOK_DELIVERY_RESULT_SUCCEEDED: "succeeded",
-    webhook_pb2.WEBHOOK_DELIVERY_RESULT_FAILED: "failed",
-    webhook_pb2.WEBHOOK_DELIVERY_RESULT_REFUSED: "refused",
-    webhook_pb2.WEBHOOK_DELIVERY_RESULT_GONE: "gone",
-}
 
 
 def lease_name(webhook_id: str) -> str:
@@ -81,42 +80,13 @@ def body_of(event: events_pb2.Event) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def _result(outcome: sender.Outcome) -> Result.ValueType:
-    if outcome.ok:
-        return webhook_pb2.WEBHOOK_DELIVERY_RESULT_SUCCEEDED
-    if outcome.refused:
-        return webhook_pb2.WEBHOOK_DELIVERY_RESULT_REFUSED
-    if outcome.status == 410:
-        return webhook_pb2.WEBHOOK_DELIVERY_RESULT_GONE
-    return webhook_pb2.WEBHOOK_DELIVERY_RESULT_FAILED
-
-
-def delivery(
-    outcome: sender.Outcome, message: str, sequence: int, event_type: str, attempt: int, when: float
-) -> webhook_pb2.WebhookDelivery:
-    return webhook_pb2.WebhookDelivery(
-        delivery_id=message,
-        sequence=sequence,
-        event_type=event_type,
-        attempt=attempt,
-        result=_result(outcome),
-        response_code=outcome.status,
-        response_excerpt=outcome.excerpt,
-        latency_ms=round(outcome.latency_ms, 3),
-        time=records.timestamp(when),
-        error=outcome.error,
-    )
-
-
 @dataclass
 class Stats:
     """What the server's metrics read (``acp_webhook_*``): this process's deliveries."""
 
     results: Counter[str] = field(default_factory=Counter)
-    # Latency of accepted deliveries, commit to answer, in seconds: bucket bound -> count.
-    latencies: list[float] = field(default_factory=list)
-    # Subscription name (namespace/name) -> events after its cursor, for those run here.
-    backlog: dict[str, int] = field(default_factory=dict)
+    # (namespace, name) -> events after its cursor, for the subscriptions run here.
+    backlog: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class _RestartError(Exception):
@@ -160,38 +130,12 @@ class Deliverer(Poke):
             runner.poke()
         self._scan_wake.set()
 
-    async def test(self, webhook: webhook_pb2.Webhook, secrets_: Secrets) -> webhook_pb2.WebhookDelivery:
-        """One ``webhook.test`` message now (not from the log: id ``test_<ulid>``, sequence 0),
-        recorded in the history like any attempt."""
-        ident = f"test_{ULID()}"
-        now = time.time()
-        body = json.dumps(
-            {
-                "type": "webhook.test",
-                "timestamp": records.timestamp(now).ToJsonString(),
-                "data": {"name": webhook.name, "namespace": webhook.meta.namespace},
-            },
-            separators=(",", ":"),
-        ).encode()
-        headers = signing.headers(secrets_.signing(now), ident, int(now), body)
-        outcome = await sender.post(self.egress, webhook.url, headers, body, self.settings.limits)
-        done = delivery(outcome, ident, 0, "webhook.test", 1, now)
+    @property
+    def limits(self) -> sender.Limits:  # type: ignore[override]
+        return self.settings.limits
+
+    def tested(self, done: webhook_pb2.WebhookDelivery) -> None:
         self.stats.results[RESULT_NAMES[done.result]] += 1
-
-        def write(store: Store) -> None:
-            if store.get(KIND, webhook.meta.id) is not None:
-                state = State.of(store.get(STATE_KIND, webhook.meta.id))
-                done.number = state.attempts
-                state.attempts += 1
-                put_state(store, webhook.meta.id, webhook.meta.namespace, state, time.time())
-                store.put_items(
-                    records.HISTORY_COLLECTION,
-                    webhook.meta.id,
-                    {records.history_row(done.number): done.SerializeToString()},
-                )
-
-        await self.store.write(write)
-        return done
 
     # running -------------------------------------------------------------------------------
 
@@ -313,7 +257,7 @@ class _Runner:
         self.token = token
         self.trusted_until = began + owner.settings.lease_seconds * TRUSTED_SHARE
         self.task: asyncio.Task[None] | None = None
-        self.label = webhook_id
+        self.label = ("", webhook_id)
         self._wake = asyncio.Event()
         self._lost = False
         # What was read when the runner (re)started.
@@ -378,7 +322,7 @@ class _Runner:
         self.state = State.of(state)
         self.epoch = self.state.epoch
         self.secrets = Secrets.of(secrets_)
-        self.label = f"{self.entry.meta.namespace}/{self.entry.name}"
+        self.label = (self.entry.meta.namespace, self.entry.name)
         self._wake.clear()
 
     async def _follow(self) -> None:
@@ -602,5 +546,5 @@ class _Runner:
             )
 
         await self.owner.store.write(write)
-        log.warning("webhook %s disabled: %s", self.label, reason)
+        log.warning("webhook %s/%s disabled: %s", *self.label, reason)
         raise _StopError

@@ -160,3 +160,15 @@ def load(store: Store, namespace: str, name: str) -> tuple[Record, State]:
 
 def history_row(number: int) -> int:
     return number % HISTORY
+
+
+def put_state(store: Store, webhook_id: str, namespace: str, state: State, now: float) -> None:
+    put(store, state.record(webhook_id, namespace, now))
+
+
+def put(store: Store, record: Record) -> None:
+    """Replace a state or secret record (they carry no revision of their own)."""
+    try:
+        store.update(record)
+    except KeyError:
+        store.insert(record)

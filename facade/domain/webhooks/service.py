@@ -19,8 +19,9 @@ from cleveragents.acp.facade.domain.events.log import check_event_types
 from cleveragents.acp.facade.domain.paging import Pager
 from cleveragents.acp.facade.domain.registries import check_name
 from cleveragents.acp.facade.domain.registries.specs import invalid
-from cleveragents.acp.facade.domain.webhooks import records, signing
+from cleveragents.acp.facade.domain.webhooks import attempts, records, signing
 from cleveragents.acp.facade.domain.webhooks.records import KIND, SECRET_KIND, STATE_KIND, Secrets, State
+from cleveragents.acp.facade.domain.webhooks.sender import Limits
 from cleveragents.acp.facade.store.base import (
     ListQuery,
     Record,
@@ -39,11 +40,13 @@ MASKABLE = frozenset({"description", "labels", "url", "filter", "enabled"})
 class Poke:
     """What the service tells the deliverer of this process (``deliverer.Deliverer``)."""
 
+    limits: Limits = Limits()
+
     def changed(self, webhook_id: str) -> None:
         """A subscription was added, changed, replayed or removed."""
 
-    async def test(self, webhook: webhook_pb2.Webhook, secrets_: Secrets) -> webhook_pb2.WebhookDelivery:
-        raise ACPError(ErrorCode.INVALID_STATE, "this process delivers no webhooks")
+    def tested(self, done: webhook_pb2.WebhookDelivery) -> None:
+        """A ``webhook.test`` message was sent (counted in the metrics)."""
 
 
 class Webhooks:
@@ -129,8 +132,8 @@ class Webhooks:
         check_name(request.name)
         _check_description(request.description)
         _check_filter(request.filter)
-        if request.after_sequence < 0:
-            raise invalid("after_sequence", "must not be negative")
+        if request.cursor < 0:
+            raise invalid("cursor", "must not be negative")
         await self._check_url(request.url)
         secret = signing.new_secret()
 
@@ -151,7 +154,7 @@ class Webhooks:
                 filter=request.filter,
                 enabled=not request.disabled,
             )
-            state = State(cursor=request.after_sequence or store.last_sequence())
+            state = State(cursor=request.cursor or store.last_sequence())
             try:
                 store.insert(records.to_record(entry))
             except StoreConflictError:
@@ -242,7 +245,7 @@ class Webhooks:
             now = time.time()
             old = Secrets.of(found) if found is not None else Secrets("")
             rotated = Secrets(secret, old.current, now + overlap if old.current else 0.0)
-            put(store, rotated.record(record.id, namespace, now))
+            records.put(store, rotated.record(record.id, namespace, now))
             return _shown(store, record, state)
 
         shown = await self.store.write(write)
@@ -287,7 +290,9 @@ class Webhooks:
             return records.stored(record), Secrets.of(found)
 
         entry, secrets_ = await self.store.read(read)
-        return webhook_pb2.TestWebhookResponse(delivery=await self.deliverer.test(entry, secrets_))
+        done = await attempts.send_test(self.store, self.egress, self.deliverer.limits, entry, secrets_)
+        self.deliverer.tested(done)
+        return webhook_pb2.TestWebhookResponse(delivery=done)
 
     async def _check_url(self, url: str) -> None:
         try:
@@ -330,20 +335,8 @@ def _change(
         store.update(updated, expected_revision=record.revision)
     except StaleRevisionError as exc:
         raise _stale(name, revision, exc.current) from None
-    put_state(store, record.id, namespace, state, now)
+    records.put_state(store, record.id, namespace, state, now)
     return _shown(store, updated, state)
-
-
-def put_state(store: Store, webhook_id: str, namespace: str, state: State, now: float) -> None:
-    put(store, state.record(webhook_id, namespace, now))
-
-
-def put(store: Store, record: Record) -> None:
-    """Replace a state or secret record (they carry no revision of their own)."""
-    try:
-        store.update(record)
-    except KeyError:
-        store.insert(record)
 
 
 def _check_description(description: str) -> None:

@@ -362,15 +362,17 @@ class AddWebhookRequest(_message.Message):
     URL_FIELD_NUMBER: _builtins.int
     FILTER_FIELD_NUMBER: _builtins.int
     DISABLED_FIELD_NUMBER: _builtins.int
-    AFTER_SEQUENCE_FIELD_NUMBER: _builtins.int
+    CURSOR_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     name: _builtins.str
     description: _builtins.str
     url: _builtins.str
     disabled: _builtins.bool
     """Start disabled (deliveries wait, the cursor stays)."""
-    after_sequence: _builtins.int
-    """Deliver the events after this sequence; 0: only events after the subscription is made."""
+    cursor: _builtins.int
+    """The cursor to start from: the events after this sequence are delivered; 0 (the
+    default) starts at the head of the log, so only events after the subscription is made.
+    """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -385,11 +387,11 @@ class AddWebhookRequest(_message.Message):
         url: _builtins.str = ...,
         filter: Global___WebhookFilter | None = ...,
         disabled: _builtins.bool = ...,
-        after_sequence: _builtins.int = ...,
+        cursor: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_sequence", b"after_sequence", "description", b"description", "disabled", b"disabled", "filter", b"filter", "labels", b"labels", "name", b"name", "namespace", b"namespace", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor", "description", b"description", "disabled", b"disabled", "filter", b"filter", "labels", b"labels", "name", b"name", "namespace", b"namespace", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -32,9 +32,12 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 MAX_URL_CHARS = 2048
-HOW_TO_ALLOW_HTTP = "the operator allows plain http with `agents serve --webhook-allow-http`"
+HOW_TO_ALLOW_HTTP = (
+    "the operator allows plain http with `agents serve --webhook-allow-http` ($ACP_WEBHOOK_ALLOW_HTTP)"
+)
 HOW_TO_ALLOW_NETWORK = (
-    "the operator lets a network in with `agents serve --webhook-allow-network CIDR` (repeatable)"
+    "the operator lets a network in with `agents serve --webhook-allow-network CIDR` "
+    "(repeatable; $ACP_WEBHOOK_ALLOW_NETWORKS)"
 )
 ALLOW_HTTP_ENV = "ACP_WEBHOOK_ALLOW_HTTP"
 ALLOW_NETWORKS_ENV = "ACP_WEBHOOK_ALLOW_NETWORKS"

@@ -43,6 +43,8 @@ ALLOW_HTTP_ENV = "ACP_WEBHOOK_ALLOW_HTTP"
 ALLOW_NETWORKS_ENV = "ACP_WEBHOOK_ALLOW_NETWORKS"
 # The most addresses of one host that are checked (and the first is connected to).
 MAX_ADDRESSES = 32
+# A lookup that takes longer is WEBHOOK_UNRESOLVED (retryable).
+RESOLVE_SECONDS = 5.0
 
 
 class AddressRefusedError(Exception):
@@ -169,7 +171,12 @@ class WebhookEgress:
         if literal is not None:
             return self.check_address(target.host, target.host)
         try:
-            found = await self.resolver(target.host, target.port)
+            async with asyncio.timeout(RESOLVE_SECONDS):
+                found = await self.resolver(target.host, target.port)
+        except TimeoutError:
+            raise AddressRefusedError(
+                f"{target.host} did not resolve within {RESOLVE_SECONDS:g} s", "WEBHOOK_UNRESOLVED"
+            ) from None
         except (OSError, UnicodeError) as exc:
             raise AddressRefusedError(
                 f"{target.host} does not resolve ({exc})", "WEBHOOK_UNRESOLVED"

@@ -57,9 +57,9 @@ async def send_test(
     webhook: webhook_pb2.Webhook,
     secrets_: Secrets,
 ) -> webhook_pb2.WebhookDelivery:
-    """One ``webhook.test`` message now (not from the log: id ``test_<ulid>``, sequence 0),
+    """One ``webhook.test`` message now (not from the log: id ``test-<ulid>``, sequence 0),
     recorded in the history like any attempt."""
-    ident = f"test_{ULID()}"
+    ident = f"test-{ULID()}"
     now = time.time()
     body = json.dumps(
         {

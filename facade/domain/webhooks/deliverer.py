@@ -299,6 +299,13 @@ class _Runner:
                 log.exception("webhook %s: delivery failed; released for the next scan", self.webhook_id)
         finally:
             self.owner.ended(self)
+            writing = self._writing
+            if writing is not None:
+                # What is being recorded is recorded before the lease goes (or fails with it).
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait({writing})
+                if writing.done() and not writing.cancelled():
+                    writing.exception()
             if not self._lost:
                 with contextlib.suppress(Exception):
                     await self.owner.store.write(

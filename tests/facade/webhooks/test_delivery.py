@@ -220,7 +220,7 @@ async def test_replay_from_a_sequence_and_the_test_message(served: tuple[Service
     assert ids[:8] == [f"evt_{e.sequence}" for e in appended] + [f"evt_{e.sequence}" for e in appended[2:]]
     assert tested.delivery.result == webhook_pb2.WEBHOOK_DELIVERY_RESULT_SUCCEEDED
     assert ids[8] == tested.delivery.delivery_id
-    assert tested.delivery.delivery_id.startswith("test_")
+    assert tested.delivery.delivery_id.startswith("test-")
     assert json.loads(receiver.requests[8].body)["type"] == "webhook.test"
 
 

@@ -170,11 +170,20 @@ class Deliverer(Poke):
                     await self._scan_wake.wait()
 
     async def _scan(self) -> None:
-        """Claim the enabled subscriptions nobody delivers (or a dead process held)."""
+        """Claim the enabled subscriptions nobody delivers (or a dead process held), and
+        wake the runners of those another process changed (epoch), disabled or removed:
+        one read a scan for all of them."""
         found = await self.store.read(_claimable)
-        for record, lease in found:
-            if record.id in self._runners or self._closed:
+        seen = set()
+        for record, lease, epoch in found:
+            seen.add(record.id)
+            runner = self._runners.get(record.id)
+            if runner is not None:
+                if epoch != runner.epoch:
+                    runner.poke()
                 continue
+            if self._closed:
+                return
             held = lease is not None and bool(lease.owner) and lease.live
             if (
                 held
@@ -193,6 +202,10 @@ class Deliverer(Poke):
             runner = _Runner(self, record.id, claimed.token, began)
             self._runners[record.id] = runner
             runner.task = asyncio.get_running_loop().create_task(runner.run(), name=f"webhook-{record.id}")
+        if len(found) < SCAN_LIMIT:
+            for webhook_id, runner in list(self._runners.items()):
+                if webhook_id not in seen:
+                    runner.poke()
 
     def _claim(self, store: Store, *, webhook_id: str, steal: int | None) -> Lease | None:
         return store.claim_lease(
@@ -236,9 +249,13 @@ class Deliverer(Poke):
                 await self.store.write(lambda store: [store.release_lease(n, t) for n, t in held.items()])
 
 
-def _claimable(store: Store) -> list[tuple[Record, Lease | None]]:
+def _claimable(store: Store) -> list[tuple[Record, Lease | None, int]]:
+    """The enabled subscriptions, each with its lease and its state's epoch."""
     found = store.query(ListQuery(KIND, state="enabled", limit=SCAN_LIMIT))
-    return [(record, store.get_lease(lease_name(record.id))) for record in found]
+    return [
+        (record, store.get_lease(lease_name(record.id)), State.of(store.get(STATE_KIND, record.id)).epoch)
+        for record in found
+    ]
 
 
 @dataclass
@@ -351,8 +368,8 @@ class _Runner:
             subscription.close()
 
     async def _next(self, subscription: Subscription) -> list[events_pb2.Event]:
-        """The next events; every ``scan_seconds`` without any, a look for changes made by
-        another process (a poke says those of this one at once)."""
+        """The next events, or a restart when the subscription changed (a poke: from this
+        process's service at once, from the scan for other processes' changes)."""
         fetch = asyncio.ensure_future(subscription.next_batch())
         try:
             while True:
@@ -375,7 +392,7 @@ class _Runner:
                         raise
                 if self._lost:
                     raise _StopError
-                if self._wake.is_set() or await self._changed():
+                if self._wake.is_set():
                     raise _RestartError
                 self._publish_backlog()
         finally:
@@ -383,10 +400,6 @@ class _Runner:
                 fetch.cancel()
                 with contextlib.suppress(BaseException):
                     await fetch
-
-    async def _changed(self) -> bool:
-        found = await self.owner.store.read(lambda store: store.get(STATE_KIND, self.webhook_id))
-        return found is None or State.of(found).epoch != self.epoch
 
     def _publish_backlog(self) -> None:
         head = self.owner.events.delivered_sequence
@@ -436,18 +449,16 @@ class _Runner:
             await self._record(_Attempt(done))
 
     async def _sleep(self, seconds: float) -> None:
-        """Until the next attempt is due; a change of the subscription (a poke here, or
-        its epoch moved by another process) ends the wait with a restart."""
-        due = time.monotonic() + seconds
-        while (left := due - time.monotonic()) > 0:
-            self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), min(left, self.owner.settings.scan_seconds * 5))
-            except TimeoutError:
-                if await self._changed():
-                    raise _RestartError from None
-                continue
+        """Until the next attempt is due; a change of the subscription (a poke: from this
+        process's service, or from the scan, which sees other processes' changes) ends the
+        wait with a restart."""
+        if self._wake.is_set():
             raise _RestartError
+        try:
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        except TimeoutError:
+            return
+        raise _RestartError
 
     async def _trusted(self) -> None:
         """Send only while the lease is surely ours: else wait for the next renewal."""

@@ -20,10 +20,11 @@ from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.acp_client import ACPClient
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.domain.webhooks import signing
+from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from cleveragents.acp.facade.store.base import EventFilter
 from cleveragents.acp.v1 import webhook_pb2
-from tests.facade.webhooks.helpers import delivering, event_log, fast_retries, log_events
+from tests.facade.webhooks.helpers import LOOPBACK_POLICY, delivering, event_log, fast_retries, log_events
 from tests.facade.webhooks.receiver import Received, Receiver
 
 
@@ -252,3 +253,40 @@ async def test_operations_refuse_what_they_cannot_do(served: tuple[ServiceFacade
         removed = await client.ops.webhook.remove(name="one")
         assert removed.webhook.name == "one"
         assert not (await client.ops.webhook.list()).webhooks
+
+
+async def test_changes_made_by_another_process_reach_the_deliverer(
+    db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay and a disable made through another facade on the same database (a CLI call,
+    another worker) reach the delivering one by its scan: it delivers again from the
+    sequence, then stops."""
+    fast_retries(monkeypatch)
+    delivering_facade = delivering(db_path)
+    other = open_facade(db_path, policy=LOOPBACK_POLICY, follow=True)
+    client = ACPClient(LocalTransport(other))
+    try:
+        async with Receiver() as receiver:
+            added = await client.ops.webhook.add(name="shared", url=receiver.url())
+            lease = f"webhook:{added.webhook.meta.id}"
+            appended = await event_log(other).append(log_events(3))
+            await receiver.wait_for(lambda: len(receiver.requests) >= 3)
+            await client.ops.webhook.replay(name="shared", from_sequence=appended[1].sequence)
+            await receiver.wait_for(lambda: len(receiver.requests) >= 5)
+            shown = (await client.ops.webhook.show(name="shared")).webhook
+            await client.ops.webhook.update(name="shared", revision=shown.revision, update_mask="enabled")
+            store = event_log(other).store
+            async with asyncio.timeout(10):
+                # Disabled: the deliverer lets the subscription's lease go.
+                while True:
+                    found = await store.read(lambda s: s.get_lease(lease))
+                    if found is None or not found.owner:
+                        break
+                    await asyncio.sleep(0.05)
+            await event_log(other).append(log_events(2))
+        ids = [got.headers["webhook-id"] for got in receiver.requests]
+        assert ids == [f"evt_{e.sequence}" for e in appended] + [f"evt_{e.sequence}" for e in appended[1:]]
+    finally:
+        await client.close()
+        await other.close()
+        await delivering_facade.close()

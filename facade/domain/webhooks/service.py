@@ -246,6 +246,9 @@ class Webhooks:
             old = Secrets.of(found) if found is not None else Secrets("")
             rotated = Secrets(secret, old.current, now + overlap if old.current else 0.0)
             records.put(store, rotated.record(record.id, namespace, now))
+            # The deliverer (of any process) signs with the new secret from its next message.
+            state.epoch += 1
+            records.put_state(store, record.id, namespace, state, now)
             return _shown(store, record, state)
 
         shown = await self.store.write(write)

@@ -16,6 +16,7 @@ import pytest
 import standardwebhooks
 from openai import InvalidWebhookSignatureError, OpenAI
 
+from cleveragents.acp.client.cli.render import detail
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.acp_client import ACPClient
 from cleveragents.acp.contract.errors import ACPError
@@ -142,6 +143,7 @@ async def test_gone_disables_with_an_event(served: tuple[ServiceFacade, ACPClien
         disabled = await anext(aiter(watch))
     assert disabled.webhook_disabled.name == "gone"
     assert "410" in disabled.webhook_disabled.reason
+    assert detail(disabled) == "gone: the receiver answered 410 Gone"
     assert len(receiver.requests) == 1
     shown = (await client.ops.webhook.show(name="gone")).webhook
     assert not shown.enabled

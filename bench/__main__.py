@@ -28,6 +28,7 @@ from bench import (
     streams,
     unary,
     upstream,
+    webhooks,
     workers,
 )
 from bench.modes import FULL, QUICK, SMOKE
@@ -55,6 +56,8 @@ FAMILIES: dict[str, Callable[[Run], None]] = {
     "workers": workers.run_all,
     # Each layer written under a library against that library's supported path (bench/layers.py).
     "layers": layers.run_all,
+    # Webhook deliveries to a receiver on loopback: commit-to-receiver p99, throughput ratio.
+    "webhooks": webhooks.run_all,
     # The A2A Python SDK's GetTask, from a virtualenv of its own (make bench-peer; bench/peer.py).
     "peer": peer.run_all,
 }

@@ -67,6 +67,10 @@ GOALS = {
     "idempotent_write_cpu_ratio": Goal(1.1, at_most=True),
     "cross_worker_event_latency_p99_ms": Goal(5, at_most=True),
     "workers_cpu_per_request_ratio": Goal(1.1, at_most=True),
+    # Issue 37: commit -> the receiver has the request, at 200 events/s; deliveries/s from a
+    # backlog / that write rate.
+    "webhook_delivery_p99_ms": Goal(20, at_most=True),
+    "webhook_throughput_ratio": Goal(1, at_most=False),
     # A layer written under a library stays only while it buys this much over the
     # library's supported path (bench/layers.py, docs/architecture.md).
     **{
@@ -119,6 +123,8 @@ FIGURES = [
     "editor_first_chunk_ms",
     "idempotent_write_cpu_ratio",
     "idempotent_read_cpu_ratio",
+    "webhook_delivery_p99_ms",
+    "webhook_throughput_ratio",
     "layer_codec_print_ratio",
     "layer_codec_parse_ratio",
     "layer_read_cache_ratio",

@@ -10,7 +10,7 @@ import os
 import pathlib
 import pwd
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from google.protobuf import message
@@ -29,6 +29,9 @@ from cleveragents.acp.facade.domain.registries.verbs import RegistryVerbs
 from cleveragents.acp.facade.domain.sessions import records as session_records
 from cleveragents.acp.facade.domain.sessions.records import SESSION_KIND
 from cleveragents.acp.facade.domain.sessions.service import Sessions
+from cleveragents.acp.facade.domain.webhooks.deliverer import Deliverer
+from cleveragents.acp.facade.domain.webhooks.service import Webhooks
+from cleveragents.acp.facade.domain.webhooks.settings import DeliverySettings
 from cleveragents.acp.facade.handlers import table
 from cleveragents.acp.facade.handlers.context import ContextHandlers
 from cleveragents.acp.facade.handlers.events import EventHandlers
@@ -36,6 +39,7 @@ from cleveragents.acp.facade.handlers.meta import MetaHandlers
 from cleveragents.acp.facade.handlers.plans import PlanHandlers
 from cleveragents.acp.facade.handlers.registries import RegistryHandlers
 from cleveragents.acp.facade.handlers.sessions import SessionHandlers
+from cleveragents.acp.facade.handlers.webhooks import WebhookHandlers
 from cleveragents.acp.facade.idempotency import DEFAULT_RETENTION_SECONDS, Idempotency
 from cleveragents.acp.facade.service_facade import Authenticator, Closeable, ServiceFacade
 from cleveragents.acp.facade.store.base import DEFAULT_WRITE_TIMEOUT, Store, StoreObserver
@@ -179,6 +183,8 @@ def server_policy(
     command_user: str | None,
     model_endpoints: Sequence[str] = (),
     model_key_envs: Sequence[str] = (),
+    webhook_allow_http: bool = False,
+    webhook_allow_networks: Sequence[str] = (),
     euid: int | None = None,
 ) -> Policy:
     """What ``agents serve`` allows; ValueError for a root, user, model endpoint or key
@@ -207,6 +213,8 @@ def server_policy(
         command_user=user if running_as_root else None,
         model_endpoints=model_endpoints,
         model_key_envs=model_key_envs,
+        webhook_allow_http=webhook_allow_http,
+        webhook_allow_networks=webhook_allow_networks,
     )
 
 
@@ -231,6 +239,7 @@ def open_facade(
     worker: WorkerSlot | None = None,
     request_retention: float = DEFAULT_RETENTION_SECONDS,
     takeover: bool = False,
+    deliver_webhooks: bool | None = None,
 ) -> ServiceFacade:
     """A facade over the database ``db``: a SQLite file or a PostgreSQL URL (default:
     ``default_db_path()``).
@@ -244,7 +253,9 @@ def open_facade(
     allows (resource roots, commands); by default the local one (``Policy.local``).
     ``request_retention``: seconds a mutating call's answer is kept for retries.
     ``takeover`` (a server; needs a running loop): take over, while open, the plans of
-    processes on the same database that stop (docs/plans.md, "Leases")."""
+    processes on the same database that stop (docs/plans.md, "Leases").
+    ``deliver_webhooks`` (default: as ``takeover``): this process delivers webhooks
+    (docs/webhooks.md); a facade that does not still serves the webhook operations."""
     where = db if db is not None else default_db_path()
     # PostgreSQL wakes followers itself (LISTEN/NOTIFY): the sockets are for a SQLite file.
     on_sqlite = not (isinstance(where, str) and is_postgres_url(where))
@@ -262,6 +273,13 @@ def open_facade(
     )
     # Settles turns a stopped server left queued or running: what it accepted stays in the history.
     sessions.recover()
+    egress = registries.policy.webhooks
+    deliverer = (
+        Deliverer(store, events, egress, DeliverySettings.from_env())
+        if (takeover if deliver_webhooks is None else deliver_webhooks)
+        else None
+    )
+    webhooks = Webhooks(store, egress, deliverer)
     tickets = StreamTickets(store, authenticator if isinstance(authenticator, PrincipalLookup) else None)
     handlers = table.build(
         [
@@ -271,6 +289,7 @@ def open_facade(
             SessionHandlers(sessions),
             ContextHandlers(context),
             PlanHandlers(plans),
+            WebhookHandlers(webhooks),
         ]
     )
     # Closed in reverse: the event log ends its subscriptions before the store goes.
@@ -281,12 +300,14 @@ def open_facade(
         plans,
         sessions,
     ]
+    if deliverer is not None:
+        resources.append(deliverer)
     return ServiceFacade(
         handlers,
         authenticator=authenticator,
         tickets=tickets,
         resources=resources,
-        inspector=_Inspector(store),
+        inspector=_Inspector(store, deliverer),
         idempotency=Idempotency(store, entity_types(), retention_seconds=request_retention),
     )
 
@@ -295,8 +316,9 @@ class _Inspector:
     """What the server's readiness and metrics read from the store (off the loop, on a
     store reader thread, in one snapshot)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, deliverer: Deliverer | None = None) -> None:
         self._store = store
+        self._deliverer = deliverer
 
     async def probe(self) -> None:
         """The store answers, and its writes can succeed (a full disk: not ready)."""
@@ -310,6 +332,16 @@ class _Inspector:
 
     def read_cache_counts(self) -> tuple[int, int]:
         return self._store.read_cache_counts()
+
+    def webhook_counts(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+        if self._deliverer is None:
+            return {}, {}
+        stats = self._deliverer.stats
+        return dict(stats.results), dict(stats.backlog)
+
+    def observe_webhook_latency(self, observer: Callable[[float], None]) -> None:
+        if self._deliverer is not None:
+            self._deliverer.latency_observer = observer
 
 
 def _probe(store: Store) -> None:

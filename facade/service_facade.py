@@ -68,6 +68,13 @@ class Inspector(Protocol):
     def read_cache_counts(self) -> tuple[int, int]:
         """Reads the store answered from memory, and those it did not, so far."""
 
+    def webhook_counts(self) -> tuple[Mapping[str, int], Mapping[tuple[str, str], int]]:
+        """This process's webhook attempts by result (succeeded, failed, refused, gone), and
+        the backlog of each subscription it delivers, by (namespace, name)."""
+
+    def observe_webhook_latency(self, observer: Callable[[float], None]) -> None:
+        """Have each accepted delivery's seconds from the event's commit told to ``observer``."""
+
 
 class ServiceFacade:
     def __init__(

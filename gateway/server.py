@@ -212,6 +212,8 @@ class Server:
             self.observability.metrics.sample_with(facade.inspector.census)
             facade.inspector.observe_store(self.observability.metrics)
             self.observability.metrics.count_cached_reads_with(facade.inspector.read_cache_counts)
+            self.observability.metrics.count_webhooks_with(facade.inspector.webhook_counts)
+            facade.inspector.observe_webhook_latency(self.observability.metrics.webhook_delivered)
 
     async def _open(self, opening: Callable[[], ServiceFacade], stand_in: OpeningService) -> None:
         """Open the facade on a worker thread (migrations, restart recovery) while the

@@ -96,6 +96,10 @@ class ServeSettings(HTTPSettings):
     # the environment variables they may name as api_key_env; none: no model actor.
     model_endpoints: tuple[str, ...] = ()
     model_key_envs: tuple[str, ...] = ()
+    # Webhooks (docs/webhooks.md): plain http allowed, and the networks (CIDR) they may reach
+    # beyond global addresses (loopback, private, link-local and metadata ranges are refused).
+    webhook_allow_http: bool = False
+    webhook_allow_networks: tuple[str, ...] = ()
     # The account processes run as when the server runs as root.
     command_user: str | None = Field(default=None, min_length=1)
     # Seconds a mutating call's answer is kept for a retry with its request id (docs/idempotency.md).
@@ -114,7 +118,7 @@ class ServeSettings(HTTPSettings):
                 raise ValueError(f"{root!r} is not an absolute path")
         return value
 
-    @field_validator("model_endpoints", "model_key_envs", mode="before")
+    @field_validator("model_endpoints", "model_key_envs", "webhook_allow_networks", mode="before")
     @classmethod
     def _listed(cls, value: Any) -> Any:
         """Comma-separated in the environment, a list elsewhere."""
@@ -136,6 +140,7 @@ _FLAG_NAMES = {
     "resource_roots": "--resource-root",
     "model_endpoints": "--model-endpoint",
     "model_key_envs": "--model-key-env",
+    "webhook_allow_networks": "--webhook-allow-network",
 }
 
 

@@ -194,6 +194,8 @@ def prepare(flags: Mapping[str, Any], config: pathlib.Path | None) -> Prepared |
             command_user=settings.command_user,
             model_endpoints=settings.model_endpoints,
             model_key_envs=settings.model_key_envs,
+            webhook_allow_http=settings.webhook_allow_http,
+            webhook_allow_networks=settings.webhook_allow_networks,
         )
     except ValueError as exc:
         return fail("serve", str(exc))

@@ -320,6 +320,8 @@ def detail(event: events_pb2.Event) -> str:
             text += f": {turn.error.message}"
     elif kind == "session_updated":
         text = ", ".join(event.session_updated.fields)
+    elif kind == "webhook_disabled":
+        text = f"{event.webhook_disabled.name}: {event.webhook_disabled.reason}"
     elif kind in ("session_text_delta", "plan_text_delta"):
         delta: events_pb2.TextDelta = getattr(event, kind)
         # Quoted, escapes shown: a piece is often a space or a line break.

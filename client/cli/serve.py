@@ -197,6 +197,22 @@ def register(subparsers: argparse._SubParsersAction[Any], words: Sequence[str] |
         "(repeatable; ACP_MODEL_KEY_ENVS, separated by ','); with none, no actor reads a key",
     )
     serve.add_argument(
+        "--webhook-allow-http",
+        action="store_const",
+        const=True,
+        default=None,
+        help="webhooks may be plain http:// URLs (off by default: https only; ACP_WEBHOOK_ALLOW_HTTP)",
+    )
+    serve.add_argument(
+        "--webhook-allow-network",
+        action="append",
+        dest="webhook_allow_networks",
+        default=None,
+        metavar="CIDR",
+        help="webhooks may reach addresses in CIDR although not global (loopback, private, "
+        "link-local: refused by default; repeatable; ACP_WEBHOOK_ALLOW_NETWORKS, separated by ',')",
+    )
+    serve.add_argument(
         "--allow-commands",
         action="store_const",
         const=True,

@@ -21,7 +21,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -126,6 +126,45 @@ class _ReadCacheCollector(Collector):
         return [family]
 
 
+WEBHOOK_RESULTS = ("succeeded", "failed", "refused", "gone")
+# Commit of an event to its receiver's 2xx, from 1 ms to a minute (retries included).
+WEBHOOK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 60)
+# (attempts by result, backlog by (namespace, name)) of this process's deliverer.
+WebhookCounts = Callable[[], tuple[Mapping[str, int], Mapping[tuple[str, str], int]]]
+
+
+class _WebhookCollector(Collector):
+    """This process's webhook deliveries, read when scraped. The backlog is labelled by the
+    subscription's namespace and name: registry-like entries a writer made, not per-call
+    values (an id, a path), so their number is the number of subscriptions."""
+
+    def __init__(self) -> None:
+        self.counts: WebhookCounts | None = None
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        deliveries = CounterMetricFamily(
+            "acp_webhook_deliveries",
+            "Webhook delivery attempts made by this process, by result (succeeded: 2xx; failed: "
+            "any other answer or none; refused: the address checks; gone: 410, which disables).",
+            labels=("result",),
+        )
+        backlog = GaugeMetricFamily(
+            "acp_webhook_backlog",
+            "Events after the cursor of each subscription this process delivers (an upper bound "
+            "on what it still owes: the filter may skip some).",
+            labels=("namespace", "webhook"),
+        )
+        results, backlogs = self.counts() if self.counts is not None else ({}, {})
+        for result in WEBHOOK_RESULTS:
+            deliveries.add_metric([result], results.get(result, 0))
+        for (namespace, name), number in sorted(backlogs.items()):
+            backlog.add_metric([namespace, name], number)
+        return [deliveries, backlog]
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -135,6 +174,14 @@ class Metrics:
         self.registry.register(self._calls)
         self._read_cache = _ReadCacheCollector()
         self.registry.register(self._read_cache)
+        self._webhooks = _WebhookCollector()
+        self.registry.register(self._webhooks)
+        self.webhook_latency = Histogram(
+            "acp_webhook_delivery_latency_seconds",
+            "From an event's commit to its receiver's 2xx answer, retries included.",
+            buckets=WEBHOOK_BUCKETS,
+            registry=self.registry,
+        )
         self._series: dict[tuple[str, str], _Series] = {}
         self.subscribers = Gauge(
             "acp_event_stream_subscribers",
@@ -203,6 +250,13 @@ class Metrics:
     def count_cached_reads_with(self, counts: Callable[[], tuple[int, int]]) -> None:
         """``counts``: the store's (hits, misses), two ints read from any thread."""
         self._read_cache.counts = counts
+
+    def count_webhooks_with(self, counts: WebhookCounts) -> None:
+        self._webhooks.counts = counts
+
+    def webhook_delivered(self, seconds: float) -> None:
+        """One accepted webhook delivery, ``seconds`` after its event's commit (on the loop)."""
+        self.webhook_latency.observe(seconds)
 
     def sample_with(self, sampler: Sampler) -> None:
         self._sampler = sampler

@@ -23,6 +23,8 @@ from cleveragents.acp.client.http_transport import HTTPTransport
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.transport import Transport
 from cleveragents.acp.facade.auth import TokenAuthenticator
+from cleveragents.acp.facade.domain.access.policy import Policy
+from cleveragents.acp.facade.domain.access.webhook_egress import WebhookEgress
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.gateway.http.endpoint import GatewaySettings
 from cleveragents.acp.gateway.server import Server, ServerConfig
@@ -70,6 +72,14 @@ class Backend:
         )
 
 
+def policy() -> Policy:
+    """The local policy, letting webhooks name a loopback receiver (``WEBHOOK_URL``: none
+    listens; backends deliver nothing, and webhook.test answers the refused connection)."""
+    local = Policy.local()
+    local.webhooks = WebhookEgress.configured(allow_http=True, allow_networks=["127.0.0.1/32"])
+    return local
+
+
 def scratch(directory: pathlib.Path) -> pathlib.Path:
     root = directory / "files"
     root.mkdir(parents=True, exist_ok=True)
@@ -88,7 +98,7 @@ async def open_backend(
     """A fresh backend in ``directory`` reached over ``kind``; stopped cleanly on exit."""
     root = scratch(directory)
     opened = now()
-    facade = open_facade(directory / "acp.db", authenticator=TokenAuthenticator(tokens.path))
+    facade = open_facade(directory / "acp.db", authenticator=TokenAuthenticator(tokens.path), policy=policy())
     if kind == "local":
         transport: Transport = LocalTransport(facade)
         try:

@@ -19,9 +19,9 @@ from typing import Any
 
 ULID = re.compile(r"\b[0-7][0-9A-HJKMNP-TV-Z]{25}\b")
 TIME = re.compile(r"\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2})")
-# Page tokens, and stream tickets (random, secret: every run issues others).
-TOKEN_KEYS = frozenset({"next_page_token", "page_token", "ticket"})
-DURATION_KEYS = frozenset({"duration_ms"})
+# Page tokens, stream tickets and webhook secrets (random, secret: every run issues others).
+TOKEN_KEYS = frozenset({"next_page_token", "page_token", "ticket", "secret"})
+DURATION_KEYS = frozenset({"duration_ms", "latency_ms"})
 PLAUSIBLE = datetime.timedelta(days=1)
 
 

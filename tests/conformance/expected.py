@@ -10,6 +10,7 @@ from __future__ import annotations
 from cleveragents.acp.contract import catalog
 from cleveragents.acp.contract.required import required_fields
 from tests.conformance.scenarios import REGISTRY_KINDS
+from tests.conformance.webhook_cases import WEBHOOK_DOMAIN
 
 Expected = tuple[str, str, str | None]
 
@@ -37,6 +38,7 @@ DOMAIN: dict[str, list[tuple[str, str | None]]] = {
     "plan.prompt": [("INVALID_STATE", None)],
     # A live subscriber that falls behind is ended (tests/conformance/test_streaming.py).
     "events.subscribe": [("BUDGET_EXCEEDED", "SUBSCRIBER_TOO_SLOW"), ("INVALID_PARAMS", None)],
+    **WEBHOOK_DOMAIN,
 }
 
 

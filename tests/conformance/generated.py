@@ -29,6 +29,7 @@ from tests.conformance.scenarios import (
     use,
 )
 from tests.conformance.subjects import answer, check_answer, own_subjects
+from tests.conformance.webhook_cases import WEBHOOK_URL
 from tests.registry_specs import registry_spec
 
 AUTH_CODES = frozenset({"AUTH_REQUIRED", "AUTH_FORBIDDEN"})
@@ -56,6 +57,7 @@ async def build_world(run: Run) -> dict[str, Any]:
     # After the plan: the log's first event stays one every served minor sees.
     told = await alice.call("session.tell", session_id=session_id, content="/help")
     exported = await alice.call("session.export", session_id=session_id)
+    await alice.call("webhook.add", name="w", url=WEBHOOK_URL)
     return {
         "session_id": session_id,
         "turn_id": told.turn.id,  # type: ignore[attr-defined]
@@ -73,6 +75,8 @@ async def build_world(run: Run) -> dict[str, Any]:
         "document": codec.to_dict(exported)["document"],
         "folder": base,
         "path": str(base / "sub"),
+        "url": WEBHOOK_URL,
+        "from_sequence": 1,
     }
 
 

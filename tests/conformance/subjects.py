@@ -21,6 +21,7 @@ from cleveragents.acp.contract.envelope import new_request_id
 from cleveragents.acp.contract.transport import CallOptions
 from tests.conformance.harness import Run
 from tests.conformance.scenarios import REGISTRY_KINDS, REGISTRY_VERBS, entries, folder, use
+from tests.conformance.webhook_cases import WEBHOOK_CHECKS, webhook_subjects
 from tests.facade.plans.helpers import INPUTS
 from tests.fake_openai import FakeOpenAI, Hang
 from tests.registry_specs import registry_spec
@@ -106,6 +107,7 @@ async def own_subjects(run: Run, world: dict[str, Any], who: str) -> dict[str, P
     meta = {**document["session"]["meta"], "id": IMPORTED_IDS[who]}
     own["session.import"] = {"document": {**document, "session": {**document["session"], "meta": meta}}}
     own["events.subscribe"] = {"after_sequence": 0}
+    own.update(await webhook_subjects(alice, who))
     return own
 
 
@@ -213,6 +215,7 @@ CHECKS: dict[str, Check] = {
     "plan.diff": lambda p, d, w: "docs/guide.md" in {f["path"] for f in d["files"]},
     "plan.artifacts": lambda p, d, w: "docs/guide.md" in {a["path"] for a in d["artifacts"]},
     "plan.prompt": lambda p, d, w: d["action_prompt"] == "Write the guide guide.",
+    **WEBHOOK_CHECKS,
 }
 
 

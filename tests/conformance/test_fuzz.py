@@ -85,7 +85,9 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     (directory / "repo").joinpath(*["d"] * 24, "xyz.txt").write_text("x\n")
     # The subjects' queued turn waits behind a model that never answers: the server allows it.
     endpoint = ["--model-endpoint", silent_model().base_url]
-    server = start_server(directory, "--max-body-bytes", "65536", *endpoint, tokens=tokens.path)
+    # The subjects' webhooks name a loopback receiver (tests/conformance/webhook_cases.py).
+    webhooks = ["--webhook-allow-http", "--webhook-allow-network", "127.0.0.1/32"]
+    server = start_server(directory, "--max-body-bytes", "65536", *endpoint, *webhooks, tokens=tokens.path)
     try:
         KNOWN.update(asyncio.run(populate(server, tokens, directory / "populated")))
         yield server, tokens

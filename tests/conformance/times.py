@@ -18,7 +18,11 @@ from cleveragents.acp.facade.domain.events.tickets import MAX_TTL_SECONDS
 from tests.conformance.canonical import TIME
 
 # Fields whose time lies ahead of the answer, with how far at most.
-AHEAD = {"expire_time": datetime.timedelta(seconds=MAX_TTL_SECONDS)}
+AHEAD = {
+    "expire_time": datetime.timedelta(seconds=MAX_TTL_SECONDS),
+    # A rotated-out webhook secret signs on for the overlap, at most 7 days.
+    "previous_secret_expire_time": datetime.timedelta(days=7),
+}
 # Times cross the wire as floats and back: a microsecond either way is rounding, not a shift.
 ROUNDING = datetime.timedelta(milliseconds=1)
 # Pairs that must be in order within one object (earlier, later).

@@ -49,11 +49,15 @@ EXPECTED = (
     + ["events.ticket"]
     # ACP 1.3
     + ["session.turn", "session.cancel_turn", "session.update", "project.resolve"]
+    + [
+        f"webhook.{v}"
+        for v in ("add", "list", "show", "update", "remove", "rotate_secret", "test", "replay", "deliveries")
+    ]
 )
 
 
 def test_every_adr_operation_resolves_exactly_once() -> None:
-    assert len(EXPECTED) == 82
+    assert len(EXPECTED) == 91
     assert sorted(catalog.OPERATIONS) == sorted(EXPECTED)
     methods = [op.full_method for op in catalog.OPERATIONS.values()]
     assert len(methods) == len(set(methods))
@@ -178,7 +182,7 @@ def test_the_catalog_refuses_a_broken_contract(methods: str, message: str) -> No
 
 READ_VERBS = frozenset(
     {"list", "show", "status", "tree", "explain", "diff", "artifacts", "prompt"}
-    | {"inspect", "simulate", "subscribe", "version", "export", "ticket", "turn", "resolve"}
+    | {"inspect", "simulate", "subscribe", "version", "export", "ticket", "turn", "resolve", "deliveries"}
 )
 
 

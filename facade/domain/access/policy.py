@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain.access.webhook_egress import WebhookEgress
 from cleveragents.acp.facade.domain.beneath import Anchor, anchor_below
 from cleveragents.acp.facade.domain.models.egress import ModelEgress
 
@@ -76,6 +77,8 @@ class Policy:
     command_user: CommandUser | None = None
     limits: ProcessLimits = field(default_factory=ProcessLimits)
     models: ModelEgress = field(default_factory=ModelEgress)
+    # Where webhooks may send (https only, global addresses only, unless the operator says).
+    webhooks: WebhookEgress = field(default_factory=WebhookEgress)
     _resolved: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -95,7 +98,12 @@ class Policy:
             _listed(environ.get("ACP_MODEL_KEY_ENVS", "")),
             required=False,
         )
-        return cls(resource_roots=roots, allow_commands=allow, models=models)
+        return cls(
+            resource_roots=roots,
+            allow_commands=allow,
+            models=models,
+            webhooks=WebhookEgress.from_env(environ),
+        )
 
     @classmethod
     def server(
@@ -106,15 +114,21 @@ class Policy:
         command_user: CommandUser | None = None,
         model_endpoints: Sequence[str] = (),
         model_key_envs: Sequence[str] = (),
+        webhook_allow_http: bool = False,
+        webhook_allow_networks: Sequence[str] = (),
     ) -> Policy:
         """Nothing the operator did not list: no directory resource outside ``roots``, no
-        process without ``allow_commands``, no model endpoint or key variable not listed."""
+        process without ``allow_commands``, no model endpoint or key variable not listed, no
+        plain-http webhook or one to a non-global address outside the listed networks."""
         return cls(
             resource_roots=tuple(roots),
             roots_required=True,
             allow_commands=allow_commands,
             command_user=command_user,
             models=ModelEgress.configured(model_endpoints, model_key_envs, required=True),
+            webhooks=WebhookEgress.configured(
+                allow_http=webhook_allow_http, allow_networks=webhook_allow_networks
+            ),
         )
 
     @property

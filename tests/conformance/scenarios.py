@@ -27,12 +27,13 @@ SCENARIOS: dict[str, Scenario] = {}
 MISSING_ID = "01J00000000000000000000000"
 FORGED_TOKEN = "Zm9yZ2Vk"
 REGISTRY_VERBS = frozenset({"list", "show", "add", "update", "remove"})
-# A registry kind is an operation group with the five registry verbs (``project`` also has
-# ``resolve``, ACP 1.3, outside the registry's verbs).
+# A registry kind is a service with exactly the five registry verbs (``project.resolve``,
+# ACP 1.3, is another service's; webhooks have more verbs in their own).
+_BY_SERVICE: dict[str, list[catalog.Operation]] = {}
+for _op in catalog.OPERATIONS.values():
+    _BY_SERVICE.setdefault(_op.service, []).append(_op)
 REGISTRY_KINDS = sorted(
-    group
-    for group in {op.group for op in catalog.OPERATIONS.values()}
-    if {op.verb for op in catalog.OPERATIONS.values() if op.group == group} >= REGISTRY_VERBS
+    ops[0].group for ops in _BY_SERVICE.values() if {op.verb for op in ops} == REGISTRY_VERBS
 )
 
 

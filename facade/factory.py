@@ -30,6 +30,7 @@ from cleveragents.acp.facade.domain.sessions import records as session_records
 from cleveragents.acp.facade.domain.sessions.records import SESSION_KIND
 from cleveragents.acp.facade.domain.sessions.service import Sessions
 from cleveragents.acp.facade.handlers import table
+from cleveragents.acp.facade.handlers.approvals import ApprovalHandlers
 from cleveragents.acp.facade.handlers.context import ContextHandlers
 from cleveragents.acp.facade.handlers.events import EventHandlers
 from cleveragents.acp.facade.handlers.meta import MetaHandlers
@@ -271,6 +272,7 @@ def open_facade(
             SessionHandlers(sessions),
             ContextHandlers(context),
             PlanHandlers(plans),
+            ApprovalHandlers(plans),
         ]
     )
     # Closed in reverse: the event log ends its subscriptions before the store goes.

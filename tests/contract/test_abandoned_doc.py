@@ -38,6 +38,7 @@ def test_every_mutating_operation_says_what_happens() -> None:
         "plan.rollback",
         "session.tell",
         "session.cancel_turn",
+        "approval.answer",
     }
 
 

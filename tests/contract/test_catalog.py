@@ -49,11 +49,12 @@ EXPECTED = (
     + ["events.ticket"]
     # ACP 1.3
     + ["session.turn", "session.cancel_turn", "session.update"]
+    + ["approval.list", "approval.show", "approval.answer"]
 )
 
 
 def test_every_adr_operation_resolves_exactly_once() -> None:
-    assert len(EXPECTED) == 81
+    assert len(EXPECTED) == 84
     assert sorted(catalog.OPERATIONS) == sorted(EXPECTED)
     methods = [op.full_method for op in catalog.OPERATIONS.values()]
     assert len(methods) == len(set(methods))

@@ -27,6 +27,8 @@ SUCCEEDED = plan_pb2.PLAN_STATE_SUCCEEDED
 FAILED = plan_pb2.PLAN_STATE_FAILED
 CANCELLED = plan_pb2.PLAN_STATE_CANCELLED
 ROLLED_BACK = plan_pb2.PLAN_STATE_ROLLED_BACK
+# PausedError before a step or an apply until a person answers (approvals.py; ACP 1.3).
+AWAITING_APPROVAL = plan_pb2.PLAN_STATE_AWAITING_APPROVAL
 
 TERMINAL: frozenset[State] = frozenset({SUCCEEDED, FAILED, CANCELLED, ROLLED_BACK})
 
@@ -46,9 +48,16 @@ ALLOWED: Mapping[str, frozenset[tuple[Phase, State]]] = MappingProxyType(
         "execute": frozenset({(STRATEGIZE, PENDING), (EXECUTE, PENDING)}),
         # From a succeeded execute phase, or again after an apply that changed nothing.
         "apply": frozenset({(EXECUTE, SUCCEEDED), (APPLY, FAILED)}),
-        "cancel": frozenset({(p, s) for p in (STRATEGIZE, EXECUTE) for s in (PENDING, RUNNING)}),
+        "cancel": frozenset(
+            {(p, s) for p in (STRATEGIZE, EXECUTE) for s in (PENDING, RUNNING)}
+            | {(EXECUTE, AWAITING_APPROVAL)}
+        ),
         # Only before apply, and never while the actor or a tool is at work.
-        "correct": frozenset({(p, s) for p in (STRATEGIZE, EXECUTE) for s in _OPEN}),
+        "correct": frozenset(
+            {(p, s) for p in (STRATEGIZE, EXECUTE) for s in _OPEN} | {(EXECUTE, AWAITING_APPROVAL)}
+        ),
+        # A step's approval answered: the run goes on (approving.py; no operation of its own).
+        "resume": frozenset({(EXECUTE, AWAITING_APPROVAL)}),
         "rollback": frozenset({(APPLY, SUCCEEDED)}),
     }
 )

@@ -213,7 +213,6 @@ def _subject(
     )
     fields = {
         "kind": STEP,
-        "plan_id": plan.meta.id,
         "step_id": step.id,
         "tool": step.tool,
         "args": args,

@@ -187,6 +187,8 @@ class Gate:
 
 
 RUN = Gate()
+# Read-only look: a request would have to be made (so the gate writes, checking again).
+_ASK = Gate(rejected="ask")
 
 
 class PausedError(Exception):
@@ -264,12 +266,18 @@ class ApprovalGate:
         policy = plan_setup.profile.approval
         if not self.asks(policy):
             return RUN
+        # A read first: a step allowed (or refused) already needs no write of its own.
+        looked = await self.recorder.read(lambda: self._step_now(plan, plan_setup, step, pause=False))
+        if looked is not _ASK:
+            return looked
         return await self.recorder.write(lambda: self._step_now(plan, plan_setup, step))
 
     def step_digest(self, plan: plan_pb2.Plan, step: plan_pb2.PlanStep) -> str:
         return policies.digest(_subject(self.recorder, plan, step)[1])
 
-    def _step_now(self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup, step: plan_pb2.PlanStep) -> Gate:
+    def _step_now(
+        self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup, step: plan_pb2.PlanStep, *, pause: bool = True
+    ) -> Gate:
         policy = plan_setup.profile.approval
         subject, fields = _subject(self.recorder, plan, step)
         verdict = policies.decide(policy, subject)
@@ -287,6 +295,8 @@ class ApprovalGate:
                 if approval.state == PENDING:
                     return Gate(approval=approval)
                 return _outcome(approval)
+        if not pause:
+            return _ASK
         approval = self._new(plan, plan_setup, verdict.rule, digest)
         approval.kind = STEP
         approval.step_id = step.id

@@ -176,7 +176,9 @@ class Approver:
     ) -> approval_pb2.Approval:
         approval_id = approval.id
         plan_id = approval.plan_id
-        current = await self.recorder.read(lambda: self.records.load(approval_id))
+        current, plan = await self.recorder.read(
+            lambda: (self.records.load(approval_id), self.recorder.records.load(plan_id))
+        )
         if current.state != approvals.PENDING:
             raise approvals.decided(current)
         # The run that paused may still be ending in this process: it holds nothing, but
@@ -188,7 +190,6 @@ class Approver:
             state = approvals.ALLOWED if answer in approvals.ALLOWING else approvals.REJECTED
         decided: list[approval_pb2.Approval] = []
         replaced: list[approval_pb2.Approval] = []
-        plan = await self.recorder.read(lambda: self.recorder.records.load(plan_id))
 
         def record(current: approval_pb2.Approval, stored_plan: plan_pb2.Plan) -> None:
             current.state = state

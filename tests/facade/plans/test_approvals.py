@@ -14,13 +14,17 @@ import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
+from cleveragents.acp.contract.call import Role
 from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.facade import auth
 from cleveragents.acp.facade.domain.plans.approving import Approver
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.facade.service_facade import ServiceFacade
 from cleveragents.acp.v1 import approval_pb2, plan_pb2
 from tests.facade.plans.helpers import (
+    PY,
     add_action,
+    add_command_tool,
     add_profile,
     add_project,
     eventually,
@@ -310,3 +314,83 @@ async def test_a_policy_that_cannot_be_used_is_refused_when_stored(client: ACPCl
         with pytest.raises(ACPError) as refused:
             await add_profile(client, "bad", approval=approval)
         assert (refused.value.code, refused.value.details["field"]) == ("INVALID_PARAMS", field)
+
+
+async def test_command_lines_cost_and_reject_always_scope(client: ACPClient, tmp_path: pathlib.Path) -> None:
+    folder = tmp_path / "p"
+    write_tree(folder)
+    await add_project(client, folder)
+    await add_command_tool(client, "say", [PY, "-c", "print('{{word}}')", "{{word}}"])
+    await add_command_tool(client, "pricey", [PY, "-c", "pass"], cost=5.0)
+    approval = {"ask": ["command:hello$"], "deny": ["command:--force"], "cost_threshold": 5}
+    await add_profile(client, "cmds", allowed_tools=["say", "pricey"], approval=approval)
+    steps = [
+        {"id": "quiet", "tool": "say", "args": {"word": "quiet"}},
+        {"id": "hello", "tool": "say", "args": {"word": "hello"}},
+        {"id": "costly", "tool": "pricey", "args": {}},
+        {"id": "again", "tool": "say", "args": {"word": "hello"}},
+        {"id": "forced", "tool": "say", "args": {"word": "--force"}},
+    ]
+    await add_action(client, steps=steps, profile="cmds")
+    plan = await use(client)
+    await run(client, plan.meta.id)
+    # "quiet" ran without asking; "hello"'s command line matches the pattern.
+    [hello] = await pending(client, plan.meta.id)
+    assert hello.step_id == "hello"
+    assert hello.rule == "ask: command:hello$"
+    assert list(hello.command)[-1] == "hello"
+    await answer(client, hello.id, "allow_always")
+    [costly] = [a for a in await pending_soon(client, plan.meta.id)]
+    assert (costly.step_id, costly.rule) == ("costly", "cost_threshold: 5 >= 5")
+    await answer(client, costly.id, "allow_once")
+    # "again" matches the pattern allowed always: no question; "forced" is denied.
+    failed = await wait_for(client, plan.meta.id, FAILED)
+    assert failed.last_error.code == "approval_rejected"
+    assert "deny: command:--force" in failed.last_error.message
+    events = await plan_events(client, plan.meta.id)
+    assert [e.tool_invoked.step_id for e in events if e.type == "tool.invoked"] == [
+        "quiet",
+        "hello",
+        "costly",
+        "again",
+    ]
+
+
+async def pending_soon(client: ACPClient, plan_id: str) -> list[approval_pb2.Approval]:
+    await wait_for(client, plan_id, AWAITING)
+    return await pending(client, plan_id)
+
+
+async def test_who_may_answer_an_admin_only_request_and_another_namespace(tmp_path: pathlib.Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    made = {
+        "admin": auth.create_token(tokens, "boss", ["default"], role=Role.ADMIN),
+        "writer": auth.create_token(tokens, "dev", ["default"], role=Role.WRITER),
+        "reader": auth.create_token(tokens, "viewer", ["default"], role=Role.READER),
+        "other": auth.create_token(tokens, "stranger", ["elsewhere"], role=Role.ADMIN),
+    }
+    facade = open_facade(tmp_path / "acp.db", authenticator=auth.TokenAuthenticator(tokens))
+    clients = {who: ACPClient(LocalTransport(facade), token=token) for who, token in made.items()}
+    try:
+        boss = clients["admin"]
+        await world(boss, tmp_path / "p", {"ask": ["fs.write"], "approver_role": "admin"})
+        plan = await use(boss)
+        await run(boss, plan.meta.id)
+        [asked] = await pending(boss, plan.meta.id)
+        assert list(asked.answerable_by) == ["admin"]
+        for who, code in (("writer", "AUTH_FORBIDDEN"), ("reader", "AUTH_FORBIDDEN"), ("other", "NOT_FOUND")):
+            with pytest.raises(ACPError) as refused:
+                await answer(clients[who], asked.id, "allow_once")
+            assert refused.value.code == code, who
+        # The reader and the writer see it; another namespace does not.
+        assert [a.id for a in await pending(clients["reader"], plan.meta.id)] == [asked.id]
+        listed = await clients["other"].call("approval.list")
+        assert isinstance(listed, approval_pb2.ListApprovalsResponse)
+        assert list(listed.approvals) == []
+        decided = await answer(boss, asked.id, "allow_once")
+        assert decided.answered_by == "boss"
+        await wait_for(boss, plan.meta.id, SUCCEEDED)
+    finally:
+        for made_client in clients.values():
+            await made_client.close()
+        await facade.close()

@@ -56,11 +56,23 @@ ALLOWED: Mapping[str, frozenset[tuple[Phase, State]]] = MappingProxyType(
         "correct": frozenset(
             {(p, s) for p in (STRATEGIZE, EXECUTE) for s in _OPEN} | {(EXECUTE, AWAITING_APPROVAL)}
         ),
-        # A step's approval answered: the run goes on (approving.py; no operation of its own).
-        "resume": frozenset({(EXECUTE, AWAITING_APPROVAL)}),
         "rollback": frozenset({(APPLY, SUCCEEDED)}),
     }
 )
+
+
+# Where a step's answered approval resumes a run from (approving.py; no operation of its own).
+RESUMABLE = frozenset({(EXECUTE, AWAITING_APPROVAL)})
+
+
+def require_resumable(plan: plan_pb2.Plan) -> None:
+    """INVALID_STATE unless the plan waits for a step's approval."""
+    if (plan.phase, plan.state) not in RESUMABLE:
+        raise ACPError(
+            ErrorCode.INVALID_STATE,
+            f"plan {plan.meta.id} is {describe(plan.phase, plan.state)}; it does not await an approval",
+            {"plan_id": plan.meta.id, "phase": phase_name(plan.phase), "state": state_name(plan.state)},
+        )
 
 
 def superseded(step: plan_pb2.PlanStep) -> bool:

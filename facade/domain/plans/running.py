@@ -86,7 +86,11 @@ class PlanRunner:
                 return False
             # The lease first: another process may be running the plan.
             self.keeper.take(plan_id)
-            model.require("execute" if admit is None else "resume", self.records.load(plan_id))
+            current = self.records.load(plan_id)
+            if admit is None:
+                model.require("execute", current)
+            else:
+                model.require_resumable(current)
             plan.ClearField("last_error")
             self.recorder.transition(plan, plan.phase, model.RUNNING)
             return True

@@ -394,3 +394,18 @@ async def test_who_may_answer_an_admin_only_request_and_another_namespace(tmp_pa
         for made_client in clients.values():
             await made_client.close()
         await facade.close()
+
+
+async def test_cancelling_a_waiting_plan_voids_its_request(client: ACPClient, tmp_path: pathlib.Path) -> None:
+    await world(client, tmp_path / "p", {"ask": ["fs.write"]})
+    plan = await use(client)
+    await run(client, plan.meta.id)
+    [asked] = await pending(client, plan.meta.id)
+    cancelled = await client.call("plan.cancel", plan_id=plan.meta.id, reason="not today")
+    assert isinstance(cancelled, plan_pb2.CancelPlanResponse)
+    assert cancelled.plan.state == plan_pb2.PLAN_STATE_CANCELLED
+    with pytest.raises(ACPError) as void:
+        await answer(client, asked.id, "allow_once")
+    assert void.value.details["refinement"] == "APPROVAL_VOID"
+    assert void.value.details["replaced_by"] == ""
+    assert (await status(client, plan.meta.id)).state == plan_pb2.PLAN_STATE_CANCELLED

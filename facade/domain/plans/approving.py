@@ -231,7 +231,7 @@ class Approver:
                 def settle() -> None:
                     current, stored_plan = fresh()
                     plan.CopyFrom(stored_plan)
-                    if digest_now is not None and digest_now != current.digest:
+                    if digest_now is not None and digest_now[0] != current.digest:
                         self._void(
                             current, stored_plan, "the staged diff changed", replaced, ask_again=digest_now
                         )
@@ -268,15 +268,15 @@ class Approver:
                 return not model.superseded(step) and self.gate.step_digest(plan, step) == approval.digest
         return False
 
-    async def _apply_digest(self, plan_id: str) -> str | None:
-        """The digest of what an apply would write now (None: it cannot be read)."""
+    async def _apply_digest(self, plan_id: str) -> tuple[str, str] | None:
+        """The digest of what an apply would write now, and its diff (None: it cannot be read)."""
         try:
             plan = await self.recorder.read(lambda: self.recorder.records.load(plan_id))
             staging = await self.recorder.read(lambda: self.recorder.staging(plan))
             artifacts = await asyncio.to_thread(staging.artifacts)
         except ACPError:
             return None
-        return diff.digest(artifacts)
+        return diff.digest(artifacts), "".join(diff.file_diff(a).unified_diff for a in artifacts)
 
     def _void(
         self,
@@ -285,7 +285,7 @@ class Approver:
         why: str,
         replaced: list[approval_pb2.Approval],
         *,
-        ask_again: str = "",
+        ask_again: tuple[str, str] | None = None,
     ) -> None:
         """Inside a write: the request is void; for an apply whose diff changed, a new one
         asks about the diff as it is now (the plan keeps waiting)."""
@@ -296,7 +296,7 @@ class Approver:
             again = approval_pb2.Approval()
             again.CopyFrom(approval)
             again.id = approvals.new_id()
-            again.digest = ask_again
+            again.digest, again.diff = ask_again
             again.state = approvals.PENDING
             again.reason = ""
             again.ClearField("decide_time")

@@ -409,3 +409,35 @@ async def test_cancelling_a_waiting_plan_voids_its_request(client: ACPClient, tm
     assert void.value.details["refinement"] == "APPROVAL_VOID"
     assert void.value.details["replaced_by"] == ""
     assert (await status(client, plan.meta.id)).state == plan_pb2.PLAN_STATE_CANCELLED
+
+
+async def test_an_apply_whose_diff_changed_since_it_asked_is_asked_again(
+    client: ACPClient, tmp_path: pathlib.Path
+) -> None:
+    folder = tmp_path / "p"
+    await world(client, folder, {"ask": ["apply"]})
+    plan = await use(client)
+    await run(client, plan.meta.id)
+    applied = await client.call("plan.apply", plan_id=plan.meta.id)
+    assert isinstance(applied, plan_pb2.ApplyPlanResponse)
+    assert applied.plan.state == AWAITING
+    assert list(applied.changed_paths) == []
+    [asked] = await pending(client, plan.meta.id)
+    # The project now holds what one artifact would write: that artifact is gone from the diff.
+    (folder / "docs").mkdir()
+    (folder / "docs/guide.md").write_text("# The guide\n")
+    with pytest.raises(ACPError) as void:
+        await answer(client, asked.id, "allow_once")
+    assert void.value.details["refinement"] == "APPROVAL_VOID"
+    [again] = await pending(client, plan.meta.id)
+    assert void.value.details["replaced_by"] == again.id
+    assert again.digest != asked.digest
+    assert "docs/guide.md" not in again.diff
+    await answer(client, again.id, "allow_once")
+
+    async def applied_now() -> bool:
+        now = await status(client, plan.meta.id)
+        return (now.phase, now.state) == (plan_pb2.PLAN_PHASE_APPLY, SUCCEEDED)
+
+    await eventually(applied_now)
+    assert not (folder / "obsolete.txt").exists()

@@ -441,3 +441,28 @@ async def test_an_apply_whose_diff_changed_since_it_asked_is_asked_again(
 
     await eventually(applied_now)
     assert not (folder / "obsolete.txt").exists()
+
+
+async def test_the_sessions_automation_profile_brings_its_policy(
+    client: ACPClient, tmp_path: pathlib.Path
+) -> None:
+    folder = tmp_path / "p"
+    write_tree(folder)
+    await add_project(client, folder)
+    await add_profile(client, "gated", approval={"ask": ["fs.write"]})
+    await add_action(client)
+    created = await client.call("session.create", project="proj")
+    session_id = created.session.meta.id  # type: ignore[attr-defined]
+    await client.call(
+        "session.update",
+        session_id=session_id,
+        session={"automation_profile": "gated"},
+        update_mask="automationProfile",
+    )
+    plan = await use(client, session_id=session_id)
+    paused = await run(client, plan.meta.id)
+    assert paused.state == AWAITING
+    listed = await client.call("approval.list", session_id=session_id)
+    assert isinstance(listed, approval_pb2.ListApprovalsResponse)
+    [asked] = listed.approvals
+    assert (asked.session_id, asked.plan_id) == (session_id, plan.meta.id)

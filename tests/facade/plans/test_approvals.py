@@ -14,8 +14,10 @@ import pytest
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
-from cleveragents.acp.contract.call import Role
+from cleveragents.acp.contract import catalog
+from cleveragents.acp.contract.call import Reply, Role
 from cleveragents.acp.contract.errors import ACPError
+from cleveragents.acp.contract.transport import CallOptions
 from cleveragents.acp.facade import auth
 from cleveragents.acp.facade.domain.plans.approving import Approver
 from cleveragents.acp.facade.factory import open_facade
@@ -466,3 +468,29 @@ async def test_the_sessions_automation_profile_brings_its_policy(
     assert isinstance(listed, approval_pb2.ListApprovalsResponse)
     [asked] = listed.approvals
     assert (asked.session_id, asked.plan_id) == (session_id, plan.meta.id)
+
+
+async def test_a_retried_answer_is_replayed_not_refused(
+    client: ACPClient, facade: ServiceFacade, tmp_path: pathlib.Path
+) -> None:
+    """The same request id again (a client that lost the first answer): the first answer,
+    replayed, not APPROVAL_DECIDED; the plan resumed once."""
+    await world(client, tmp_path / "p", {"ask": ["fs.write"]})
+    plan = await use(client)
+    await run(client, plan.meta.id)
+    [asked] = await pending(client, plan.meta.id)
+    op = catalog.OPERATIONS["approval.answer"]
+    request = approval_pb2.AnswerApprovalRequest(
+        approval_id=asked.id, answer=approval_pb2.APPROVAL_ANSWER_ALLOW_ONCE
+    )
+    answers = []
+    for _ in range(2):
+        reply = Reply()
+        options = CallOptions(acp_version=None, token=None, request_id="answer-1", reply=reply)
+        answers.append((await LocalTransport(facade).call(op, request, options), reply.replayed))
+    (first, first_replayed), (second, second_replayed) = answers
+    assert (first_replayed, second_replayed) == (False, True)
+    assert first == second
+    await wait_for(client, plan.meta.id, SUCCEEDED)
+    events = await plan_events(client, plan.meta.id)
+    assert sum(1 for e in events if e.type == "approval.decided") == 1

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from bench import (
     actors,
+    approvals,
     editor,
     idempotency,
     layers,
@@ -45,6 +46,8 @@ FAMILIES: dict[str, Callable[[Run], None]] = {
     "actors": actors.run_all,
     # agents editor (Zed ACP over stdio) against ACPClient on the same backend.
     "editor": editor.run_all,
+    # Answer -> the resumed plan's next tool.invoked, in-process and over HTTP (ACP 1.3).
+    "approvals": approvals.run_all,
     "scaling": scaling.run_all,
     # Only where a PostgreSQL is reachable (bench/postgres.py); otherwise it says so.
     "postgres": postgres.run_all,

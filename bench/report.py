@@ -56,6 +56,8 @@ GOALS = {
     "resume_scaling_ratio": Goal(1.5, at_most=True),
     "llm_turn_overhead_ms": Goal(2, at_most=True),
     "enqueue_overhead_ms": Goal(2, at_most=True),
+    "approval_resume_ms": Goal(20, at_most=True),
+    "approval_resume_http_ms": Goal(20, at_most=True),
     "delta_event_latency_p99_ms": Goal(5, at_most=True),
     "editor_first_chunk_ms": Goal(5, at_most=True),
     # Only where PostgreSQL is reachable, so not among FIGURES.
@@ -119,6 +121,8 @@ FIGURES = [
     "resume_scaling_ratio",
     "llm_turn_overhead_ms",
     "enqueue_overhead_ms",
+    "approval_resume_ms",
+    "approval_resume_http_ms",
     "delta_event_latency_p99_ms",
     "editor_first_chunk_ms",
     "idempotent_write_cpu_ratio",

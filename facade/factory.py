@@ -21,6 +21,7 @@ from cleveragents.acp.facade.domain.events.log import DEFAULT_POLL_INTERVAL, Eve
 from cleveragents.acp.facade.domain.events.tickets import PrincipalLookup, StreamTickets
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.models.settings import ModelSettings
+from cleveragents.acp.facade.domain.plans.approvals import KIND as APPROVAL_KIND
 from cleveragents.acp.facade.domain.plans.engine import PlanEngine
 from cleveragents.acp.facade.domain.plans.records import KIND as PLAN_KIND
 from cleveragents.acp.facade.domain.registries import Registries
@@ -33,6 +34,7 @@ from cleveragents.acp.facade.domain.webhooks.deliverer import Deliverer
 from cleveragents.acp.facade.domain.webhooks.service import Webhooks
 from cleveragents.acp.facade.domain.webhooks.settings import DeliverySettings
 from cleveragents.acp.facade.handlers import table
+from cleveragents.acp.facade.handlers.approvals import ApprovalHandlers
 from cleveragents.acp.facade.handlers.context import ContextHandlers
 from cleveragents.acp.facade.handlers.events import EventHandlers
 from cleveragents.acp.facade.handlers.meta import MetaHandlers
@@ -47,7 +49,7 @@ from cleveragents.acp.facade.store.pg_urls import db_problem as db_problem
 from cleveragents.acp.facade.store.pg_urls import is_postgres_url, redacted
 from cleveragents.acp.facade.store.sqlite import SQLiteStore
 from cleveragents.acp.facade.store.wakeups import DEFAULT_WAKEUP_TICK, PeerChannel
-from cleveragents.acp.v1 import context_pb2, plan_pb2, session_pb2
+from cleveragents.acp.v1 import approval_pb2, context_pb2, plan_pb2, session_pb2
 
 # Seconds a PostgreSQL transaction may wait on its replica before the server ends it.
 IDLE_ENV = "ACP_STORE_IDLE_TRANSACTION_SECONDS"
@@ -225,6 +227,7 @@ def entity_types() -> dict[str, type[message.Message]]:
         SESSION_KIND: session_pb2.Session,
         PLAN_KIND: plan_pb2.Plan,
         CONTEXT_KIND: context_pb2.ContextConfig,
+        APPROVAL_KIND: approval_pb2.Approval,
     }
     entities.update({k.record_kind: k.entry_type for k in KINDS.values()})
     return entities
@@ -290,6 +293,7 @@ def open_facade(
             ContextHandlers(context),
             PlanHandlers(plans),
             WebhookHandlers(webhooks),
+            ApprovalHandlers(plans),
         ]
     )
     # Closed in reverse: the event log ends its subscriptions before the store goes.

@@ -34,13 +34,19 @@ from cleveragents.acp.client.cli.connect import (
     resolve,
     retry_policy,
 )
-from cleveragents.acp.client.cli.exits import EXIT_INTERRUPTED, EXIT_PLAN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE
+from cleveragents.acp.client.cli.exits import (
+    EXIT_AWAITING_APPROVAL,
+    EXIT_INTERRUPTED,
+    EXIT_PLAN_FAILED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+)
 from cleveragents.acp.contract import catalog, envelope, errors, versions
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.errors import ACPError, TransportError
 from cleveragents.acp.contract.retry import Retrying, RetryPolicy
 from cleveragents.acp.contract.transport import CallOptions
-from cleveragents.acp.v1 import events_pb2, plan_pb2, session_pb2
+from cleveragents.acp.v1 import approval_pb2, events_pb2, plan_pb2, session_pb2
 
 # A plan's run is over when a phase after strategize settles, or it fails, is cancelled
 # or rolled back (``plan.error`` precedes the state change it causes, so it is no end).
@@ -280,14 +286,24 @@ def _wants_progress(op: Operation, request: message.Message, err: TextIO) -> str
     return ""
 
 
-def _waited_outcome(request: message.Message, response: message.Message, err: TextIO) -> int:
+async def _waited_outcome(
+    client: ACPClient, request: message.Message, response: message.Message, err: TextIO
+) -> int:
     """A call that waited for a plan's run (``plan execute --wait``) answers with the plan
-    even when the run failed: a script must not read that as success."""
+    even when the run failed: a script must not read that as success. A plan that waits for
+    an approval: its question and how to answer it, on stderr."""
     if "wait" not in request.DESCRIPTOR.fields_by_name or not request.wait:  # type: ignore[attr-defined]
         return 0
     if "plan" not in response.DESCRIPTOR.fields_by_name:
         return 0
     plan: plan_pb2.Plan = response.plan  # type: ignore[attr-defined]
+    if plan.state == plan_pb2.PLAN_STATE_AWAITING_APPROVAL:
+        listed = await client.call(
+            "approval.list", plan_id=plan.meta.id, state=approval_pb2.APPROVAL_STATE_PENDING
+        )
+        for approval in listed.approvals:  # type: ignore[attr-defined]
+            err.write(render.approval_question(approval))
+        return EXIT_AWAITING_APPROVAL
     if plan.state not in (plan_pb2.PLAN_STATE_FAILED, plan_pb2.PLAN_STATE_CANCELLED):
         return 0
     state = render.short_enum(plan_pb2.Plan.DESCRIPTOR.fields_by_name["state"], plan.state)
@@ -336,7 +352,7 @@ async def _call(conn: Connection, op: Operation, request: message.Message, args:
         printer.response(response, options.request_id, started)
         if not (conn.server or conn.grpc):
             await _settle(sys.stderr)
-        return _waited_outcome(request, response, sys.stderr)
+        return await _waited_outcome(client, request, response, sys.stderr)
     except ACPError as exc:
         printer.error(exc, options.request_id, started)
         raise

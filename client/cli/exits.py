@@ -9,4 +9,6 @@ from __future__ import annotations
 EXIT_PLAN_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 12
+# `plan execute --wait` ended with the plan waiting for an approval (its question on stderr).
+EXIT_AWAITING_APPROVAL = 13
 EXIT_INTERRUPTED = 130

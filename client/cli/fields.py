@@ -110,6 +110,8 @@ _FIELD_HELP: dict[str, str] = {
     "revision": "the revision you read; a stale one is INVALID_STATE",
     "diff_digest": "the digest of the plan.diff you reviewed (DIFF_CHANGED if the staged artifacts changed)",
     "page_size": "entries per page (default 50, at most 500)",
+    "AnswerApprovalRequest.reason": "why, for the record (at most 2,000 characters)",
+    "AnswerApprovalRequest.digest": "the digest of the request you reviewed (APPROVAL_VOID if it changed)",
     "page_token": "the next_page_token of the previous page",
     "session_id": "a session's id",
     "project": "a project's name",

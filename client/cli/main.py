@@ -51,6 +51,7 @@ examples:
 
 exit status: 0 success, {exits.EXIT_PLAN_FAILED} the plan a --wait waited for failed or was cancelled,
 2 bad usage, {codes[0]}-{codes[-1]} one per ACP error code, {exits.EXIT_UNREACHABLE} server unreachable,
+{exits.EXIT_AWAITING_APPROVAL} the plan a --wait waited for awaits an approval (the question on stderr),
 {exits.EXIT_INTERRUPTED} interrupted (docs/cli.md)."""
 
 

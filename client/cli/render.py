@@ -18,7 +18,7 @@ from google.protobuf import descriptor, message
 from cleveragents.acp.client.cli.fields import enum_choices, enum_prefix, is_map
 from cleveragents.acp.contract import codec
 from cleveragents.acp.contract.catalog import BUILTIN_LABEL
-from cleveragents.acp.v1 import events_pb2, plan_pb2, session_pb2
+from cleveragents.acp.v1 import approval_pb2, events_pb2, plan_pb2, session_pb2
 
 FD = descriptor.FieldDescriptor
 _RED, _GREEN, _CYAN, _BOLD, _DIM, _RESET = "\x1b[31m", "\x1b[32m", "\x1b[36m", "\x1b[1m", "\x1b[2m", "\x1b[0m"
@@ -322,11 +322,56 @@ def detail(event: events_pb2.Event) -> str:
         text = ", ".join(event.session_updated.fields)
     elif kind == "webhook_disabled":
         text = f"{event.webhook_disabled.name}: {event.webhook_disabled.reason}"
+    elif kind in ("approval_requested", "approval_decided", "approval_expired"):
+        approval: approval_pb2.Approval = getattr(event, kind).approval
+        text = f"{approval.id} {_asks(approval)}"
+        if approval.answered_by:
+            text += f": {_answer(approval.answer)} by {approval.answered_by}"
+        elif approval.state == approval_pb2.APPROVAL_STATE_VOID:
+            text += f": void ({approval.reason})"
     elif kind in ("session_text_delta", "plan_text_delta"):
         delta: events_pb2.TextDelta = getattr(event, kind)
         # Quoted, escapes shown: a piece is often a space or a line break.
         text = f"{delta.actor} turn {delta.turn}: {json.dumps(delta.text, ensure_ascii=False)}"
     return text
+
+
+def _answer(answer: approval_pb2.ApprovalAnswer.ValueType) -> str:
+    return approval_pb2.ApprovalAnswer.Name(answer).removeprefix("APPROVAL_ANSWER_").lower()
+
+
+def _asks(approval: approval_pb2.Approval) -> str:
+    """What a request asks about, in a few words."""
+    if approval.kind == "apply":
+        return "apply the staged diff"
+    if approval.command:
+        return f"step {approval.step_id}: run {' '.join(approval.command)}"
+    args = json.dumps(codec.to_dict(approval)["args"] if approval.args.fields else {}, ensure_ascii=False)
+    return f"step {approval.step_id}: {approval.tool} {args}"
+
+
+# At most this much of an apply's diff is printed with its question.
+DIFF_LINES = 40
+
+
+def approval_question(approval: approval_pb2.Approval) -> str:
+    """A pending approval request as ``plan execute --wait`` prints it: the question, what
+    exactly would happen, and the command that answers it."""
+    lines = [f"agents: plan {approval.plan_id} awaits approval {approval.id} ({approval.rule})"]
+    lines.append(f"  {_asks(approval)}")
+    if approval.diff:
+        shown = approval.diff.splitlines()
+        lines.extend(f"  | {line}" for line in shown[:DIFF_LINES])
+        if len(shown) > DIFF_LINES:
+            lines.append(f"  | ... {len(shown) - DIFF_LINES} more lines (agents approval show {approval.id})")
+    lines.append(f"  digest {approval.digest}")
+    if approval.HasField("expire_time"):
+        lines.append(f"  expires {approval.expire_time.ToJsonString()} (then: {approval.fallback})")
+    lines.append(
+        f"  answer: agents approval answer {approval.id} --answer allow_once"
+        " (or allow_always, reject_once, reject_always; --reason TEXT)"
+    )
+    return "\n".join(lines) + "\n"
 
 
 # ``events watch`` columns: every one but the last has a fixed width, so lines stay aligned

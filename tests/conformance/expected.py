@@ -36,6 +36,8 @@ DOMAIN: dict[str, list[tuple[str, str | None]]] = {
     "plan.correct": [("INVALID_STATE", None)],
     "plan.rollback": [("INVALID_STATE", None)],
     "plan.prompt": [("INVALID_STATE", None)],
+    "approval.show": [("NOT_FOUND", "APPROVAL_NOT_FOUND")],
+    "approval.answer": [("NOT_FOUND", "APPROVAL_NOT_FOUND"), ("INVALID_STATE", "APPROVAL_DECIDED")],
     # A live subscriber that falls behind is ended (tests/conformance/test_streaming.py).
     "events.subscribe": [("BUDGET_EXCEEDED", "SUBSCRIBER_TOO_SLOW"), ("INVALID_PARAMS", None)],
     **WEBHOOK_DOMAIN,

@@ -18,6 +18,7 @@ from cleveragents.acp.contract.envelope import new_request_id
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.contract.required import required_fields
 from cleveragents.acp.contract.transport import CallOptions
+from tests.conformance import approvals
 from tests.conformance.canonical import Canonicalizer
 from tests.conformance.harness import Run
 from tests.conformance.scenarios import (
@@ -56,11 +57,15 @@ async def build_world(run: Run) -> dict[str, Any]:
     tree = await alice.call("plan.tree", plan_id=plan_id)
     # After the plan: the log's first event stays one every served minor sees.
     told = await alice.call("session.tell", session_id=session_id, content="/help")
+    await approvals.gated_world(run, alice)
+    approval_id = await approvals.waiting_approval(alice)
     exported = await alice.call("session.export", session_id=session_id)
     await alice.call("webhook.add", name="w", url=WEBHOOK_URL)
     return {
         "session_id": session_id,
         "turn_id": told.turn.id,  # type: ignore[attr-defined]
+        "approval_id": approval_id,
+        "answer": approvals.ALLOW_ONCE,
         "plan_id": plan_id,
         "node_id": tree.nodes[0].id,  # type: ignore[attr-defined]
         "name": "w",
@@ -126,7 +131,8 @@ async def outcome(run: Run, op: Operation, params: dict[str, Any], **client: Any
 def forbidden_code(params: dict[str, Any]) -> str:
     """What a token of another namespace gets: AUTH_FORBIDDEN for a namespace it names, and
     for a session or plan it reaches by id the answer an unknown id gets (issue 31, finding 9)."""
-    return "NOT_FOUND" if "session_id" in params or "plan_id" in params else "AUTH_FORBIDDEN"
+    reached_by_id = ("session_id", "plan_id", "approval_id")
+    return "NOT_FOUND" if any(key in params for key in reached_by_id) else "AUTH_FORBIDDEN"
 
 
 @scenario("auth.matrix")

@@ -19,6 +19,7 @@ from cleveragents.acp.contract import codec, versions
 from cleveragents.acp.contract.catalog import Operation
 from cleveragents.acp.contract.envelope import new_request_id
 from cleveragents.acp.contract.transport import CallOptions
+from tests.conformance import approvals
 from tests.conformance.harness import Run
 from tests.conformance.scenarios import REGISTRY_KINDS, REGISTRY_VERBS, entries, folder, use
 from tests.conformance.webhook_cases import WEBHOOK_CHECKS, webhook_subjects
@@ -108,6 +109,10 @@ async def own_subjects(run: Run, world: dict[str, Any], who: str) -> dict[str, P
     own["session.import"] = {"document": {**document, "session": {**document["session"], "meta": meta}}}
     own["events.subscribe"] = {"after_sequence": 0}
     own.update(await webhook_subjects(alice, who))
+    own["approval.answer"] = {
+        "approval_id": await approvals.waiting_approval(alice),
+        "answer": approvals.ALLOW_ONCE,
+    }
     return own
 
 
@@ -216,6 +221,13 @@ CHECKS: dict[str, Check] = {
     "plan.artifacts": lambda p, d, w: "docs/guide.md" in {a["path"] for a in d["artifacts"]},
     "plan.prompt": lambda p, d, w: d["action_prompt"] == "Write the guide guide.",
     **WEBHOOK_CHECKS,
+    "approval.list": lambda p, d, w: w["approval_id"] in {a["id"] for a in d["approvals"]},
+    "approval.show": lambda p, d, w: (
+        d["approval"]["id"] == p["approval_id"] and d["approval"]["state"] == "APPROVAL_STATE_PENDING"
+    ),
+    "approval.answer": lambda p, d, w: (
+        d["approval"]["id"] == p["approval_id"] and d["approval"]["state"] == "APPROVAL_STATE_ALLOWED"
+    ),
 }
 
 
@@ -227,6 +239,9 @@ async def check_answer(run: Run, op: Operation, params: Params, data: Data, worl
     else:
         assert op.name in CHECKS, f"{op.name}: no check of its answer in tests/conformance/subjects.py"
         assert CHECKS[op.name](params, data, world), (op.name, params, data)
+    if op.name == "approval.answer":
+        # The answer resumed a plan: later answers (plan.list) see it once it ended.
+        await approvals.settled(run, data["approval"]["plan_id"])
     if op.verb in ("remove", "delete"):
         shown = f"{op.group}.show"
         subject: dict[str, Any] = {key: params[key] for key in ("name", "session_id") if key in params}

@@ -39,6 +39,7 @@ def test_every_mutating_operation_says_what_happens() -> None:
         "session.tell",
         "session.cancel_turn",
         "webhook.test",
+        "approval.answer",
     }
 
 

@@ -49,6 +49,7 @@ EXPECTED = (
     + ["events.ticket"]
     # ACP 1.3
     + ["session.turn", "session.cancel_turn", "session.update", "project.resolve"]
+    + ["approval.list", "approval.show", "approval.answer"]
     + [
         f"webhook.{v}"
         for v in ("add", "list", "show", "update", "remove", "rotate_secret", "test", "replay", "deliveries")
@@ -57,7 +58,7 @@ EXPECTED = (
 
 
 def test_every_adr_operation_resolves_exactly_once() -> None:
-    assert len(EXPECTED) == 91
+    assert len(EXPECTED) == 94
     assert sorted(catalog.OPERATIONS) == sorted(EXPECTED)
     methods = [op.full_method for op in catalog.OPERATIONS.values()]
     assert len(methods) == len(set(methods))

@@ -12,7 +12,7 @@ import asyncio
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain.plans import actor, halts, model, setup
+from cleveragents.acp.facade.domain.plans import actor, approvals, halts, model, setup
 from cleveragents.acp.facade.domain.plans.halts import HaltError
 from cleveragents.acp.facade.domain.plans.model_actor import ModelActor
 from cleveragents.acp.facade.domain.plans.recording import PlanRecorder
@@ -58,6 +58,7 @@ class PlanCorrector:
 
         def record() -> None:
             recorder.still(plan, "correct")
+            approvals.void_pending(recorder, plan, "the plan was corrected")
             self.records.add_correction(plan.meta.id, request)
             kept = [c for c in self.records.changes(plan.meta.id) if c.step_id not in strategy.discarded]
             self.records.save_changes(plan.meta.id, kept)
@@ -137,6 +138,7 @@ class PlanCorrector:
 
         def record() -> None:
             recorder.still(plan, "correct")
+            approvals.void_pending(recorder, plan, "the plan was corrected")
             records.add_correction(plan_id, request)
             kept: list[Change] = [c for c in records.changes(plan_id) if c.step_id not in strategy.discarded]
             records.save_changes(plan_id, kept)

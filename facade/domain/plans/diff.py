@@ -62,6 +62,10 @@ def digest(artifacts: Sequence[StagedArtifact]) -> str:
     return DIGEST_PREFIX + hasher.hexdigest()
 
 
+def valid_digest(text: str) -> bool:
+    return _DIGEST.fullmatch(text) is not None
+
+
 def check_digest(plan_id: str, expected: str, artifacts: Sequence[StagedArtifact]) -> None:
     """Refuse an apply bound to a reviewed diff (``diff_digest``) when the staged artifacts it
     would write are no longer the ones that diff showed."""

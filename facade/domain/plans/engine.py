@@ -22,6 +22,8 @@ from cleveragents.acp.facade.domain.events.log import EventLog
 from cleveragents.acp.facade.domain.models.client import ChatModels
 from cleveragents.acp.facade.domain.plans import diff, leases, listing, model, records, setup
 from cleveragents.acp.facade.domain.plans.apply import Restored
+from cleveragents.acp.facade.domain.plans.approvals import ApprovalGate
+from cleveragents.acp.facade.domain.plans.approving import Approver
 from cleveragents.acp.facade.domain.plans.corrections import PlanCorrector
 from cleveragents.acp.facade.domain.plans.creation import PlanCreator
 from cleveragents.acp.facade.domain.plans.halts import Cancels
@@ -66,8 +68,12 @@ class PlanEngine:
         self.recorder = PlanRecorder(events, registries, self.records, self.model_actor)
         cancels = Cancels()
         self.keeper = LeaseKeeper(self.store, self.leases, cancels)
-        self.files = PlanFiles(self.recorder, self.keeper)
-        self.runner = PlanRunner(self.recorder, self.keeper, StepRunner(self.recorder, cancels), self.files)
+        self.gate = ApprovalGate(self.recorder, self.leases)
+        self.files = PlanFiles(self.recorder, self.keeper, self.gate)
+        self.runner = PlanRunner(
+            self.recorder, self.keeper, StepRunner(self.recorder, cancels, self.gate), self.files
+        )
+        self.approver = Approver(self.recorder, self.gate, self.runner, self.files, self.pages)
         self.creator = PlanCreator(self.recorder, self.runner)
         self.corrector = PlanCorrector(self.recorder, self.runner)
         self.takeover = Takeover(self.recorder, self.keeper, self.runner, self.files)
@@ -83,6 +89,8 @@ class PlanEngine:
         the facade is attached (``ServiceFacade.start``)."""
         if self._scans and not self._closed:
             self.takeover.start_scanner()
+            # Requests past their expiry get their fallback, whoever is asking.
+            self.approver.start_sweeper()
 
     # reads -------------------------------------------------------------------------------
 
@@ -145,7 +153,7 @@ class PlanEngine:
         model.require("execute", plan)
         with records.expecting(plan_id, ctx.if_revision):
             task = await self.runner.start(plan)
-        if wait:
+        if wait and task is not None:
             await asyncio.shield(task)
         return await self.recorder.read(lambda: self.records.load(plan_id))
 
@@ -200,6 +208,7 @@ class PlanEngine:
         refuse new ones; then stop the scanner and the heartbeat."""
         self._closed = True
         self.keeper.closing()
+        await self.approver.close()
         await self.runner.close()
         await self.takeover.close()
         await self.keeper.close()

@@ -27,6 +27,8 @@ SUCCEEDED = plan_pb2.PLAN_STATE_SUCCEEDED
 FAILED = plan_pb2.PLAN_STATE_FAILED
 CANCELLED = plan_pb2.PLAN_STATE_CANCELLED
 ROLLED_BACK = plan_pb2.PLAN_STATE_ROLLED_BACK
+# PausedError before a step or an apply until a person answers (approvals.py; ACP 1.3).
+AWAITING_APPROVAL = plan_pb2.PLAN_STATE_AWAITING_APPROVAL
 
 TERMINAL: frozenset[State] = frozenset({SUCCEEDED, FAILED, CANCELLED, ROLLED_BACK})
 
@@ -46,12 +48,31 @@ ALLOWED: Mapping[str, frozenset[tuple[Phase, State]]] = MappingProxyType(
         "execute": frozenset({(STRATEGIZE, PENDING), (EXECUTE, PENDING)}),
         # From a succeeded execute phase, or again after an apply that changed nothing.
         "apply": frozenset({(EXECUTE, SUCCEEDED), (APPLY, FAILED)}),
-        "cancel": frozenset({(p, s) for p in (STRATEGIZE, EXECUTE) for s in (PENDING, RUNNING)}),
+        "cancel": frozenset(
+            {(p, s) for p in (STRATEGIZE, EXECUTE) for s in (PENDING, RUNNING)}
+            | {(EXECUTE, AWAITING_APPROVAL)}
+        ),
         # Only before apply, and never while the actor or a tool is at work.
-        "correct": frozenset({(p, s) for p in (STRATEGIZE, EXECUTE) for s in _OPEN}),
+        "correct": frozenset(
+            {(p, s) for p in (STRATEGIZE, EXECUTE) for s in _OPEN} | {(EXECUTE, AWAITING_APPROVAL)}
+        ),
         "rollback": frozenset({(APPLY, SUCCEEDED)}),
     }
 )
+
+
+# Where a step's answered approval resumes a run from (approving.py; no operation of its own).
+RESUMABLE = frozenset({(EXECUTE, AWAITING_APPROVAL)})
+
+
+def require_resumable(plan: plan_pb2.Plan) -> None:
+    """INVALID_STATE unless the plan waits for a step's approval."""
+    if (plan.phase, plan.state) not in RESUMABLE:
+        raise ACPError(
+            ErrorCode.INVALID_STATE,
+            f"plan {plan.meta.id} is {describe(plan.phase, plan.state)}; it does not await an approval",
+            {"plan_id": plan.meta.id, "phase": phase_name(plan.phase), "state": state_name(plan.state)},
+        )
 
 
 def superseded(step: plan_pb2.PlanStep) -> bool:

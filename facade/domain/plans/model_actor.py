@@ -199,6 +199,8 @@ class ModelActor:
         conversation = run.conversation()
         turn_number = sum(1 for e in conversation if e["role"] == "assistant")
         refused_in_a_row = 0
+        # A run that paused for an approval goes on with the calls it had not answered.
+        await self._run_calls(run, self._unanswered(run, functions, conversation), conversation)
         while True:
             run.check_cancel()
             messages = wire_messages(first, conversation)
@@ -345,9 +347,48 @@ class ModelActor:
         }
         conversation.append(entry)
         await run.decide(new_nodes, steps, entry)
+        return await self._run_calls(run, [(c.id, st, said) for c, st, said in planned], conversation)
+
+    @staticmethod
+    def _unanswered(
+        run: PlanRun, functions: Functions, conversation: list[dict[str, Any]]
+    ) -> list[tuple[str, plan_pb2.PlanStep | None, str]]:
+        """The last answer's calls that have no result yet (the run paused among them), as
+        ``_run_calls`` takes them: each with its pending step, or why it was refused."""
+        last = next((e for e in reversed(conversation) if e["role"] != "tool"), None)
+        if last is None or last["role"] != "assistant" or not last.get("tool_calls"):
+            return []
+        answered = {e["tool_call_id"] for e in conversation if e["role"] == "tool"}
+        by_node = {s.decision_id: s for s in run.steps() if not model.superseded(s)}
+        left: list[tuple[str, plan_pb2.PlanStep | None, str]] = []
+        for call in last["tool_calls"]:
+            if call["id"] in answered:
+                continue
+            step = by_node.get(call["node"])
+            if step is not None:
+                if step.state == model.PENDING:
+                    left.append((call["id"], step, ""))
+                continue
+            offered = functions.find(call["function"])
+            said = f"there is no tool {call['function']!r}; the tools are: {', '.join(functions.names)}"
+            if offered is not None:
+                try:
+                    arguments(call["arguments"])
+                except CallError as exc:
+                    said = str(exc)
+            left.append((call["id"], None, said))
+        return left
+
+    async def _run_calls(
+        self,
+        run: PlanRun,
+        planned: Sequence[tuple[str, plan_pb2.PlanStep | None, str]],
+        conversation: list[dict[str, Any]],
+    ) -> int:
+        """Run the calls in order, answering each to the model; how many were refused."""
         refused = 0
         limit, set_by = run.step_limit()
-        for call, to_run, said in planned:
+        for call_id, to_run, said in planned:
             run.check_cancel()
             if to_run is None:
                 refused += 1
@@ -363,7 +404,7 @@ class ModelActor:
                     )
                 completed = await run.run_step(to_run)
                 answer = _answer(completed)
-            result = {"role": "tool", "tool_call_id": call.id, "content": answer}
+            result = {"role": "tool", "tool_call_id": call_id, "content": answer}
             conversation.append(result)
             await run.remember(result)
         return refused

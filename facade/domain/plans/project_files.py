@@ -18,6 +18,7 @@ from cleveragents.acp.contract.errors import ACPError, ErrorCode
 from cleveragents.acp.facade.domain.beneath import Anchor
 from cleveragents.acp.facade.domain.plans import (
     apply,
+    approvals,
     diff,
     invariants,
     leases,
@@ -27,6 +28,7 @@ from cleveragents.acp.facade.domain.plans import (
     setup,
 )
 from cleveragents.acp.facade.domain.plans.apply import Fence, Restored, Write
+from cleveragents.acp.facade.domain.plans.approvals import ApprovalGate
 from cleveragents.acp.facade.domain.plans.leasing import LeaseKeeper
 from cleveragents.acp.facade.domain.plans.recording import PlanRecorder
 from cleveragents.acp.facade.domain.plans.records import CheckpointEntry
@@ -37,8 +39,9 @@ log = logging.getLogger(__name__)
 
 
 class PlanFiles:
-    def __init__(self, recorder: PlanRecorder, keeper: LeaseKeeper) -> None:
+    def __init__(self, recorder: PlanRecorder, keeper: LeaseKeeper, gate: ApprovalGate) -> None:
         self.recorder = recorder
+        self.gate = gate
         self.records = recorder.records
         self.registries = recorder.registries
         self.keeper = keeper
@@ -77,8 +80,12 @@ class PlanFiles:
     ) -> list[str]:
         """Refusals leave the plan's state as it was and record the error. The file work
         (reads, fsyncs) runs on a worker thread, one apply or rollback per plan, shielded:
-        a caller that goes away does not leave the plan half-applied."""
-        return await asyncio.shield(self._apply_exclusive(plan, plan_setup, diff_digest))
+        a caller that goes away does not leave the plan half-applied. An apply the approval
+        policy holds writes nothing and answers no paths: the plan awaits approval."""
+        try:
+            return await asyncio.shield(self._apply_exclusive(plan, plan_setup, diff_digest))
+        except approvals.PausedError:
+            return []
 
     async def _apply_exclusive(
         self, plan: plan_pb2.Plan, plan_setup: setup.PlanSetup, diff_digest: str
@@ -105,6 +112,18 @@ class PlanFiles:
         if found:
             message = f"apply refused: {len(found)} invariant violation(s): " + "; ".join(found)
             raise ACPError(ErrorCode.INVALID_STATE, message, {"plan_id": plan.meta.id, "violations": found})
+        if self.gate.asks(plan_setup.profile.approval):
+            text = "".join(diff.file_diff(a).unified_diff for a in artifacts)
+            gate = await self.gate.apply(plan, plan_setup, diff.digest(artifacts), text)
+            if gate.approval is not None:
+                raise approvals.PausedError(gate.approval)
+            if gate.rejected:
+                raise ACPError(
+                    ErrorCode.INVALID_STATE,
+                    f"apply refused: {gate.rejected}",
+                    {"plan_id": plan.meta.id},
+                    refinement="APPROVAL_REJECTED",
+                )
         return await asyncio.to_thread(apply.prepare, artifacts, plan_setup.resources)
 
     async def _apply_files(

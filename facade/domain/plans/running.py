@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ulid import ULID
 
 from cleveragents.acp.contract.call import CallContext
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
-from cleveragents.acp.facade.domain.plans import actor, halts, leases, model, setup
+from cleveragents.acp.facade.domain.plans import actor, approvals, halts, leases, model, setup
 from cleveragents.acp.facade.domain.plans.halts import Cancels, HaltError
 from cleveragents.acp.facade.domain.plans.leasing import CANCEL_REQUEST, LeaseKeeper
 from cleveragents.acp.facade.domain.plans.model_run import EngineRun
@@ -55,12 +56,17 @@ class PlanRunner:
 
     # plan.execute -----------------------------------------------------------------------
 
-    async def start(self, plan: plan_pb2.Plan) -> asyncio.Task[None]:
+    async def start(
+        self, plan: plan_pb2.Plan, admit: Callable[[], bool] | None = None
+    ) -> asyncio.Task[None] | None:
         """Mark the plan running (a second execute sees it) and run it in a task.
 
         The task is registered before the store write, so a cancel or a second execute
         arriving meanwhile finds it; it starts working once the write is durable, and
-        never starts when the write fails (the plan moved on since the caller read it)."""
+        never starts when the write fails (the plan moved on since the caller read it).
+
+        ``admit`` (an approval answered: approving.py) runs first in the same write, and
+        reloads ``plan``: when it says no, its writes commit and no run starts (None)."""
         plan_id = plan.meta.id
         if self._closed:
             raise ACPError(ErrorCode.INVALID_STATE, "the server is shutting down", {"plan_id": plan_id})
@@ -75,21 +81,34 @@ class PlanRunner:
         task = loop.create_task(self._run(plan, marked), name=f"plan-{plan_id}")
         self._tasks[plan_id] = task
 
-        def mark_running() -> None:
+        def mark_running() -> bool:
+            if admit is not None and not admit():
+                return False
             # The lease first: another process may be running the plan.
             self.keeper.take(plan_id)
-            model.require("execute", self.records.load(plan_id))
+            current = self.records.load(plan_id)
+            if admit is None:
+                model.require("execute", current)
+            else:
+                model.require_resumable(current)
             plan.ClearField("last_error")
             self.recorder.transition(plan, plan.phase, model.RUNNING)
+            return True
 
-        try:
-            await self.recorder.write(mark_running)
-        except BaseException:
+        def drop() -> None:
             self.keeper.leases.forget(plan_id)
             task.cancel()
             self._tasks.pop(plan_id, None)
             self.cancels.forget(plan_id)
+
+        try:
+            started = await self.recorder.write(mark_running)
+        except BaseException:
+            drop()
             raise
+        if not started:
+            drop()
+            return None
         self.keeper.start_heartbeat()
         marked.set_result(None)
         return task
@@ -133,6 +152,9 @@ class PlanRunner:
             if plan_setup.profile.auto_apply:
                 with contextlib.suppress(ACPError):
                     await self.files.apply(plan, plan_setup)
+        except approvals.PausedError as paused:
+            # Stored, published and the lease freed in the pause's own write: nothing to add.
+            log.info("%s", paused)
         except HaltError as halt:
             state = halt.state
             reason = self.cancels.reason(plan_id) if state == model.CANCELLED else ""
@@ -214,6 +236,7 @@ class PlanRunner:
                 # Read again in the write: the plan may have moved since (another call).
                 current = self.records.load(plan_id)
                 model.require("cancel", current)
+                approvals.void_pending(recorder, current, "the plan was cancelled")
                 recorder.transition(current, current.phase, model.CANCELLED, reason=reason or "cancelled")
                 return current
 

@@ -13,7 +13,17 @@ import time
 from collections.abc import Sequence
 
 from cleveragents.acp.facade.domain.access.policy import HOW_TO_ALLOW_COMMANDS
-from cleveragents.acp.facade.domain.plans import actor, halts, model, records, setup, tools, validations
+from cleveragents.acp.facade.domain.plans import (
+    actor,
+    approvals,
+    halts,
+    model,
+    records,
+    setup,
+    tools,
+    validations,
+)
+from cleveragents.acp.facade.domain.plans.approvals import ApprovalGate
 from cleveragents.acp.facade.domain.plans.halts import Cancels, HaltError
 from cleveragents.acp.facade.domain.plans.recording import PlanRecorder
 from cleveragents.acp.facade.domain.plans.staging import Staging
@@ -31,8 +41,9 @@ def _index_of(steps: Sequence[plan_pb2.PlanStep], step: plan_pb2.PlanStep) -> in
 
 
 class StepRunner:
-    def __init__(self, recorder: PlanRecorder, cancels: Cancels) -> None:
+    def __init__(self, recorder: PlanRecorder, cancels: Cancels, gate: ApprovalGate) -> None:
         self.recorder = recorder
+        self.gate = gate
         self.records = recorder.records
         self.registries = recorder.registries
         self.cancels = cancels
@@ -87,6 +98,11 @@ class StepRunner:
                 f"step {step.id!r}: tool {step.tool!r} is not allowed by the automation profile "
                 f"{plan_setup.profile_name or '(none)'}",
             )
+        gate = await self.gate.step(plan, plan_setup, step)
+        if gate.approval is not None:
+            raise approvals.PausedError(gate.approval)
+        if gate.rejected:
+            return await self._rejected(plan, index, step, gate.rejected, halt=halt)
         spec = await self.recorder.write(lambda: self._begin(plan, index, step))
         started = time.monotonic()
         failure: tools.StepError | None = None
@@ -138,6 +154,19 @@ class StepRunner:
         plan.progress.done += 1
         await self.recorder.write(lambda: self._end(plan, index, step, completed, outcome.changes))
         return completed
+
+    async def _rejected(
+        self, plan: plan_pb2.Plan, index: int, step: plan_pb2.PlanStep, why: str, *, halt: bool
+    ) -> events_pb2.ToolCompleted:
+        """A step the approval policy or a person refused: it does not run and fails
+        ``approval_rejected``; a scripted plan halts, a model is told."""
+        message = f"step {step.id!r} ({step.tool}) was not run: {why}"
+        step.state = model.FAILED
+        step.error.CopyFrom(common_pb2.ErrorInfo(code=approvals.REJECTED_CODE, message=message))
+        await self.recorder.write(lambda: self.records.save_step(plan.meta.id, index, step))
+        if halt:
+            raise HaltError(model.FAILED, approvals.REJECTED_CODE, message)
+        return events_pb2.ToolCompleted(step_id=step.id, tool=step.tool, ok=False, error=step.error)
 
     def _begin(self, plan: plan_pb2.Plan, index: int, step: plan_pb2.PlanStep) -> specs_pb2.ToolSpec | None:
         """The step's tool (None: built in), once it may run; the step saved running and

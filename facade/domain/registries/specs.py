@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from google.protobuf import json_format, message, struct_pb2
 
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.facade.domain.access import approval_rules
 from cleveragents.acp.facade.domain.bounded import globs, patterns
 from cleveragents.acp.v1 import specs_pb2
 
@@ -183,6 +184,7 @@ def _automation_profile(spec: specs_pb2.AutomationProfileSpec, lookup: Lookup) -
         )
     spec.max_steps = spec.max_steps or DEFAULT_MAX_STEPS
     _non_negative("spec.cost_budget", spec.cost_budget)
+    approval_rules.check(spec.approval)
 
 
 def _invariant(spec: specs_pb2.InvariantSpec, lookup: Lookup) -> None:

@@ -8,7 +8,13 @@ import re
 import subprocess
 import sys
 
-from cleveragents.acp.client.cli.exits import EXIT_INTERRUPTED, EXIT_PLAN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE
+from cleveragents.acp.client.cli.exits import (
+    EXIT_AWAITING_APPROVAL,
+    EXIT_INTERRUPTED,
+    EXIT_PLAN_FAILED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+)
 from cleveragents.acp.contract.errors import TABLE
 from tests.client.cli.conftest import CLI_TIMEOUT, Cli, clean_env
 
@@ -23,7 +29,14 @@ def test_exit_status_table_is_the_errors_table() -> None:
     codes = {int(status): meaning.strip("`") for status, meaning in rows.items() if meaning.startswith("`")}
     assert codes == {mapping.exit_code: code for code, mapping in TABLE.items()}
     others = {int(status) for status, meaning in rows.items() if not meaning.startswith("`")}
-    assert others == {0, EXIT_PLAN_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED}
+    assert others == {
+        0,
+        EXIT_PLAN_FAILED,
+        EXIT_USAGE,
+        EXIT_UNREACHABLE,
+        EXIT_AWAITING_APPROVAL,
+        EXIT_INTERRUPTED,
+    }
 
 
 def _tour() -> str:

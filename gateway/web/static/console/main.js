@@ -9,6 +9,7 @@ import { showSessions } from "./views/sessions.js";
 import { showPlans } from "./views/plans.js";
 import { showRegistries } from "./views/registries.js";
 import { showEvents } from "./views/events.js";
+import { showApprovals, watchInbox } from "./views/approvals.js";
 
 const view = document.getElementById("view");
 const nav = document.getElementById("nav");
@@ -16,12 +17,14 @@ const signOut = document.getElementById("sign-out");
 const status = document.getElementById("status");
 let feed = null;
 let cleanup = null;
+let inbox = null;
 
 const routes = {
   sessions: showSessions,
   plans: showPlans,
   registries: showRegistries,
   events: showEvents,
+  approvals: showApprovals,
 };
 
 function startFeed() {
@@ -34,11 +37,14 @@ function startFeed() {
     },
   });
   feed.start();
+  inbox = watchInbox(document.getElementById("approval-count"));
 }
 
 function stopFeed() {
   if (feed) feed.stop();
   feed = null;
+  if (inbox) inbox();
+  inbox = null;
 }
 
 async function render() {

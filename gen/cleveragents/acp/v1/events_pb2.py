@@ -22,6 +22,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from cleveragents.acp.v1 import approval_pb2 as cleveragents_dot_acp_dot_v1_dot_approval__pb2
 from cleveragents.acp.v1 import common_pb2 as cleveragents_dot_acp_dot_v1_dot_common__pb2
 from cleveragents.acp.v1 import options_pb2 as cleveragents_dot_acp_dot_v1_dot_options__pb2
 from cleveragents.acp.v1 import plan_pb2 as cleveragents_dot_acp_dot_v1_dot_plan__pb2
@@ -32,7 +33,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n cleveragents/acp/v1/events.proto\x12\x13\x63leveragents.acp.v1\x1a cleveragents/acp/v1/common.proto\x1a!cleveragents/acp/v1/options.proto\x1a\x1e\x63leveragents/acp/v1/plan.proto\x1a!cleveragents/acp/v1/session.proto\x1a!cleveragents/acp/v1/webhook.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\".\n\x0bPlanCreated\x12\x0e\n\x06\x61\x63tion\x18\x01 \x01(\t\x12\x0f\n\x07project\x18\x02 \x01(\t\"x\n\x10PlanPhaseChanged\x12\x32\n\nfrom_phase\x18\x01 \x01(\x0e\x32\x1e.cleveragents.acp.v1.PlanPhase\x12\x30\n\x08to_phase\x18\x02 \x01(\x0e\x32\x1e.cleveragents.acp.v1.PlanPhase\"\xb7\x01\n\x10PlanStateChanged\x12-\n\x05phase\x18\x01 \x01(\x0e\x32\x1e.cleveragents.acp.v1.PlanPhase\x12\x32\n\nfrom_state\x18\x02 \x01(\x0e\x32\x1e.cleveragents.acp.v1.PlanState\x12\x30\n\x08to_state\x18\x03 \x01(\x0e\x32\x1e.cleveragents.acp.v1.PlanState\x12\x0e\n\x06reason\x18\x04 \x01(\t\"C\n\x10PlanDecisionMade\x12/\n\x04node\x18\x01 \x01(\x0b\x32!.cleveragents.acp.v1.DecisionNode\"S\n\x0bToolInvoked\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12%\n\x04\x61rgs\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xa7\x01\n\rToolCompleted\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x13\n\x0b\x64uration_ms\x18\x04 \x01(\x01\x12\'\n\x06result\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12-\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x1e.cleveragents.acp.v1.ErrorInfo\"K\n\x13ValidationCompleted\x12\x12\n\nvalidation\x18\x01 \x01(\t\x12\x0e\n\x06passed\x18\x02 \x01(\x08\x12\x10\n\x08messages\x18\x03 \x03(\t\"B\n\x12PlanApplyCompleted\x12\x15\n\rchanged_paths\x18\x01 \x03(\t\x12\x15\n\rcheckpoint_id\x18\x02 \x01(\t\":\n\tPlanError\x12-\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x1e.cleveragents.acp.v1.ErrorInfo\"?\n\x0eSessionMessage\x12-\n\x07message\x18\x01 \x01(\x0b\x32\x1c.cleveragents.acp.v1.Message\"d\n\tLogRecord\x12\r\n\x05level\x18\x01 \x01(\t\x12\x0e\n\x06logger\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\'\n\x06\x66ields\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"_\n\tTextDelta\x12\r\n\x05\x61\x63tor\x18\x01 \x01(\t\x12\x0c\n\x04turn\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x18\n\x07turn_id\x18\x05 \x01(\tB\x07\xd2\xd7\x19\x03\x31.3\"6\n\x0bSessionTurn\x12\'\n\x04turn\x18\x01 \x01(\x0b\x32\x19.cleveragents.acp.v1.Turn\"O\n\x0eSessionUpdated\x12-\n\x07session\x18\x01 \x01(\x0b\x32\x1c.cleveragents.acp.v1.Session\x12\x0e\n\x06\x66ields\x18\x02 \x03(\t\"\xa6\n\n\x05\x45vent\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0f\n\x07plan_id\x18\x04 \x01(\t\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12(\n\x04time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x08trace_id\x18\x07 \x01(\tB\x07\xd2\xd7\x19\x03\x31.2\x12\x38\n\x0cplan_created\x18\n \x01(\x0b\x32 .cleveragents.acp.v1.PlanCreatedH\x00\x12\x43\n\x12plan_phase_changed\x18\x0b \x01(\x0b\x32%.cleveragents.acp.v1.PlanPhaseChangedH\x00\x12\x43\n\x12plan_state_changed\x18\x0c \x01(\x0b\x32%.cleveragents.acp.v1.PlanStateChangedH\x00\x12\x43\n\x12plan_decision_made\x18\r \x01(\x0b\x32%.cleveragents.acp.v1.PlanDecisionMadeH\x00\x12\x38\n\x0ctool_invoked\x18\x0e \x01(\x0b\x32 .cleveragents.acp.v1.ToolInvokedH\x00\x12<\n\x0etool_completed\x18\x0f \x01(\x0b\x32\".cleveragents.acp.v1.ToolCompletedH\x00\x12H\n\x14validation_completed\x18\x10 \x01(\x0b\x32(.cleveragents.acp.v1.ValidationCompletedH\x00\x12G\n\x14plan_apply_completed\x18\x11 \x01(\x0b\x32\'.cleveragents.acp.v1.PlanApplyCompletedH\x00\x12\x34\n\nplan_error\x18\x12 \x01(\x0b\x32\x1e.cleveragents.acp.v1.PlanErrorH\x00\x12>\n\x0fsession_message\x18\x13 \x01(\x0b\x32#.cleveragents.acp.v1.SessionMessageH\x00\x12\x34\n\nlog_record\x18\x14 \x01(\x0b\x32\x1e.cleveragents.acp.v1.LogRecordH\x00\x12\x42\n\x0fplan_text_delta\x18\x15 \x01(\x0b\x32\x1e.cleveragents.acp.v1.TextDeltaB\x07\xd2\xd7\x19\x03\x31.2H\x00\x12\x45\n\x12session_text_delta\x18\x16 \x01(\x0b\x32\x1e.cleveragents.acp.v1.TextDeltaB\x07\xd2\xd7\x19\x03\x31.2H\x00\x12I\n\x14session_turn_started\x18\x17 \x01(\x0b\x32 .cleveragents.acp.v1.SessionTurnB\x07\xd2\xd7\x19\x03\x31.3H\x00\x12K\n\x16session_turn_completed\x18\x18 \x01(\x0b\x32 .cleveragents.acp.v1.SessionTurnB\x07\xd2\xd7\x19\x03\x31.3H\x00\x12G\n\x0fsession_updated\x18\x19 \x01(\x0b\x32#.cleveragents.acp.v1.SessionUpdatedB\x07\xd2\xd7\x19\x03\x31.3H\x00\x12I\n\x10webhook_disabled\x18( \x01(\x0b\x32$.cleveragents.acp.v1.WebhookDisabledB\x07\xd2\xd7\x19\x03\x31.3H\x00\x42\t\n\x07payload\"|\n\x16SubscribeEventsRequest\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nevent_type\x18\x03 \x03(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x04 \x01(\x03\x12\x11\n\tnamespace\x18\x05 \x01(\t\"D\n\x17SubscribeEventsResponse\x12)\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1a.cleveragents.acp.v1.Event\"g\n\x19\x43reateStreamTicketRequest\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nevent_type\x18\x03 \x03(\t\x12\x11\n\tnamespace\x18\x04 \x01(\t\"]\n\x1a\x43reateStreamTicketResponse\x12\x0e\n\x06ticket\x18\x01 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\x82\x04\n\x0c\x45ventService\x12\xea\x01\n\x0fSubscribeEvents\x12+.cleveragents.acp.v1.SubscribeEventsRequest\x1a,.cleveragents.acp.v1.SubscribeEventsResponse\"z\x90\x02\x01\xca\xd7\x19V\n\x10\x65vents.subscribe\x12\x03\x31.0\x1a=Follow the event log: the retained backlog, then live events.\x82\xd3\xe4\x93\x02\x17\x12\x15/api/v1/events/stream0\x01\x12\x84\x02\n\x12\x43reateStreamTicket\x12..cleveragents.acp.v1.CreateStreamTicketRequest\x1a/.cleveragents.acp.v1.CreateStreamTicketResponse\"\x8c\x01\x90\x02\x01\xca\xd7\x19\x65\n\revents.ticket\x12\x03\x31.2\x1aOA short-lived, single-use ticket that opens one event stream (for EventSource).\x82\xd3\xe4\x93\x02\x1a\"\x15/api/v1/events/ticket:\x01*b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n cleveragents/acp/v1/events.proto\x12\x13\x63leveragents.acp.v1\x1a\"cleveragents/acp/v1/approval.proto\x1a cleveragents/acp/v1/common.proto\x1a!cleveragents/acp/v1/options.proto\x1a\x1e\x63leveragents/acp/v1/plan.proto\x1a!cleveragents/acp/v1/session.proto\x1a!cleveragents/acp/v1/webhook.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\".\n\x0bPlanCreated\x12\x0e\n\x06\x61\x63tion\x18\x01 \x01(\t\x12\x0f\n\x07project\x18\x02 \x01(\t\"x\n\x10PlanPhaseChanged\x12\x32\n\nfrom_phase\x18\x01 \x01(\x0e\x32\x1e.cleveragents.acp.v1.PlanPhase\x12\x30\n\x08to_phase\x18\x02 \x01(\x0e\x32\x1e.cleveragents.acp.v1.PlanPhase\"\xb7\x01\n\x10PlanStateChanged\x12-\n\x05phase\x18\x01 \x01(\x0e\x32\x1e.cleveragents.acp.v1.PlanPhase\x12\x32\n\nfrom_state\x18\x02 \x01(\x0e\x32\x1e.cleveragents.acp.v1.PlanState\x12\x30\n\x08to_state\x18\x03 \x01(\x0e\x32\x1e.cleveragents.acp.v1.PlanState\x12\x0e\n\x06reason\x18\x04 \x01(\t\"C\n\x10PlanDecisionMade\x12/\n\x04node\x18\x01 \x01(\x0b\x32!.cleveragents.acp.v1.DecisionNode\"S\n\x0bToolInvoked\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12%\n\x04\x61rgs\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xa7\x01\n\rToolCompleted\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x13\n\x0b\x64uration_ms\x18\x04 \x01(\x01\x12\'\n\x06result\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12-\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x1e.cleveragents.acp.v1.ErrorInfo\"K\n\x13ValidationCompleted\x12\x12\n\nvalidation\x18\x01 \x01(\t\x12\x0e\n\x06passed\x18\x02 \x01(\x08\x12\x10\n\x08messages\x18\x03 \x03(\t\"B\n\x12PlanApplyCompleted\x12\x15\n\rchanged_paths\x18\x01 \x03(\t\x12\x15\n\rcheckpoint_id\x18\x02 \x01(\t\":\n\tPlanError\x12-\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x1e.cleveragents.acp.v1.ErrorInfo\"?\n\x0eSessionMessage\x12-\n\x07message\x18\x01 \x01(\x0b\x32\x1c.cleveragents.acp.v1.Message\"d\n\tLogRecord\x12\r\n\x05level\x18\x01 \x01(\t\x12\x0e\n\x06logger\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\'\n\x06\x66ields\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"_\n\tTextDelta\x12\r\n\x05\x61\x63tor\x18\x01 \x01(\t\x12\x0c\n\x04turn\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x18\n\x07turn_id\x18\x05 \x01(\tB\x07\xd2\xd7\x19\x03\x31.3\"6\n\x0bSessionTurn\x12\'\n\x04turn\x18\x01 \x01(\x0b\x32\x19.cleveragents.acp.v1.Turn\"O\n\x0eSessionUpdated\x12-\n\x07session\x18\x01 \x01(\x0b\x32\x1c.cleveragents.acp.v1.Session\x12\x0e\n\x06\x66ields\x18\x02 \x03(\t\"\x83\x0c\n\x05\x45vent\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0f\n\x07plan_id\x18\x04 \x01(\t\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12(\n\x04time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x08trace_id\x18\x07 \x01(\tB\x07\xd2\xd7\x19\x03\x31.2\x12\x38\n\x0cplan_created\x18\n \x01(\x0b\x32 .cleveragents.acp.v1.PlanCreatedH\x00\x12\x43\n\x12plan_phase_changed\x18\x0b \x01(\x0b\x32%.cleveragents.acp.v1.PlanPhaseChangedH\x00\x12\x43\n\x12plan_state_changed\x18\x0c \x01(\x0b\x32%.cleveragents.acp.v1.PlanStateChangedH\x00\x12\x43\n\x12plan_decision_made\x18\r \x01(\x0b\x32%.cleveragents.acp.v1.PlanDecisionMadeH\x00\x12\x38\n\x0ctool_invoked\x18\x0e \x01(\x0b\x32 .cleveragents.acp.v1.ToolInvokedH\x00\x12<\n\x0etool_completed\x18\x0f \x01(\x0b\x32\".cleveragents.acp.v1.ToolCompletedH\x00\x12H\n\x14validation_completed\x18\x10 \x01(\x0b\x32(.cleveragents.acp.v1.ValidationCompletedH\x00\x12G\n\x14plan_apply_completed\x18\x11 \x01(\x0b\x32\'.cleveragents.acp.v1.PlanApplyCompletedH\x00\x12\x34\n\nplan_error\x18\x12 \x01(\x0b\x32\x1e.cleveragents.acp.v1.PlanErrorH\x00\x12>\n\x0fsession_message\x18\x13 \x01(\x0b\x32#.cleveragents.acp.v1.SessionMessageH\x00\x12\x34\n\nlog_record\x18\x14 \x01(\x0b\x32\x1e.cleveragents.acp.v1.LogRecordH\x00\x12\x42\n\x0fplan_text_delta\x18\x15 \x01(\x0b\x32\x1e.cleveragents.acp.v1.TextDeltaB\x07\xd2\xd7\x19\x03\x31.2H\x00\x12\x45\n\x12session_text_delta\x18\x16 \x01(\x0b\x32\x1e.cleveragents.acp.v1.TextDeltaB\x07\xd2\xd7\x19\x03\x31.2H\x00\x12I\n\x14session_turn_started\x18\x17 \x01(\x0b\x32 .cleveragents.acp.v1.SessionTurnB\x07\xd2\xd7\x19\x03\x31.3H\x00\x12K\n\x16session_turn_completed\x18\x18 \x01(\x0b\x32 .cleveragents.acp.v1.SessionTurnB\x07\xd2\xd7\x19\x03\x31.3H\x00\x12G\n\x0fsession_updated\x18\x19 \x01(\x0b\x32#.cleveragents.acp.v1.SessionUpdatedB\x07\xd2\xd7\x19\x03\x31.3H\x00\x12I\n\x10webhook_disabled\x18( \x01(\x0b\x32$.cleveragents.acp.v1.WebhookDisabledB\x07\xd2\xd7\x19\x03\x31.3H\x00\x12I\n\x12\x61pproval_requested\x18\x1a \x01(\x0b\x32\".cleveragents.acp.v1.ApprovalEventB\x07\xd2\xd7\x19\x03\x31.3H\x00\x12G\n\x10\x61pproval_decided\x18\x1b \x01(\x0b\x32\".cleveragents.acp.v1.ApprovalEventB\x07\xd2\xd7\x19\x03\x31.3H\x00\x12G\n\x10\x61pproval_expired\x18\x1c \x01(\x0b\x32\".cleveragents.acp.v1.ApprovalEventB\x07\xd2\xd7\x19\x03\x31.3H\x00\x42\t\n\x07payload\"|\n\x16SubscribeEventsRequest\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nevent_type\x18\x03 \x03(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x04 \x01(\x03\x12\x11\n\tnamespace\x18\x05 \x01(\t\"D\n\x17SubscribeEventsResponse\x12)\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1a.cleveragents.acp.v1.Event\"g\n\x19\x43reateStreamTicketRequest\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nevent_type\x18\x03 \x03(\t\x12\x11\n\tnamespace\x18\x04 \x01(\t\"]\n\x1a\x43reateStreamTicketResponse\x12\x0e\n\x06ticket\x18\x01 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\x82\x04\n\x0c\x45ventService\x12\xea\x01\n\x0fSubscribeEvents\x12+.cleveragents.acp.v1.SubscribeEventsRequest\x1a,.cleveragents.acp.v1.SubscribeEventsResponse\"z\x90\x02\x01\xca\xd7\x19V\n\x10\x65vents.subscribe\x12\x03\x31.0\x1a=Follow the event log: the retained backlog, then live events.\x82\xd3\xe4\x93\x02\x17\x12\x15/api/v1/events/stream0\x01\x12\x84\x02\n\x12\x43reateStreamTicket\x12..cleveragents.acp.v1.CreateStreamTicketRequest\x1a/.cleveragents.acp.v1.CreateStreamTicketResponse\"\x8c\x01\x90\x02\x01\xca\xd7\x19\x65\n\revents.ticket\x12\x03\x31.2\x1aOA short-lived, single-use ticket that opens one event stream (for EventSource).\x82\xd3\xe4\x93\x02\x1a\"\x15/api/v1/events/ticket:\x01*b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -55,48 +56,54 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EVENT'].fields_by_name['session_updated']._serialized_options = b'\322\327\031\0031.3'
   _globals['_EVENT'].fields_by_name['webhook_disabled']._loaded_options = None
   _globals['_EVENT'].fields_by_name['webhook_disabled']._serialized_options = b'\322\327\031\0031.3'
+  _globals['_EVENT'].fields_by_name['approval_requested']._loaded_options = None
+  _globals['_EVENT'].fields_by_name['approval_requested']._serialized_options = b'\322\327\031\0031.3'
+  _globals['_EVENT'].fields_by_name['approval_decided']._loaded_options = None
+  _globals['_EVENT'].fields_by_name['approval_decided']._serialized_options = b'\322\327\031\0031.3'
+  _globals['_EVENT'].fields_by_name['approval_expired']._loaded_options = None
+  _globals['_EVENT'].fields_by_name['approval_expired']._serialized_options = b'\322\327\031\0031.3'
   _globals['_EVENTSERVICE'].methods_by_name['SubscribeEvents']._loaded_options = None
   _globals['_EVENTSERVICE'].methods_by_name['SubscribeEvents']._serialized_options = b'\220\002\001\312\327\031V\n\020events.subscribe\022\0031.0\032=Follow the event log: the retained backlog, then live events.\202\323\344\223\002\027\022\025/api/v1/events/stream'
   _globals['_EVENTSERVICE'].methods_by_name['CreateStreamTicket']._loaded_options = None
   _globals['_EVENTSERVICE'].methods_by_name['CreateStreamTicket']._serialized_options = b'\220\002\001\312\327\031e\n\revents.ticket\022\0031.2\032OA short-lived, single-use ticket that opens one event stream (for EventSource).\202\323\344\223\002\032\"\025/api/v1/events/ticket:\001*'
-  _globals['_PLANCREATED']._serialized_start=321
-  _globals['_PLANCREATED']._serialized_end=367
-  _globals['_PLANPHASECHANGED']._serialized_start=369
-  _globals['_PLANPHASECHANGED']._serialized_end=489
-  _globals['_PLANSTATECHANGED']._serialized_start=492
-  _globals['_PLANSTATECHANGED']._serialized_end=675
-  _globals['_PLANDECISIONMADE']._serialized_start=677
-  _globals['_PLANDECISIONMADE']._serialized_end=744
-  _globals['_TOOLINVOKED']._serialized_start=746
-  _globals['_TOOLINVOKED']._serialized_end=829
-  _globals['_TOOLCOMPLETED']._serialized_start=832
-  _globals['_TOOLCOMPLETED']._serialized_end=999
-  _globals['_VALIDATIONCOMPLETED']._serialized_start=1001
-  _globals['_VALIDATIONCOMPLETED']._serialized_end=1076
-  _globals['_PLANAPPLYCOMPLETED']._serialized_start=1078
-  _globals['_PLANAPPLYCOMPLETED']._serialized_end=1144
-  _globals['_PLANERROR']._serialized_start=1146
-  _globals['_PLANERROR']._serialized_end=1204
-  _globals['_SESSIONMESSAGE']._serialized_start=1206
-  _globals['_SESSIONMESSAGE']._serialized_end=1269
-  _globals['_LOGRECORD']._serialized_start=1271
-  _globals['_LOGRECORD']._serialized_end=1371
-  _globals['_TEXTDELTA']._serialized_start=1373
-  _globals['_TEXTDELTA']._serialized_end=1468
-  _globals['_SESSIONTURN']._serialized_start=1470
-  _globals['_SESSIONTURN']._serialized_end=1524
-  _globals['_SESSIONUPDATED']._serialized_start=1526
-  _globals['_SESSIONUPDATED']._serialized_end=1605
-  _globals['_EVENT']._serialized_start=1608
-  _globals['_EVENT']._serialized_end=2926
-  _globals['_SUBSCRIBEEVENTSREQUEST']._serialized_start=2928
-  _globals['_SUBSCRIBEEVENTSREQUEST']._serialized_end=3052
-  _globals['_SUBSCRIBEEVENTSRESPONSE']._serialized_start=3054
-  _globals['_SUBSCRIBEEVENTSRESPONSE']._serialized_end=3122
-  _globals['_CREATESTREAMTICKETREQUEST']._serialized_start=3124
-  _globals['_CREATESTREAMTICKETREQUEST']._serialized_end=3227
-  _globals['_CREATESTREAMTICKETRESPONSE']._serialized_start=3229
-  _globals['_CREATESTREAMTICKETRESPONSE']._serialized_end=3322
-  _globals['_EVENTSERVICE']._serialized_start=3325
-  _globals['_EVENTSERVICE']._serialized_end=3839
+  _globals['_PLANCREATED']._serialized_start=357
+  _globals['_PLANCREATED']._serialized_end=403
+  _globals['_PLANPHASECHANGED']._serialized_start=405
+  _globals['_PLANPHASECHANGED']._serialized_end=525
+  _globals['_PLANSTATECHANGED']._serialized_start=528
+  _globals['_PLANSTATECHANGED']._serialized_end=711
+  _globals['_PLANDECISIONMADE']._serialized_start=713
+  _globals['_PLANDECISIONMADE']._serialized_end=780
+  _globals['_TOOLINVOKED']._serialized_start=782
+  _globals['_TOOLINVOKED']._serialized_end=865
+  _globals['_TOOLCOMPLETED']._serialized_start=868
+  _globals['_TOOLCOMPLETED']._serialized_end=1035
+  _globals['_VALIDATIONCOMPLETED']._serialized_start=1037
+  _globals['_VALIDATIONCOMPLETED']._serialized_end=1112
+  _globals['_PLANAPPLYCOMPLETED']._serialized_start=1114
+  _globals['_PLANAPPLYCOMPLETED']._serialized_end=1180
+  _globals['_PLANERROR']._serialized_start=1182
+  _globals['_PLANERROR']._serialized_end=1240
+  _globals['_SESSIONMESSAGE']._serialized_start=1242
+  _globals['_SESSIONMESSAGE']._serialized_end=1305
+  _globals['_LOGRECORD']._serialized_start=1307
+  _globals['_LOGRECORD']._serialized_end=1407
+  _globals['_TEXTDELTA']._serialized_start=1409
+  _globals['_TEXTDELTA']._serialized_end=1504
+  _globals['_SESSIONTURN']._serialized_start=1506
+  _globals['_SESSIONTURN']._serialized_end=1560
+  _globals['_SESSIONUPDATED']._serialized_start=1562
+  _globals['_SESSIONUPDATED']._serialized_end=1641
+  _globals['_EVENT']._serialized_start=1644
+  _globals['_EVENT']._serialized_end=3183
+  _globals['_SUBSCRIBEEVENTSREQUEST']._serialized_start=3185
+  _globals['_SUBSCRIBEEVENTSREQUEST']._serialized_end=3309
+  _globals['_SUBSCRIBEEVENTSRESPONSE']._serialized_start=3311
+  _globals['_SUBSCRIBEEVENTSRESPONSE']._serialized_end=3379
+  _globals['_CREATESTREAMTICKETREQUEST']._serialized_start=3381
+  _globals['_CREATESTREAMTICKETREQUEST']._serialized_end=3484
+  _globals['_CREATESTREAMTICKETRESPONSE']._serialized_start=3486
+  _globals['_CREATESTREAMTICKETRESPONSE']._serialized_end=3579
+  _globals['_EVENTSERVICE']._serialized_start=3582
+  _globals['_EVENTSERVICE']._serialized_end=4096
 # @@protoc_insertion_point(module_scope)

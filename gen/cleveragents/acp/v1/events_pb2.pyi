@@ -3,6 +3,7 @@
 isort:skip_file
 """
 
+from cleveragents.acp.v1 import approval_pb2 as _approval_pb2
 from cleveragents.acp.v1 import common_pb2 as _common_pb2
 from cleveragents.acp.v1 import plan_pb2 as _plan_pb2
 from cleveragents.acp.v1 import session_pb2 as _session_pb2
@@ -425,6 +426,9 @@ class Event(_message.Message):
     SESSION_TURN_COMPLETED_FIELD_NUMBER: _builtins.int
     SESSION_UPDATED_FIELD_NUMBER: _builtins.int
     WEBHOOK_DISABLED_FIELD_NUMBER: _builtins.int
+    APPROVAL_REQUESTED_FIELD_NUMBER: _builtins.int
+    APPROVAL_DECIDED_FIELD_NUMBER: _builtins.int
+    APPROVAL_EXPIRED_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Global, gap-free and monotonic; resume after it with `after_sequence`."""
     type: _builtins.str
@@ -485,6 +489,16 @@ class Event(_message.Message):
         (`webhook.disabled`).
         """
 
+    @_builtins.property
+    def approval_requested(self) -> _approval_pb2.ApprovalEvent:
+        """A plan asks a person (`approval.requested`), an answer or a void decided the request
+        (`approval.decided`), or it expired and its fallback applied (`approval.expired`).
+        """
+
+    @_builtins.property
+    def approval_decided(self) -> _approval_pb2.ApprovalEvent: ...
+    @_builtins.property
+    def approval_expired(self) -> _approval_pb2.ApprovalEvent: ...
     def __init__(
         self,
         *,
@@ -512,12 +526,15 @@ class Event(_message.Message):
         session_turn_completed: Global___SessionTurn | None = ...,
         session_updated: Global___SessionUpdated | None = ...,
         webhook_disabled: _webhook_pb2.WebhookDisabled | None = ...,
+        approval_requested: _approval_pb2.ApprovalEvent | None = ...,
+        approval_decided: _approval_pb2.ApprovalEvent | None = ...,
+        approval_expired: _approval_pb2.ApprovalEvent | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["log_record", b"log_record", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "plan_text_delta", b"plan_text_delta", "session_message", b"session_message", "session_text_delta", b"session_text_delta", "session_turn_completed", b"session_turn_completed", "session_turn_started", b"session_turn_started", "session_updated", b"session_updated", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "validation_completed", b"validation_completed", "webhook_disabled", b"webhook_disabled"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_expired", b"approval_expired", "approval_requested", b"approval_requested", "log_record", b"log_record", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "plan_text_delta", b"plan_text_delta", "session_message", b"session_message", "session_text_delta", b"session_text_delta", "session_turn_completed", b"session_turn_completed", "session_turn_started", b"session_turn_started", "session_updated", b"session_updated", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "validation_completed", b"validation_completed", "webhook_disabled", b"webhook_disabled"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["log_record", b"log_record", "namespace", b"namespace", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_id", b"plan_id", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "plan_text_delta", b"plan_text_delta", "sequence", b"sequence", "session_id", b"session_id", "session_message", b"session_message", "session_text_delta", b"session_text_delta", "session_turn_completed", b"session_turn_completed", "session_turn_started", b"session_turn_started", "session_updated", b"session_updated", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "trace_id", b"trace_id", "type", b"type", "validation_completed", b"validation_completed", "webhook_disabled", b"webhook_disabled"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_expired", b"approval_expired", "approval_requested", b"approval_requested", "log_record", b"log_record", "namespace", b"namespace", "payload", b"payload", "plan_apply_completed", b"plan_apply_completed", "plan_created", b"plan_created", "plan_decision_made", b"plan_decision_made", "plan_error", b"plan_error", "plan_id", b"plan_id", "plan_phase_changed", b"plan_phase_changed", "plan_state_changed", b"plan_state_changed", "plan_text_delta", b"plan_text_delta", "sequence", b"sequence", "session_id", b"session_id", "session_message", b"session_message", "session_text_delta", b"session_text_delta", "session_turn_completed", b"session_turn_completed", "session_turn_started", b"session_turn_started", "session_updated", b"session_updated", "time", b"time", "tool_completed", b"tool_completed", "tool_invoked", b"tool_invoked", "trace_id", b"trace_id", "type", b"type", "validation_completed", b"validation_completed", "webhook_disabled", b"webhook_disabled"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["plan_created", "plan_phase_changed", "plan_state_changed", "plan_decision_made", "tool_invoked", "tool_completed", "validation_completed", "plan_apply_completed", "plan_error", "session_message", "log_record", "plan_text_delta", "session_text_delta", "session_turn_started", "session_turn_completed", "session_updated", "webhook_disabled"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["plan_created", "plan_phase_changed", "plan_state_changed", "plan_decision_made", "tool_invoked", "tool_completed", "validation_completed", "plan_apply_completed", "plan_error", "session_message", "log_record", "plan_text_delta", "session_text_delta", "session_turn_started", "session_turn_completed", "session_updated", "webhook_disabled", "approval_requested", "approval_decided", "approval_expired"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 

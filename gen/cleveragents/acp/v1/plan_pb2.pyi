@@ -55,6 +55,10 @@ class _PlanStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PlanState.V
     PLAN_STATE_FAILED: _PlanState.ValueType  # 4
     PLAN_STATE_CANCELLED: _PlanState.ValueType  # 5
     PLAN_STATE_ROLLED_BACK: _PlanState.ValueType  # 6
+    PLAN_STATE_AWAITING_APPROVAL: _PlanState.ValueType  # 7
+    """Paused before a step or an apply until an approval request is answered (ACP 1.3); the
+    plan holds no lease and no worker meanwhile.
+    """
 
 class PlanState(_PlanState, metaclass=_PlanStateEnumTypeWrapper):
     """PlanState is the state within the current phase."""
@@ -66,6 +70,10 @@ PLAN_STATE_SUCCEEDED: PlanState.ValueType  # 3
 PLAN_STATE_FAILED: PlanState.ValueType  # 4
 PLAN_STATE_CANCELLED: PlanState.ValueType  # 5
 PLAN_STATE_ROLLED_BACK: PlanState.ValueType  # 6
+PLAN_STATE_AWAITING_APPROVAL: PlanState.ValueType  # 7
+"""Paused before a step or an apply until an approval request is answered (ACP 1.3); the
+plan holds no lease and no worker meanwhile.
+"""
 Global___PlanState: _TypeAlias = PlanState  # noqa: Y015
 
 class _ArtifactOp:

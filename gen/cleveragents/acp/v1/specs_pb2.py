@@ -22,11 +22,12 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from cleveragents.acp.v1 import approval_pb2 as cleveragents_dot_acp_dot_v1_dot_approval__pb2
 from cleveragents.acp.v1 import options_pb2 as cleveragents_dot_acp_dot_v1_dot_options__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63leveragents/acp/v1/specs.proto\x12\x13\x63leveragents.acp.v1\x1a!cleveragents/acp/v1/options.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x96\x01\n\tActorSpec\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x04 \x01(\t\x12\x15\n\rsystem_prompt\x18\x05 \x01(\t\x12\x0e\n\x06skills\x18\x06 \x03(\t\x12\x1a\n\x12\x63ost_per_1k_tokens\x18\x07 \x01(\x01\"!\n\tSkillSpec\x12\x14\n\x0cinstructions\x18\x01 \x01(\t\"[\n\x08ToolSpec\x12\x0c\n\x04\x61rgv\x18\x01 \x03(\t\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x05\x12\x1a\n\x12output_limit_bytes\x18\x03 \x01(\x05\x12\x0c\n\x04\x63ost\x18\x04 \x01(\x01\"1\n\nRegexCheck\x12\x0f\n\x07pattern\x18\x01 \x01(\t\x12\x12\n\nmust_match\x18\x02 \x01(\x08\":\n\x0fJsonSchemaCheck\x12\'\n\x06schema\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\"5\n\x0c\x43ommandCheck\x12\x0c\n\x04\x61rgv\x18\x01 \x03(\t\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x05\"\xcd\x01\n\x0eValidationSpec\x12\r\n\x05paths\x18\x01 \x03(\t\x12\x30\n\x05regex\x18\x02 \x01(\x0b\x32\x1f.cleveragents.acp.v1.RegexCheckH\x00\x12;\n\x0bjson_schema\x18\x03 \x01(\x0b\x32$.cleveragents.acp.v1.JsonSchemaCheckH\x00\x12\x34\n\x07\x63ommand\x18\x04 \x01(\x0b\x32!.cleveragents.acp.v1.CommandCheckH\x00\x42\x07\n\x05\x63heck\"\"\n\x10ResourceTypeSpec\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\"=\n\x0cResourceSpec\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x11\n\tread_only\x18\x03 \x01(\x08\" \n\x0bProjectSpec\x12\x11\n\tresources\x18\x01 \x03(\t\"b\n\nActionStep\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12%\n\x04\x61rgs\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"\xe9\x01\n\nActionSpec\x12\r\n\x05\x61\x63tor\x18\x01 \x01(\t\x12.\n\rinputs_schema\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x17\n\x0fprompt_template\x18\x03 \x01(\t\x12\x13\n\x0bvalidations\x18\x04 \x03(\t\x12\x12\n\ninvariants\x18\x05 \x03(\t\x12\x1a\n\x12\x61utomation_profile\x18\x06 \x01(\t\x12.\n\x05steps\x18\x07 \x03(\x0b\x32\x1f.cleveragents.acp.v1.ActionStep\x12\x0e\n\x06skills\x18\x08 \x03(\t\"\xa6\x01\n\x15\x41utomationProfileSpec\x12\x14\n\x0c\x61uto_execute\x18\x01 \x01(\x08\x12\x12\n\nauto_apply\x18\x02 \x01(\x08\x12\x15\n\rallowed_tools\x18\x03 \x03(\t\x12\x11\n\tmax_steps\x18\x04 \x01(\x05\x12\x13\n\x0b\x63ost_budget\x18\x05 \x01(\x01\x12$\n\x13\x61llowed_validations\x18\x06 \x03(\tB\x07\xd2\xd7\x19\x03\x31.2\"\x1c\n\x0bPathsWithin\x12\r\n\x05globs\x18\x01 \x03(\t\" \n\x0fMaxFilesChanged\x12\r\n\x05limit\x18\x01 \x01(\x05\"-\n\x0b\x46orbidRegex\x12\x0f\n\x07pattern\x18\x01 \x01(\t\x12\r\n\x05paths\x18\x02 \x03(\t\"\xce\x01\n\rInvariantSpec\x12\x38\n\x0cpaths_within\x18\x01 \x01(\x0b\x32 .cleveragents.acp.v1.PathsWithinH\x00\x12\x41\n\x11max_files_changed\x18\x02 \x01(\x0b\x32$.cleveragents.acp.v1.MaxFilesChangedH\x00\x12\x38\n\x0c\x66orbid_regex\x18\x03 \x01(\x0b\x32 .cleveragents.acp.v1.ForbidRegexH\x00\x42\x06\n\x04ruleb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63leveragents/acp/v1/specs.proto\x12\x13\x63leveragents.acp.v1\x1a\"cleveragents/acp/v1/approval.proto\x1a!cleveragents/acp/v1/options.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x96\x01\n\tActorSpec\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x04 \x01(\t\x12\x15\n\rsystem_prompt\x18\x05 \x01(\t\x12\x0e\n\x06skills\x18\x06 \x03(\t\x12\x1a\n\x12\x63ost_per_1k_tokens\x18\x07 \x01(\x01\"!\n\tSkillSpec\x12\x14\n\x0cinstructions\x18\x01 \x01(\t\"[\n\x08ToolSpec\x12\x0c\n\x04\x61rgv\x18\x01 \x03(\t\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x05\x12\x1a\n\x12output_limit_bytes\x18\x03 \x01(\x05\x12\x0c\n\x04\x63ost\x18\x04 \x01(\x01\"1\n\nRegexCheck\x12\x0f\n\x07pattern\x18\x01 \x01(\t\x12\x12\n\nmust_match\x18\x02 \x01(\x08\":\n\x0fJsonSchemaCheck\x12\'\n\x06schema\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\"5\n\x0c\x43ommandCheck\x12\x0c\n\x04\x61rgv\x18\x01 \x03(\t\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x05\"\xcd\x01\n\x0eValidationSpec\x12\r\n\x05paths\x18\x01 \x03(\t\x12\x30\n\x05regex\x18\x02 \x01(\x0b\x32\x1f.cleveragents.acp.v1.RegexCheckH\x00\x12;\n\x0bjson_schema\x18\x03 \x01(\x0b\x32$.cleveragents.acp.v1.JsonSchemaCheckH\x00\x12\x34\n\x07\x63ommand\x18\x04 \x01(\x0b\x32!.cleveragents.acp.v1.CommandCheckH\x00\x42\x07\n\x05\x63heck\"\"\n\x10ResourceTypeSpec\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\"=\n\x0cResourceSpec\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x11\n\tread_only\x18\x03 \x01(\x08\" \n\x0bProjectSpec\x12\x11\n\tresources\x18\x01 \x03(\t\"b\n\nActionStep\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12%\n\x04\x61rgs\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"\xe9\x01\n\nActionSpec\x12\r\n\x05\x61\x63tor\x18\x01 \x01(\t\x12.\n\rinputs_schema\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x17\n\x0fprompt_template\x18\x03 \x01(\t\x12\x13\n\x0bvalidations\x18\x04 \x03(\t\x12\x12\n\ninvariants\x18\x05 \x03(\t\x12\x1a\n\x12\x61utomation_profile\x18\x06 \x01(\t\x12.\n\x05steps\x18\x07 \x03(\x0b\x32\x1f.cleveragents.acp.v1.ActionStep\x12\x0e\n\x06skills\x18\x08 \x03(\t\"\xe6\x01\n\x15\x41utomationProfileSpec\x12\x14\n\x0c\x61uto_execute\x18\x01 \x01(\x08\x12\x12\n\nauto_apply\x18\x02 \x01(\x08\x12\x15\n\rallowed_tools\x18\x03 \x03(\t\x12\x11\n\tmax_steps\x18\x04 \x01(\x05\x12\x13\n\x0b\x63ost_budget\x18\x05 \x01(\x01\x12$\n\x13\x61llowed_validations\x18\x06 \x03(\tB\x07\xd2\xd7\x19\x03\x31.2\x12>\n\x08\x61pproval\x18\x07 \x01(\x0b\x32#.cleveragents.acp.v1.ApprovalPolicyB\x07\xd2\xd7\x19\x03\x31.3\"\x1c\n\x0bPathsWithin\x12\r\n\x05globs\x18\x01 \x03(\t\" \n\x0fMaxFilesChanged\x12\r\n\x05limit\x18\x01 \x01(\x05\"-\n\x0b\x46orbidRegex\x12\x0f\n\x07pattern\x18\x01 \x01(\t\x12\r\n\x05paths\x18\x02 \x03(\t\"\xce\x01\n\rInvariantSpec\x12\x38\n\x0cpaths_within\x18\x01 \x01(\x0b\x32 .cleveragents.acp.v1.PathsWithinH\x00\x12\x41\n\x11max_files_changed\x18\x02 \x01(\x0b\x32$.cleveragents.acp.v1.MaxFilesChangedH\x00\x12\x38\n\x0c\x66orbid_regex\x18\x03 \x01(\x0b\x32 .cleveragents.acp.v1.ForbidRegexH\x00\x42\x06\n\x04ruleb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,38 +36,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_AUTOMATIONPROFILESPEC'].fields_by_name['allowed_validations']._loaded_options = None
   _globals['_AUTOMATIONPROFILESPEC'].fields_by_name['allowed_validations']._serialized_options = b'\322\327\031\0031.2'
-  _globals['_ACTORSPEC']._serialized_start=122
-  _globals['_ACTORSPEC']._serialized_end=272
-  _globals['_SKILLSPEC']._serialized_start=274
-  _globals['_SKILLSPEC']._serialized_end=307
-  _globals['_TOOLSPEC']._serialized_start=309
-  _globals['_TOOLSPEC']._serialized_end=400
-  _globals['_REGEXCHECK']._serialized_start=402
-  _globals['_REGEXCHECK']._serialized_end=451
-  _globals['_JSONSCHEMACHECK']._serialized_start=453
-  _globals['_JSONSCHEMACHECK']._serialized_end=511
-  _globals['_COMMANDCHECK']._serialized_start=513
-  _globals['_COMMANDCHECK']._serialized_end=566
-  _globals['_VALIDATIONSPEC']._serialized_start=569
-  _globals['_VALIDATIONSPEC']._serialized_end=774
-  _globals['_RESOURCETYPESPEC']._serialized_start=776
-  _globals['_RESOURCETYPESPEC']._serialized_end=810
-  _globals['_RESOURCESPEC']._serialized_start=812
-  _globals['_RESOURCESPEC']._serialized_end=873
-  _globals['_PROJECTSPEC']._serialized_start=875
-  _globals['_PROJECTSPEC']._serialized_end=907
-  _globals['_ACTIONSTEP']._serialized_start=909
-  _globals['_ACTIONSTEP']._serialized_end=1007
-  _globals['_ACTIONSPEC']._serialized_start=1010
-  _globals['_ACTIONSPEC']._serialized_end=1243
-  _globals['_AUTOMATIONPROFILESPEC']._serialized_start=1246
-  _globals['_AUTOMATIONPROFILESPEC']._serialized_end=1412
-  _globals['_PATHSWITHIN']._serialized_start=1414
-  _globals['_PATHSWITHIN']._serialized_end=1442
-  _globals['_MAXFILESCHANGED']._serialized_start=1444
-  _globals['_MAXFILESCHANGED']._serialized_end=1476
-  _globals['_FORBIDREGEX']._serialized_start=1478
-  _globals['_FORBIDREGEX']._serialized_end=1523
-  _globals['_INVARIANTSPEC']._serialized_start=1526
-  _globals['_INVARIANTSPEC']._serialized_end=1732
+  _globals['_AUTOMATIONPROFILESPEC'].fields_by_name['approval']._loaded_options = None
+  _globals['_AUTOMATIONPROFILESPEC'].fields_by_name['approval']._serialized_options = b'\322\327\031\0031.3'
+  _globals['_ACTORSPEC']._serialized_start=158
+  _globals['_ACTORSPEC']._serialized_end=308
+  _globals['_SKILLSPEC']._serialized_start=310
+  _globals['_SKILLSPEC']._serialized_end=343
+  _globals['_TOOLSPEC']._serialized_start=345
+  _globals['_TOOLSPEC']._serialized_end=436
+  _globals['_REGEXCHECK']._serialized_start=438
+  _globals['_REGEXCHECK']._serialized_end=487
+  _globals['_JSONSCHEMACHECK']._serialized_start=489
+  _globals['_JSONSCHEMACHECK']._serialized_end=547
+  _globals['_COMMANDCHECK']._serialized_start=549
+  _globals['_COMMANDCHECK']._serialized_end=602
+  _globals['_VALIDATIONSPEC']._serialized_start=605
+  _globals['_VALIDATIONSPEC']._serialized_end=810
+  _globals['_RESOURCETYPESPEC']._serialized_start=812
+  _globals['_RESOURCETYPESPEC']._serialized_end=846
+  _globals['_RESOURCESPEC']._serialized_start=848
+  _globals['_RESOURCESPEC']._serialized_end=909
+  _globals['_PROJECTSPEC']._serialized_start=911
+  _globals['_PROJECTSPEC']._serialized_end=943
+  _globals['_ACTIONSTEP']._serialized_start=945
+  _globals['_ACTIONSTEP']._serialized_end=1043
+  _globals['_ACTIONSPEC']._serialized_start=1046
+  _globals['_ACTIONSPEC']._serialized_end=1279
+  _globals['_AUTOMATIONPROFILESPEC']._serialized_start=1282
+  _globals['_AUTOMATIONPROFILESPEC']._serialized_end=1512
+  _globals['_PATHSWITHIN']._serialized_start=1514
+  _globals['_PATHSWITHIN']._serialized_end=1542
+  _globals['_MAXFILESCHANGED']._serialized_start=1544
+  _globals['_MAXFILESCHANGED']._serialized_end=1576
+  _globals['_FORBIDREGEX']._serialized_start=1578
+  _globals['_FORBIDREGEX']._serialized_end=1623
+  _globals['_INVARIANTSPEC']._serialized_start=1626
+  _globals['_INVARIANTSPEC']._serialized_end=1832
 # @@protoc_insertion_point(module_scope)

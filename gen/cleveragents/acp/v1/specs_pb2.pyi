@@ -3,6 +3,7 @@
 isort:skip_file
 """
 
+from cleveragents.acp.v1 import approval_pb2 as _approval_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -399,6 +400,7 @@ class AutomationProfileSpec(_message.Message):
     MAX_STEPS_FIELD_NUMBER: _builtins.int
     COST_BUDGET_FIELD_NUMBER: _builtins.int
     ALLOWED_VALIDATIONS_FIELD_NUMBER: _builtins.int
+    APPROVAL_FIELD_NUMBER: _builtins.int
     auto_execute: _builtins.bool
     auto_apply: _builtins.bool
     max_steps: _builtins.int
@@ -415,6 +417,10 @@ class AutomationProfileSpec(_message.Message):
         server's operator enabled commands).
         """
 
+    @_builtins.property
+    def approval(self) -> _approval_pb2.ApprovalPolicy:
+        """What needs a person's answer before it runs (docs/approvals.md; ACP 1.3)."""
+
     def __init__(
         self,
         *,
@@ -424,10 +430,11 @@ class AutomationProfileSpec(_message.Message):
         max_steps: _builtins.int = ...,
         cost_budget: _builtins.float = ...,
         allowed_validations: _abc.Iterable[_builtins.str] | None = ...,
+        approval: _approval_pb2.ApprovalPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_tools", b"allowed_tools", "allowed_validations", b"allowed_validations", "auto_apply", b"auto_apply", "auto_execute", b"auto_execute", "cost_budget", b"cost_budget", "max_steps", b"max_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_tools", b"allowed_tools", "allowed_validations", b"allowed_validations", "approval", b"approval", "auto_apply", b"auto_apply", "auto_execute", b"auto_execute", "cost_budget", b"cost_budget", "max_steps", b"max_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

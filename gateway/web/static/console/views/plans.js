@@ -55,8 +55,8 @@ const ALLOWED = {
   "execute": ["strategize/pending", "execute/pending"],
   "apply": ["execute/succeeded", "apply/failed"],
   "rollback": ["apply/succeeded"],
-  "cancel": ["strategize/pending", "strategize/running", "execute/pending", "execute/running"],
-  "correct": ["strategize/pending", "strategize/succeeded", "strategize/failed", "execute/pending", "execute/succeeded", "execute/failed"]
+  "cancel": ["strategize/pending", "strategize/running", "execute/pending", "execute/running", "execute/awaiting_approval"],
+  "correct": ["strategize/pending", "strategize/succeeded", "strategize/failed", "execute/pending", "execute/succeeded", "execute/failed", "execute/awaiting_approval"]
 };
 
 const ACTIONS = [

@@ -29,6 +29,7 @@ EventCallback = Callable[[events_pb2.Event], Awaitable[None] | None]
 StateCallback = Callable[[bool, ACPError | None], Awaitable[None] | None]
 Filters = Mapping[str, Any] | events_pb2.SubscribeEventsRequest | None
 
+
 class EventSource(Protocol):
     """What a listener needs of ``ACPClient``."""
 

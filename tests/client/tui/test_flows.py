@@ -1,0 +1,117 @@
+"""The TUI driven headless by Textual's Pilot, in local mode: the README tour's plan from
+``/use`` to apply and rollback, a second client's change appearing live, ids copied, the key
+map, and a filter."""
+
+from __future__ import annotations
+
+import pathlib
+
+from textual.widgets import DataTable, Input, RichLog
+
+from cleveragents.acp.client.acp_client import ACPClient
+from cleveragents.acp.client.local import LocalTransport
+from cleveragents.acp.client.tui.plans import PlanScreen, PlansScreen
+from cleveragents.acp.client.tui.sessions import SessionScreen, SessionsScreen
+from cleveragents.acp.facade.service_facade import ServiceFacade
+from cleveragents.acp.v1 import plan_pb2, session_pb2
+from tests.client.tui.helpers import app_on, screen_text, settle, tour, until
+
+
+def history(app: object) -> list[str]:
+    log = app.screen.query_one("#history", RichLog)  # type: ignore[attr-defined]
+    return [line.text for line in log.lines]
+
+
+async def plan_of(client: ACPClient) -> plan_pb2.Plan:
+    plans = await client.call("plan.list")
+    assert isinstance(plans, plan_pb2.ListPlansResponse)
+    assert len(plans.plans) == 1
+    return plans.plans[0]
+
+
+async def test_the_readme_tour_from_use_to_apply_and_rollback(
+    client: ACPClient, tmp_path: pathlib.Path
+) -> None:
+    site = await tour(client, tmp_path)
+    await client.call("session.create", title="tour", project="demo")
+    app = app_on(client)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, SessionsScreen)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, SessionScreen))
+        await pilot.press(*"/use hello name=World", "enter")
+        await until(pilot, lambda: any("Started plan" in line for line in history(app)))
+        assert app.screen.query_one("#prompt", Input).value == ""
+        plan = await plan_of(client)
+        await pilot.press("escape", "p")
+        await until(
+            pilot, lambda: isinstance(app.screen, PlansScreen) and app.screen.query_one(DataTable).row_count
+        )
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, PlanScreen))
+        # Execute, after a confirmation; the screen follows the plan's events to its end.
+        await pilot.press("x")
+        await until(pilot, lambda: app.screen.query_one("#question"))
+        await pilot.press("y")
+        await until(pilot, lambda: "execute/succeeded" in screen_text(app, "#summary"))
+        await pilot.press("3")
+        await until(pilot, lambda: "+Hello, World!" in screen_text(app, "#diff-text"))
+        await pilot.press("5")
+        await until(pilot, lambda: app.screen.query_one("#artifact-table", DataTable).row_count == 1)
+        # "n" declines: nothing is applied.
+        await pilot.press("a", "n")
+        await settle(pilot)
+        assert not (site / "hello.txt").exists()
+        await pilot.press("a", "y")
+        await until(pilot, lambda: "apply/succeeded" in screen_text(app, "#summary"))
+        assert (site / "hello.txt").read_text() == "Hello, World!\n"
+        await pilot.press("b", "y")
+        await until(pilot, lambda: "rolled_back" in screen_text(app, "#summary"))
+        assert not (site / "hello.txt").exists()
+        await pilot.press("y")
+        assert app.clipboard == plan.meta.id
+
+
+async def test_a_second_clients_change_appears_live(
+    client: ACPClient, facade: ServiceFacade, tmp_path: pathlib.Path
+) -> None:
+    other = ACPClient(LocalTransport(facade))
+    await tour(client, tmp_path)
+    first = await client.call("session.create", title="first")
+    assert isinstance(first, session_pb2.CreateSessionResponse)
+    session_id = first.session.meta.id
+    await client.call("session.create", title="second")
+    app = app_on(client)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        table = app.screen.query_one(DataTable)
+        assert table.row_count == 2
+        # Another client tells the session: its message count changes in the list, live.
+        await other.call("session.tell", session_id=session_id, content="/help")
+        row = table.get_row_index(session_id)
+        await until(pilot, lambda: table.get_row_at(row)[-1] == "2")
+        # The filter: only matching rows; escape goes back to the list; y copies the id.
+        await pilot.press("slash", *"first")
+        await until(pilot, lambda: table.row_count == 1)
+        await pilot.press("escape", "y")
+        assert app.clipboard == session_id
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, SessionScreen) and len(app.screen.messages) == 2)
+        await other.call("session.tell", session_id=session_id, content="/actions")
+        await until(pilot, lambda: "user: /actions" in "\n".join(history(app)))
+        await until(pilot, lambda: len(app.screen.messages) == 4)  # type: ignore[attr-defined]
+        # A plan another client makes appears in the plans list.
+        await pilot.press("escape", "p")
+        await until(pilot, lambda: isinstance(app.screen, PlansScreen))
+        plans = app.screen.query_one(DataTable)
+        await settle(pilot)
+        assert plans.row_count == 0
+        await other.call("plan.use", action="hello", project="demo", inputs={"name": "you"})
+        await until(pilot, lambda: plans.row_count == 1)
+        await pilot.press("question_mark")
+        await until(pilot, lambda: app.screen.query("#keys"))
+        keys = screen_text(app, "#keys")
+        for text in ("Sessions", "Plans", "Events", "Registries", "Approvals", "Filter", "Copy id", "Quit"):
+            assert text in keys
+    await other.close()

@@ -368,9 +368,10 @@ class SessionScreen(Page):
         if self.turn is None:
             self.notify("no turn is queued or running", severity="warning")
             return
-        ended = await self.acp.call("session.cancel_turn", session_id=self.session_id, turn_id=self.turn.id)
+        turn_id = self.turn.id
+        ended = await self.acp.call("session.cancel_turn", session_id=self.session_id, turn_id=turn_id)
         if ended is not None:
-            self.notify(f"turn {self.acp.show.id(self.turn.id)} cancelled")
+            self.notify(f"turn {self.acp.show.id(turn_id)} cancelled")
 
     def action_earlier(self) -> None:
         self.shown += SHOWN

@@ -29,6 +29,8 @@ MAX_PLANS = 5000
 PAGE = 500
 # Steps listed under one decision before "… N more" (the rest are in plan.tree's answer).
 STEPS_SHOWN = 200
+# Trees of more decisions than this open with every decision folded.
+UNFOLDED = 100
 
 
 def plan_state(plan: plan_pb2.Plan) -> str:
@@ -279,6 +281,8 @@ class PlanScreen(Page):
         for step in tree.steps:
             steps.setdefault(step.decision_id, []).append(step)
         placed: dict[str, TreeNode[str]] = {}
+        # A large tree opens folded: its decisions one line each, space unfolds one.
+        unfold = len(tree.nodes) <= UNFOLDED
         for node in tree.nodes:
             parent = placed.get(node.parent_id, widget.root)
             label = Text()
@@ -289,7 +293,7 @@ class PlanScreen(Page):
                 label.append(f" → {show.text(node.choice)}", style="bold")
             if node.correction:
                 label.append(f" (corrected: {show.text(node.correction)})", style="yellow")
-            branch = parent.add(label, data=node.id, expand=not node.superseded)
+            branch = parent.add(label, data=node.id, expand=unfold and not node.superseded)
             placed[node.id] = branch
             self.add_steps(branch, steps.pop(node.id, []))
         if steps:

@@ -1,20 +1,26 @@
-"""The TUI driven headless by Textual's Pilot, in local mode: the README tour's plan from
-``/use`` to apply and rollback, a second client's change appearing live, ids copied, the key
-map, and a filter."""
+"""The TUI driven headless by Textual's Pilot, in local mode and against ``agents serve`` with
+a token (over HTTP and gRPC): the README tour's plan from ``/use`` to apply and rollback, a
+second client's change appearing live, ids copied, the key map, and a filter."""
 
 from __future__ import annotations
 
 import pathlib
+from collections.abc import AsyncIterator
 
+import httpx
+import pytest
 from textual.widgets import DataTable, Input, RichLog
 
 from cleveragents.acp.client.acp_client import ACPClient
+from cleveragents.acp.client.grpc_transport import GrpcTransport
+from cleveragents.acp.client.http_transport import HTTPTransport
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.client.tui.plans import PlanScreen, PlansScreen
 from cleveragents.acp.client.tui.sessions import SessionScreen, SessionsScreen
-from cleveragents.acp.facade.service_facade import ServiceFacade
+from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.v1 import plan_pb2, session_pb2
 from tests.client.tui.helpers import app_on, screen_text, settle, tour, until
+from tests.server_process import Children, ServerProcess, Tokens, start_server
 
 
 def history(app: object) -> list[str]:
@@ -29,9 +35,43 @@ async def plan_of(client: ACPClient) -> plan_pb2.Plan:
     return plans.plans[0]
 
 
+@pytest.fixture
+async def clients(
+    request: pytest.FixtureRequest, tmp_path: pathlib.Path, children: Children
+) -> AsyncIterator[tuple[ACPClient, ACPClient]]:
+    """The TUI's client and another one: in process, or to ``agents serve`` with tokens (the
+    other client is another principal)."""
+    facade = None
+    if request.param == "local":
+        facade = open_facade(tmp_path / "acp.db")
+        made = [ACPClient(LocalTransport(facade)), ACPClient(LocalTransport(facade))]
+    else:
+        tokens = Tokens.create(tmp_path)
+        server = children.server(start_server(tmp_path, tokens=tokens.path, name="tui"))
+        made = [connect(request.param, server, tokens.tokens[name]) for name in ("root", "alice")]
+    try:
+        yield made[0], made[1]
+    finally:
+        for client in made:
+            await client.close()
+        if facade is not None:
+            await facade.close()
+
+
+def connect(kind: str, server: ServerProcess, token: str) -> ACPClient:
+    if kind == "http":
+        http = httpx.AsyncClient(base_url=server.http, timeout=httpx.Timeout(None, connect=5.0))
+        return ACPClient(HTTPTransport(http, owns_client=True), token=token)
+    return ACPClient(GrpcTransport.connect(server.grpc_target), token=token)
+
+
+# The tour over gRPC adds nothing the live test over gRPC and the transports' conformance suite
+# do not cover, and each server mode costs a server start: HTTP only for the long flow.
+@pytest.mark.parametrize("clients", ["local", "http"], indirect=True)
 async def test_the_readme_tour_from_use_to_apply_and_rollback(
-    client: ACPClient, tmp_path: pathlib.Path
+    clients: tuple[ACPClient, ACPClient], tmp_path: pathlib.Path
 ) -> None:
+    client, _ = clients
     site = await tour(client, tmp_path)
     await client.call("session.create", title="tour", project="demo")
     app = app_on(client)
@@ -73,10 +113,11 @@ async def test_the_readme_tour_from_use_to_apply_and_rollback(
         assert app.clipboard == plan.meta.id
 
 
+@pytest.mark.parametrize("clients", ["local", "http", "grpc"], indirect=True)
 async def test_a_second_clients_change_appears_live(
-    client: ACPClient, facade: ServiceFacade, tmp_path: pathlib.Path
+    clients: tuple[ACPClient, ACPClient], tmp_path: pathlib.Path
 ) -> None:
-    other = ACPClient(LocalTransport(facade))
+    client, other = clients
     await tour(client, tmp_path)
     first = await client.call("session.create", title="first")
     assert isinstance(first, session_pb2.CreateSessionResponse)
@@ -114,4 +155,3 @@ async def test_a_second_clients_change_appears_live(
         keys = screen_text(app, "#keys")
         for text in ("Sessions", "Plans", "Events", "Registries", "Approvals", "Filter", "Copy id", "Quit"):
             assert text in keys
-    await other.close()

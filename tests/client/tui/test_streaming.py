@@ -43,7 +43,7 @@ def held(release: asyncio.Event, after: int) -> Stream:
 
 
 async def test_a_streamed_turn_appears_piece_by_piece(client: ACPClient, fake: FakeOpenAI) -> None:
-    session_id = await model_session(client, fake)
+    await model_session(client, fake)
     release = asyncio.Event()
     # The role chunk, then two pieces of text; the rest waits for the test.
     fake.then(held(release, 3))
@@ -67,7 +67,9 @@ async def test_a_streamed_turn_appears_piece_by_piece(client: ACPClient, fake: F
         assert fake.requests[0].body["messages"][-1]["content"] == "are the tests green?"
 
 
-async def test_a_running_turn_is_cancelled_and_what_is_typed_is_kept(client: ACPClient, fake: FakeOpenAI) -> None:
+async def test_a_running_turn_is_cancelled_and_what_is_typed_is_kept(
+    client: ACPClient, fake: FakeOpenAI
+) -> None:
     session_id = await model_session(client, fake)
     release = asyncio.Event()
     fake.then(held(release, 2))

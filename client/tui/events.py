@@ -4,6 +4,7 @@ words (type, plan, session, text); ``space`` pauses the view, not the stream."""
 
 from __future__ import annotations
 
+import json
 from typing import ClassVar
 
 from google.protobuf import json_format
@@ -12,21 +13,46 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Input, RichLog, Static
 
+from cleveragents.acp.client.tui.display import Display, enum
 from cleveragents.acp.client.tui.page import Page
-from cleveragents.acp.v1 import events_pb2
+from cleveragents.acp.v1 import events_pb2, plan_pb2, session_pb2
 
 # Lines the view keeps (the app keeps more events; a filter reads those).
 SHOWN = 1000
 
 
-def summary(event: events_pb2.Event) -> str:
+def summary(event: events_pb2.Event, show: Display) -> str:
+    """One line of what the event says, its ids as the display shows them."""
     kind = event.WhichOneof("payload")
+    if kind == "session_message":
+        item = event.session_message.message
+        return f"{enum(session_pb2.MessageRole, item.role)}: {show.text(item.content)}"
+    if kind in ("session_turn_started", "session_turn_completed"):
+        turn = getattr(event, kind).turn
+        why = f" ({show.text(turn.error.message)})" if turn.error.message else ""
+        return f"turn {show.id(turn.id)} {enum(session_pb2.TurnState, turn.state)}{why}"
+    if kind in ("session_text_delta", "plan_text_delta"):
+        return repr(getattr(event, kind).text)
+    if kind == "plan_state_changed":
+        change = event.plan_state_changed
+        phase = enum(plan_pb2.PlanPhase, change.phase)
+        before, after = enum(plan_pb2.PlanState, change.from_state), enum(plan_pb2.PlanState, change.to_state)
+        return f"{phase}: {before} -> {after} {show.text(change.reason)}".rstrip()
+    if kind == "plan_decision_made":
+        node = event.plan_decision_made.node
+        return f"{show.text(node.question)} -> {show.text(node.choice)}"
+    if kind in ("tool_invoked", "tool_completed"):
+        step = getattr(event, kind)
+        ok = (
+            ""
+            if kind == "tool_invoked"
+            else (" ok" if step.ok else f" failed: {show.text(step.error.message)}")
+        )
+        return f"{step.step_id} {step.tool}{ok}"
     if kind is None:
         return ""
-    payload = getattr(event, kind)
-    data = json_format.MessageToDict(payload, preserving_proto_field_name=True)
-    text = " ".join(f"{key}={value}" for key, value in data.items())
-    return text[:300]
+    data = json_format.MessageToDict(getattr(event, kind), preserving_proto_field_name=True)
+    return show.text(json.dumps(data, separators=(",", ":"), sort_keys=True))
 
 
 class EventsScreen(Page):
@@ -68,14 +94,14 @@ class EventsScreen(Page):
             )
             if part
         )
-        body = show.text(summary(event))
+        body = summary(event, show)[:300]
         whole = f"{event.type} {event.plan_id} {event.session_id} {ids} {body}".lower()
         if not all(word in whole for word in self.words()):
             return None
         text = Text()
         text.append(f"{show.time(event.time)} ", style="dim")
-        text.append(f"#{show.id(str(event.sequence))} ", style="dim")
-        text.append(f"{event.type:<24} ", style="bold cyan")
+        text.append(f"#{event.sequence} ", style="dim")
+        text.append(f"{event.type} ", style="bold cyan")
         text.append(f"{ids} {body}".strip())
         return text
 
@@ -92,7 +118,7 @@ class EventsScreen(Page):
         last = listener.last_sequence if listener is not None else 0
         state = "paused · space resumes" if self.paused else "live"
         self.query_one("#status", Static).update(
-            f"{state} · {len(self.acp.events)} events kept · last sequence {self.acp.show.id(str(last))}"
+            f"{state} · {len(self.acp.events)} events kept · last sequence {last}"
         )
 
     def on_acp_event(self, event: events_pb2.Event) -> None:

@@ -178,6 +178,12 @@ def matches(wanted: str, cells: tuple[str, ...]) -> bool:
     return True
 
 
+def history_width(log: RichLog) -> int | None:
+    """The width to wrap at: the log's own once it is laid out (RichLog would measure against
+    the terminal's first width, and never wrap wider)."""
+    return log.scrollable_content_region.width or None
+
+
 class SessionScreen(Page):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back"),
@@ -189,6 +195,7 @@ class SessionScreen(Page):
     DEFAULT_CSS = """
     #history { height: 1fr; border: round $primary-darken-2; }
     #live { height: auto; max-height: 8; padding: 0 1; color: $success; }
+    #live.empty, #turn.empty { display: none; }
     #prompt-row { height: 3; }
     #prompt { width: 1fr; }
     #multitask { width: 20; }
@@ -207,10 +214,13 @@ class SessionScreen(Page):
     def body(self) -> ComposeResult:
         yield Static("", id="title", classes="status")
         yield RichLog(id="history", wrap=True, min_width=20)
-        yield Static("", id="live")
-        yield Static("", id="turn", classes="status")
+        yield Static("", id="live", classes="empty")
+        yield Static("", id="turn", classes="status empty")
         with Horizontal(id="prompt-row"):
-            yield Input(placeholder="message (enter sends; /help asks the orchestrator)", id="prompt")
+            prompt = Input(placeholder="message (enter sends; /help asks the orchestrator)", id="prompt")
+            # A steady cursor: one that blinks is a redraw twice a second, for nothing.
+            prompt.cursor_blink = False
+            yield prompt
             yield Select(
                 [(name, name) for name in MULTITASK], value="enqueue", allow_blank=False, id="multitask"
             )
@@ -257,15 +267,24 @@ class SessionScreen(Page):
         )
         self.sub_title = session.title
 
+    def on_resize(self) -> None:
+        # The history's lines are wrapped when written: again at the new width.
+        if self.messages:
+            self.render_history()
+
     def render_history(self) -> None:
         log = self.query_one("#history", RichLog)
+        if history_width(log) is None:
+            # Not laid out yet: wrapped now, the lines would keep the terminal's first width.
+            self.call_after_refresh(self.render_history)
+            return
         log.clear()
         ordered = sorted(self.messages)
         hidden = max(0, len(ordered) - self.shown)
         if hidden:
             log.write(Text(f"… {hidden} earlier messages (ctrl+o shows {SHOWN} more)", style="dim"))
         for index in ordered[hidden:]:
-            log.write(self.line(self.messages[index]))
+            log.write(self.line(self.messages[index]), width=history_width(log))
         self.rendered = ordered[-1] if ordered else -1
 
     def line(self, item: session_pb2.Message) -> Text:
@@ -289,7 +308,8 @@ class SessionScreen(Page):
         if known:
             return
         if item.index > self.rendered:
-            self.query_one("#history", RichLog).write(self.line(item))
+            log = self.query_one("#history", RichLog)
+            log.write(self.line(item), width=history_width(log))
             self.rendered = item.index
         else:
             self.render_history()
@@ -297,11 +317,14 @@ class SessionScreen(Page):
 
     def show_live(self) -> None:
         text = "".join(self.live_text.values())
-        self.query_one("#live", Static).update(Text(self.acp.show.text(text)) if text else "")
+        live = self.query_one("#live", Static)
+        live.update(Text(self.acp.show.text(text)) if text else "")
+        live.set_class(not text, "empty")
 
     def show_turn(self) -> None:
         turn = self.turn
         label = self.query_one("#turn", Static)
+        label.set_class(turn is None, "empty")
         if turn is None:
             label.update("")
             return

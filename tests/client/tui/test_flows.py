@@ -95,7 +95,8 @@ async def test_the_readme_tour_from_use_to_apply_and_rollback(
         await until(pilot, lambda: app.screen.query_one("#question"))
         await pilot.press("y")
         await until(pilot, lambda: "execute/succeeded" in screen_text(app, "#summary"))
-        await pilot.press("3")
+        # The mouse works too: a click on the diff's tab.
+        await pilot.click("#--content-tab-diff")
         await until(pilot, lambda: "+Hello, World!" in screen_text(app, "#diff-text"))
         await pilot.press("5")
         await until(pilot, lambda: app.screen.query_one("#artifact-table", DataTable).row_count == 1)

@@ -21,9 +21,18 @@ ModalScreen > Vertical { width: 76; max-width: 100%; height: auto; max-height: 1
 def key_rows(screen: Screen[Any]) -> list[tuple[str, str]]:
     """(keys, what they do) for every key of ``screen`` and of the app."""
     rows: list[tuple[str, str]] = []
+    seen: set[str] = set()
     for source in (screen, screen.app):
-        for binding in type(source).BINDINGS:
-            if isinstance(binding, Binding) and binding.description:
+        # A screen's keys are its own and its base classes' (Textual merges them so); Textual's
+        # own (tab, ctrl+q) are not repeated here.
+        classes = [
+            cls
+            for cls in type(source).__mro__
+            if "BINDINGS" in vars(cls) and cls.__module__.startswith(__package__)
+        ]
+        for binding in [b for cls in classes for b in vars(cls)["BINDINGS"]]:
+            if isinstance(binding, Binding) and binding.description and binding.key not in seen:
+                seen.add(binding.key)
                 keys = [dataclasses.replace(binding, key=key.strip()) for key in binding.key.split(",")]
                 rows.append((" ".join(screen.app.get_key_display(key) for key in keys), binding.description))
     return rows

@@ -8,6 +8,7 @@ A plan's screen reads again when one of its events arrives (from any client), at
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rich.console import Group, RenderableType
@@ -17,16 +18,15 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
-from textual.widgets import DataTable, Input, Static, TabbedContent, TabPane, Tree
+from textual.widgets import DataTable, Static, TabbedContent, TabPane, Tree
 from textual.widgets.tree import TreeNode
 
 from cleveragents.acp.client.tui.display import enum
+from cleveragents.acp.client.tui.listing import Listing
 from cleveragents.acp.client.tui.modals import Ask, Confirm
 from cleveragents.acp.client.tui.page import Page
 from cleveragents.acp.v1 import events_pb2, plan_pb2
 
-MAX_PLANS = 5000
-PAGE = 500
 # Steps listed under one decision before "… N more" (the rest are in plan.tree's answer).
 STEPS_SHOWN = 200
 # Trees of more decisions than this open with every decision folded.
@@ -37,113 +37,29 @@ def plan_state(plan: plan_pb2.Plan) -> str:
     return f"{enum(plan_pb2.PlanPhase, plan.phase)}/{enum(plan_pb2.PlanState, plan.state)}"
 
 
-class PlansScreen(Page):
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("enter", "open", "Open", show=False),
-        Binding("slash", "filter", "Filter"),
-        Binding("escape", "table", "To the list", show=False),
-        Binding("y", "copy", "Copy id"),
-        Binding("ctrl+r", "reload", "Reload"),
-    ]
+class PlansScreen(Listing):
+    OPERATION = "plan.list"
+    WHAT = "plans"
+    COLUMNS = ("id", "action", "project", "phase/state", "progress", "session")
+    PLACEHOLDER = "/ filter: any text (action, project, state)"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.plans: list[plan_pb2.Plan] = []
-        self._reload_timer: object | None = None
-
-    def body(self) -> ComposeResult:
-        yield Input(placeholder="/ filter: any text (action, project, state)", id="filter")
-        table: DataTable[str] = DataTable(id="plans", cursor_type="row", zebra_stripes=True)
-        table.add_columns("id", "action", "project", "phase/state", "progress", "session")
-        yield table
-        yield Static("loading plans…", id="status", classes="status")
-
-    def on_mount(self) -> None:
-        self.query_one(DataTable).focus()
-        self.load()
-
-    @work(exclusive=True, group="load")
-    async def load(self) -> None:
-        found: list[plan_pb2.Plan] = []
-        token = ""
-        while len(found) < MAX_PLANS:
-            page = await self.acp.call("plan.list", page_size=PAGE, page_token=token)
-            if page is None:
-                self.query_one("#status", Static).update("could not list the plans (see the message above)")
-                return
-            assert isinstance(page, plan_pb2.ListPlansResponse)
-            found += page.plans
-            token = page.next_page_token
-            if not token:
-                break
-        self.plans = found
-        self.show_rows()
-
-    def show_rows(self) -> None:
-        wanted = self.query_one("#filter", Input).value.strip().lower().split()
-        table = self.query_one(DataTable)
-        selected = self.selected()
-        table.clear()
+    def cells(self, item: Any) -> Sequence[str]:
         show = self.acp.show
-        for plan in self.plans:
-            cells = (
-                show.id(plan.meta.id),
-                plan.action,
-                plan.project,
-                plan_state(plan),
-                f"{plan.progress.done}/{plan.progress.total}",
-                show.id(plan.session_id) if plan.session_id else "-",
-            )
-            if all(any(word in cell.lower() for cell in cells) for word in wanted):
-                table.add_row(*cells, key=plan.meta.id)
-        if selected and selected in table.rows:
-            table.move_cursor(row=table.get_row_index(selected))
-        self.query_one("#status", Static).update(
-            f"{table.row_count} of {len(self.plans)} plans · enter opens · / filters · y copies the id"
+        return (
+            show.id(item.meta.id),
+            item.action,
+            item.project,
+            plan_state(item),
+            f"{item.progress.done}/{item.progress.total}",
+            show.id(item.session_id) if item.session_id else "-",
         )
 
-    def selected(self) -> str:
-        table = self.query_one(DataTable)
-        if not table.row_count:
-            return ""
-        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or ""
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        self.show_rows()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.query_one(DataTable).focus()
-
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if event.row_key.value:
-            self.app.push_screen(PlanScreen(event.row_key.value))
-
-    def action_open(self) -> None:
-        if self.selected():
-            self.app.push_screen(PlanScreen(self.selected()))
-
-    def action_filter(self) -> None:
-        self.query_one("#filter", Input).focus()
-
-    def action_table(self) -> None:
-        self.query_one(DataTable).focus()
-
-    def action_copy(self) -> None:
-        self.acp.copy_id(self.selected(), "plan id")
-
-    def action_reload(self) -> None:
-        self.load()
+    def open(self, key: str) -> None:
+        self.app.push_screen(PlanScreen(key))
 
     def on_acp_event(self, event: events_pb2.Event) -> None:
-        if event.plan_id and self._reload_timer is None:
-            self._reload_timer = self.set_timer(0.3, self._reload_now)
-
-    def _reload_now(self) -> None:
-        self._reload_timer = None
-        self.load()
-
-    def reconnected(self) -> None:
-        self.load()
+        if event.plan_id:
+            self.reload_soon()
 
 
 class PlanScreen(Page):

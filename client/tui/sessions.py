@@ -9,22 +9,22 @@ once the server has the message: a refused or lost tell leaves what was typed in
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
-from textual.widgets import DataTable, Input, RichLog, Select, Static
+from textual.widgets import Input, RichLog, Select, Static
 
 from cleveragents.acp.client.tui.display import enum
+from cleveragents.acp.client.tui.listing import Listing
 from cleveragents.acp.client.tui.modals import Ask
 from cleveragents.acp.client.tui.page import Page
 from cleveragents.acp.v1 import events_pb2, session_pb2
 
-# Sessions read at most (pages of 500); the filter works on these.
-MAX_SESSIONS = 5000
 PAGE = 500
 # The history shows this many messages at first; ``m`` shows as many more, earlier ones.
 SHOWN = 200
@@ -32,113 +32,32 @@ MULTITASK = ("enqueue", "reject", "interrupt", "rollback")
 SESSION_EVENTS = ("session_message", "session_updated", "session_turn_completed")
 
 
-class SessionsScreen(Page):
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("enter", "open", "Open", show=False),
-        Binding("slash", "filter", "Filter"),
-        Binding("escape", "table", "To the list", show=False),
-        Binding("n", "create", "New"),
-        Binding("y", "copy", "Copy id"),
-        Binding("ctrl+r", "reload", "Reload"),
-    ]
+class SessionsScreen(Listing):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("n", "create", "New")]
+    OPERATION = "session.list"
+    WHAT = "sessions"
+    COLUMNS = ("id", "title", "project", "orchestrator", "state", "msgs")
+    PLACEHOLDER = "/ filter: any text, or state:active"
+    HINT = "enter opens · / filters · n new · y copies the id"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.sessions: list[session_pb2.Session] = []
-        self._reload_timer: object | None = None
-
-    def body(self) -> ComposeResult:
-        yield Input(placeholder="/ filter: any text, or state:active", id="filter")
-        table: DataTable[str] = DataTable(id="sessions", cursor_type="row", zebra_stripes=True)
-        table.add_columns("id", "title", "project", "orchestrator", "state", "msgs")
-        yield table
-        yield Static("loading sessions…", id="status", classes="status")
-
-    def on_mount(self) -> None:
-        self.query_one(DataTable).focus()
-        self.load()
-
-    @work(exclusive=True, group="load")
-    async def load(self) -> None:
-        found: list[session_pb2.Session] = []
-        token = ""
-        while len(found) < MAX_SESSIONS:
-            page = await self.acp.call("session.list", page_size=PAGE, page_token=token)
-            if page is None:
-                self.query_one("#status", Static).update(
-                    "could not list the sessions (see the message above)"
-                )
-                return
-            assert isinstance(page, session_pb2.ListSessionsResponse)
-            found += page.sessions
-            token = page.next_page_token
-            if not token:
-                break
-        self.sessions = found
-        self.show_rows()
-
-    def show_rows(self) -> None:
-        wanted = self.query_one("#filter", Input).value.strip().lower()
-        table = self.query_one(DataTable)
-        selected = self.selected()
-        table.clear()
+    def cells(self, item: Any) -> Sequence[str]:
         show = self.acp.show
-        shown = 0
-        for session in self.sessions:
-            state = enum(session_pb2.SessionState, session.state)
-            cells = (
-                show.id(session.meta.id),
-                show.text(session.title) or "-",
-                session.project or "-",
-                session.orchestrator,
-                state,
-                str(session.message_count),
-            )
-            if wanted and not matches(wanted, cells):
-                continue
-            table.add_row(*cells, key=session.meta.id)
-            shown += 1
-        if selected and selected in table.rows:
-            table.move_cursor(row=table.get_row_index(selected))
-        total = len(self.sessions)
-        self.query_one("#status", Static).update(
-            f"{shown} of {total} sessions · enter opens · / filters · n new · y copies the id"
+        return (
+            show.id(item.meta.id),
+            show.text(item.title) or "-",
+            item.project or "-",
+            item.orchestrator,
+            enum(session_pb2.SessionState, item.state),
+            str(item.message_count),
         )
 
-    def selected(self) -> str:
-        table = self.query_one(DataTable)
-        if not table.row_count:
-            return ""
-        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        return key or ""
+    def matches(self, words: list[str], cells: Sequence[str]) -> bool:
+        plain = [word for word in words if not word.startswith("state:")]
+        states = {word.removeprefix("state:") for word in words if word.startswith("state:")}
+        return (not states or cells[4] in states) and super().matches(plain, cells)
 
-    def on_input_changed(self, event: Input.Changed) -> None:
-        if event.input.id == "filter":
-            self.show_rows()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.input.id == "filter":
-            self.query_one(DataTable).focus()
-
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if event.row_key.value:
-            self.app.push_screen(SessionScreen(event.row_key.value))
-
-    def action_open(self) -> None:
-        if self.selected():
-            self.app.push_screen(SessionScreen(self.selected()))
-
-    def action_filter(self) -> None:
-        self.query_one("#filter", Input).focus()
-
-    def action_table(self) -> None:
-        self.query_one(DataTable).focus()
-
-    def action_copy(self) -> None:
-        self.acp.copy_id(self.selected(), "session id")
-
-    def action_reload(self) -> None:
-        self.load()
+    def open(self, key: str) -> None:
+        self.app.push_screen(SessionScreen(key))
 
     def action_create(self) -> None:
         def made(title: str | None) -> None:
@@ -153,29 +72,11 @@ class SessionsScreen(Page):
         if made is not None:
             assert isinstance(made, session_pb2.CreateSessionResponse)
             self.load()
-            self.app.push_screen(SessionScreen(made.session.meta.id))
+            self.open(made.session.meta.id)
 
     def on_acp_event(self, event: events_pb2.Event) -> None:
-        if event.WhichOneof("payload") in SESSION_EVENTS and self._reload_timer is None:
-            # Many events come together (a tell is four): one reload for them all.
-            self._reload_timer = self.set_timer(0.3, self._reload_now)
-
-    def _reload_now(self) -> None:
-        self._reload_timer = None
-        self.load()
-
-    def reconnected(self) -> None:
-        self.load()
-
-
-def matches(wanted: str, cells: tuple[str, ...]) -> bool:
-    for word in wanted.split():
-        if word.startswith("state:"):
-            if cells[4] != word.removeprefix("state:"):
-                return False
-        elif not any(word in cell.lower() for cell in cells):
-            return False
-    return True
+        if event.WhichOneof("payload") in SESSION_EVENTS:
+            self.reload_soon()
 
 
 def history_width(log: RichLog) -> int | None:

@@ -14,19 +14,10 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, OptionList, Static
 
 from cleveragents.acp.client.tui.page import Page
+from cleveragents.acp.contract import catalog
 
-KINDS = (
-    "actor",
-    "skill",
-    "tool",
-    "validation",
-    "resource",
-    "resource_type",
-    "project",
-    "action",
-    "automation_profile",
-    "invariant",
-)
+# The registry kinds, as the catalog has them: the groups with an ``add`` verb.
+KINDS = tuple(dict.fromkeys(op.group for op in catalog.OPERATIONS.values() if op.name.endswith(".add")))
 PAGE = 500
 
 
@@ -36,7 +27,7 @@ class RegistriesScreen(Page):
         Binding("ctrl+r", "reload", "Reload"),
     ]
     DEFAULT_CSS = """
-    #kinds { width: 22; height: 1fr; }
+    #kinds { width: 26; height: 1fr; }
     #entries { width: 1fr; height: 1fr; }
     #entry { height: 1fr; border: round $primary-darken-2; }
     """

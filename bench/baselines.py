@@ -63,10 +63,12 @@ async def serve_grpc() -> None:
 
 async def serve_asgi(app: Any, **settings: Any) -> None:
     """uvicorn with the settings ``gateway.server.Server`` gives it (and ``settings``), on
-    the running loop. Its HTTP protocol is h11, as the product's (``GuardedH11Protocol``),
-    unless ``settings`` say otherwise: uvicorn's ``auto`` picks httptools once it is
-    installed (the ``layers`` family's comparison needs it), which made the raw echo twice
-    as fast and every gateway ratio half as large without the product changing."""
+    the running loop. Its HTTP protocol is h11 unless ``settings`` say otherwise: uvicorn's
+    ``auto`` picks httptools, which made the raw echo twice as fast and every gateway ratio
+    half as large without the product changing. The product's gateway now runs on httptools
+    too (``gateway/http/protocol.py``); the echo stays on h11 so that the ``unary`` family's
+    ratios stay comparable with their history until their goals are set again
+    (docs/benchmarks.md, "The gateway's protocol moved to httptools")."""
     sock = listening_socket()
     settings.setdefault("http", "h11")
     config = uvicorn.Config(

@@ -1,12 +1,11 @@
 """The gateway alone over one store, served by uvicorn two ways, for ``bench/layers.py``.
 
-``python -m bench.gateway_http ours|httptools|h11 DB`` listens on an ephemeral loopback port
+``python -m bench.gateway_http ours|httptools DB`` listens on an ephemeral loopback port
 and prints ``bench-ready {"port": N}``; SIGTERM stops it. ``ours``: the HTTP/1.1 protocol
-``agents serve`` uses (``gateway/http/protocol.py``, on uvicorn's h11); ``httptools``:
-uvicorn's own fast path, the httptools parser; ``h11``: uvicorn's own h11 protocol (what
-the hand-written writes replace). All on uvloop, as ``agents serve`` runs by default
-(``gateway/loops.py``); everything else (the application, the facade, uvicorn's settings)
-is the same.
+``agents serve`` uses (``gateway/http/protocol.py``: uvicorn's httptools protocol with the
+gateway's guards); ``httptools``: uvicorn's own httptools protocol, unguarded. Both on
+uvloop, as ``agents serve`` runs by default (``gateway/loops.py``); everything else (the
+application, the facade, uvicorn's settings) is the same.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ async def serve(kind: str, db: str) -> None:
         await baselines.serve_asgi(
             build_app(facade),
             http=http,
-            h11_max_incomplete_event_size=bounds.max_header_bytes,
             timeout_keep_alive=bounds.idle_timeout,
         )
     finally:
@@ -40,7 +38,7 @@ async def serve(kind: str, db: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.gateway_http")
-    parser.add_argument("kind", choices=["ours", "httptools", "h11"])
+    parser.add_argument("kind", choices=["ours", "httptools"])
     parser.add_argument("db")
     args = parser.parse_args()
     uvloop.run(serve(args.kind, args.db))

@@ -255,9 +255,13 @@ class Server:
                 log_level=config.log_level,
                 access_log=False,
                 server_header=False,
-                # Our HTTP/1.1 protocol: envelopes for refusals, header/body timeouts, caps.
+                # Our HTTP/1.1 protocol (uvicorn's httptools one, guarded): envelopes for refusals,
+                # header/body timeouts, caps.
                 http=protocol.protocol_factory(config.connections),  # type: ignore[arg-type]
-                h11_max_incomplete_event_size=config.connections.max_header_bytes,
+                # No WebSocket routes: an Upgrade request is served as plain HTTP, so every
+                # connection stays under the guards (uvicorn would hand it to a protocol of its
+                # own when a WebSocket library happens to be installed).
+                ws="none",
                 timeout_keep_alive=config.connections.idle_timeout,
                 timeout_graceful_shutdown=math.ceil(config.grace_seconds + CUT_MARGIN_SECONDS),
                 ssl_certfile=str(tls.cert) if tls else None,

@@ -178,7 +178,7 @@ async def eventually(check: Callable[[], object], seconds: float = 10.0) -> None
 
 
 class FakeOpenAI:
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.script: deque[Answer] = deque()
         self.repeat: Answer | None = None
         self.requests: list[Request] = []
@@ -192,7 +192,8 @@ class FakeOpenAI:
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self.port = 0
+        # 0: an ephemeral port; a fixed one lets a server started earlier allow its URL.
+        self.port = port
 
     @property
     def base_url(self) -> str:
@@ -206,7 +207,7 @@ class FakeOpenAI:
         return [r.body for r in self.requests]
 
     async def start(self) -> FakeOpenAI:
-        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -296,6 +297,8 @@ class FakeOpenAI:
         done, _ = await asyncio.wait({released, eof}, return_when=asyncio.FIRST_COMPLETED)
         if released in done:
             eof.cancel()
+            # Let the cancelled read end before the connection's next read starts.
+            await asyncio.gather(eof, return_exceptions=True)
             return True
         released.cancel()
         self.dropped += 1

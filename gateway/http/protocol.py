@@ -1,13 +1,17 @@
-"""uvicorn's HTTP/1.1 protocol with the bounds the gateway needs below the application:
-header size, time to send a request, connections in all and per client.
+"""uvicorn's HTTP/1.1 protocol on httptools (llhttp) with the bounds the gateway needs below
+the application: header size, time to send a request, connections in all and per client.
 
-uvicorn refuses an oversized or malformed request with a plain-text 400, never times out a
-client that trickles its headers (each byte cancels the keep-alive timer), and has no
-per-client cap. Here each refusal is an ACP envelope, written by the protocol itself since
+uvicorn refuses a malformed request with a plain-text 400, has no bound on a request's head
+(httptools keeps a header that never ends), no time limit on a request that trickles in, and
+no per-client cap. Here each refusal is an ACP envelope, written by the protocol itself since
 no request reaches the application:
 
-- headers over ``max_header_bytes``: INVALID_PARAMS (``details.field`` ``headers``); any
-  other unreadable request: INVALID_PARAMS (``field`` ``request``);
+- headers over ``max_header_bytes`` (the bytes received while a head is incomplete; a head
+  that came whole in a read over the limit, by its request line and header lines):
+  INVALID_PARAMS (``details.field`` ``headers``); any other unreadable request:
+  INVALID_PARAMS (``field`` ``request``), but a method httptools does not know (h11 took any
+  token): NOT_FOUND, as the application answers a method no route serves (``details.path``,
+  ``method``);
 - a request whose headers are not complete within ``header_timeout`` seconds of the
   connection (or of the previous response), or whose body is not complete within
   ``body_timeout`` more: INVALID_PARAMS (refinement ``REQUEST_TIMEOUT``), then closed;
@@ -21,11 +25,11 @@ no request reaches the application:
   waits for its turn) is not held against the client;
 - a connection over ``max_connections`` in all makes room instead (``Clients.evictable``):
   from the address with the most connections, its oldest idle connection (no request under
-  way: never sent one, or between two), else the body furthest behind the minimum rate
-  (no grace here: the server is full), refused as above. Only when no connection is idle or
-  behind is the newcomer refused as above. 2,100 slow connections from 9 addresses once
-  got 20 of 25 legitimate newcomers refused, and 40 trickled bodies from 4 addresses 5 of 5;
-  now they lose their own connections first.
+  way: never sent one, or between two; a head not yet whole is none yet), else the body
+  furthest behind the minimum rate (no grace here: the server is full), refused as above.
+  Only when no connection is idle or behind is the newcomer refused as above. 2,100 slow
+  connections from 9 addresses once got 20 of 25 legitimate newcomers refused, and 40
+  trickled bodies from 4 addresses 5 of 5; now they lose their own connections first.
 
 After a refusal the connection reads and drops what the client still sends for a moment
 before closing, so the client sees the answer instead of a reset. So does any close while the
@@ -37,11 +41,13 @@ A client that drops its connection before its answer began ends the call's wait:
 application task is cancelled, as gRPC cancels a call whose deadline passed (what the call's
 work does then is the operation's ``when_abandoned``: docs/server.md, "Deadlines and disconnects").
 
-An answer whose head declares its length and whose whole body follows in one message (every
-envelope, every plain Starlette response) is written here as the bytes h11 would write, in
-one write, and h11's state moved as its three sends would move it (``_Answering``): h11's
-event machinery cost more than the rest of the gateway's HTTP work. Anything else (streams,
-HEAD, a closing connection, headers h11 would refuse) goes through uvicorn's ``send``.
+An answer whose head declares its length (every envelope, every plain Starlette response)
+leaves in one send: uvicorn writes its head and its body with a write each, and the head is
+held until the body's write takes it along (``_Transport``). The bytes are uvicorn's.
+
+The phase of the request being read (``_IDLE``, ``_HEAD``, ``_BODY``, ``_DONE``) is followed
+from httptools' callbacks; uvicorn's own keep-alive timer (one made and cancelled per response)
+is replaced by the connection's one deadline.
 """
 
 from __future__ import annotations
@@ -52,13 +58,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any
+from urllib.parse import unquote
 
-import h11
+import httptools
 import orjson
-from h11._abnf import field_name, field_value
 from uvicorn.config import Config
-from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from cleveragents.acp.contract import envelope, limits, versions
@@ -68,6 +74,10 @@ from cleveragents.acp.contract.stopping import server_stopping
 # How long a refused connection keeps draining what the client still sends, and how much.
 _LINGER_SECONDS = 2.0
 _LINGER_BYTES = 16 * 1024 * 1024
+
+# The phase of the request the parser reads: none begun since the last one (or since the
+# connection), its head under way, its body under way, read whole (its answer pending).
+_IDLE, _HEAD, _BODY, _DONE = "idle", "head", "body", "done"
 
 
 @dataclass(frozen=True)
@@ -84,17 +94,18 @@ class ConnectionLimits:
     min_body_rate_grace: float = limits.MIN_BODY_RATE_GRACE
 
 
-class _Lingering:
-    """The connection's transport as uvicorn sees it: a ``close`` while the client is still
-    sending its request body lingers instead (``GuardedH11Protocol.linger``).
+class _Transport:
+    """The connection's transport as uvicorn sees it: an answer's head held until its body
+    (one send), and a ``close`` while the client is still sending its request body lingers
+    instead (``GuardedProtocol.linger``).
 
     uvicorn writes a response's head and its body with a ``write`` each: two sends, two
-    segments, two wake-ups of the client. Here a response's first write (its head) is held
-    until the next write, which takes it along, or until the loop's next turn at the latest:
-    an answer sent at once (every envelope) leaves in one send, a stream's head still leaves
-    before the stream waits for its first item."""
+    segments, two wake-ups of the client. A head that declares a length (uvicorn's cycle then
+    expects that many bytes: every envelope, every plain Starlette response) is held here
+    until the next write, which takes it along, or a close; any other head (a stream's)
+    leaves at once."""
 
-    def __init__(self, transport: asyncio.Transport, protocol: GuardedH11Protocol) -> None:
+    def __init__(self, transport: asyncio.Transport, protocol: GuardedProtocol) -> None:
         self._transport = transport
         self._protocol = protocol
         self._held: bytes | None = None
@@ -110,18 +121,22 @@ class _Lingering:
             self._held = None
             self._transport.write(held + data)
             return
-        if not data:
-            return
         cycle = self._protocol.cycle
-        if cycle is not None and cycle is not self._headed:
+        if (
+            cycle is not self._headed
+            and cycle.response_started
+            and cycle.chunked_encoding is False
+            and cycle.expected_content_length
+            and not cycle.response_complete
+            and cycle.scope["method"] != "HEAD"
+        ):
             self._headed = cycle
             self._held = data
-            self._protocol.loop.call_soon(self.flush)
             return
         self._transport.write(data)
 
     def flush(self) -> None:
-        """Send a held head (its body did not follow in the same turn of the loop)."""
+        """Send a held head."""
         held = self._held
         if held is not None:
             self._held = None
@@ -131,7 +146,7 @@ class _Lingering:
     def close(self) -> None:
         self.flush()
         protocol = self._protocol
-        sending = protocol.conn.their_state is h11.SEND_BODY
+        sending = protocol.phase is _BODY
         if sending and not (protocol.draining or protocol.lost or self._transport.is_closing()):
             protocol.linger()
         else:
@@ -141,165 +156,22 @@ class _Lingering:
         """Closing once lingering: uvicorn arms no keep-alive and reads no next request."""
         return bool(self._protocol.draining) or self._transport.is_closing()
 
-    def write_answer(self, data: bytes, cycle: object) -> None:
-        """A whole answer of ``cycle``: nothing to hold."""
-        self._headed = cycle
-        held = self._held
-        if held is not None:
-            self._held = None
-            data = held + data
-        self._transport.write(data)
-
-
-# A response head's header lines (joined by CRLF) as h11 accepts each name and value; with
-# one CRLF fewer than lines, no value held one.
-_HEADER = b"%s: %s" % (field_name.encode("ascii"), field_value.encode("ascii"))
-_HEADER_LINES = re.compile(_HEADER + rb"(?:\r\n" + _HEADER + rb")*")
-_NAME = re.compile(field_name.encode("ascii"))
-# Header names found valid, with their lower-case form: the few an application sends, checked
-# once (bounded all the same: past the bound, names are checked every time).
-_NAMES: dict[bytes, bytes] = {}
-_MAX_NAMES = 256
-# Headers that make h11 frame, order or close a response itself.
-_FRAMING = frozenset({b"connection", b"transfer-encoding", b"host"})
-_CONTENT_LENGTH = b"content-length"
-# Status codes whose responses have no body whatever their headers say.
-_BODILESS = frozenset({204, 304})
-
-
-def _declared_length(headers: Any) -> bytes | None:
-    """The Content-Length value of an answer this module may write itself: exactly one, no
-    header h11 acts on, every name one h11 accepts."""
-    declared = None
-    try:
-        for name, value in headers:
-            lower = _NAMES.get(name)
-            if lower is None:
-                if _NAME.fullmatch(name) is None:
-                    return None
-                lower = name.lower()
-                if len(_NAMES) < _MAX_NAMES:
-                    _NAMES[name] = lower
-            if lower == _CONTENT_LENGTH:
-                if declared is not None:
-                    return None
-                declared = value
-            elif lower in _FRAMING:
-                return None
-    except (TypeError, ValueError):
-        return None
-    return declared
-
-
-class _Answering:
-    """The ASGI ``send`` of one request cycle (the module's docstring).
-
-    A start whose head declares a length is kept until the next message; when that is the
-    whole body, the answer is written here, else both go to uvicorn's ``send`` in turn."""
-
-    __slots__ = ("cycle", "declared", "protocol", "send", "start")
-
-    def __init__(self, protocol: GuardedH11Protocol, cycle: RequestResponseCycle) -> None:
-        self.protocol = protocol
-        self.cycle = cycle
-        self.send = cycle.send
-        self.start: Any = None
-        self.declared: bytes | None = None
-
-    async def __call__(self, message: Any) -> None:
-        cycle = self.cycle
-        start = self.start
-        if start is None:
-            if message["type"] == "http.response.start" and not cycle.response_started:
-                declared = _declared_length(message.get("headers", ()))
-                if declared is not None:
-                    self.start = message
-                    self.declared = declared
-                    cycle.response_started = True
-                    cycle.waiting_for_100_continue = False
-                    return
-            await self.send(message)
-            return
-        self.start = None
-        if (
-            message["type"] == "http.response.body"
-            and not message.get("more_body", False)
-            and self._write(start, message.get("body", b""))
-        ):
-            return
-        cycle.response_started = False
-        await self.send(start)
-        await self.send(message)
-
-    def _write(self, start: Any, body: Any) -> bool:
-        """Write ``start`` and ``body`` as one answer, as uvicorn and h11 would have written
-        them, and finish the cycle; False (nothing done) when this answer is not one of those."""
-        cycle = self.cycle
-        conn = cycle.conn
-        state = conn._cstate  # noqa: SLF001  # h11's state machine, moved by hand (module docstring)
-        status = start["status"]
-        reason = STATUS_PHRASES.get(status)
-        if (
-            reason is None
-            or status < 200
-            or status in _BODILESS
-            or cycle.disconnected
-            or not cycle.keep_alive
-            or cycle.flow.write_paused
-            or cycle.scope["method"] == "HEAD"
-            or conn.our_state is not h11.SEND_RESPONSE
-            or not state.keep_alive
-            or state.pending_switch_proposals
-            or not isinstance(body, bytes)
-            or self.declared != b"%d" % len(body)
-        ):
-            return False
-        headers = [*cycle.default_headers, *start.get("headers", ())]
-        try:
-            lines = b"\r\n".join(map(b": ".join, headers))
-        except TypeError:
-            return False
-        if _HEADER_LINES.fullmatch(lines) is None or lines.count(b"\r\n") != len(headers) - 1:
-            return False
-        self.protocol.transport.write_answer(
-            b"HTTP/1.1 %d %s\r\n%s\r\n\r\n%s" % (status, reason, lines, body), cycle
-        )
-        # h11's state after it sent the Response, its Data and its EndOfMessage: with the
-        # request read or still being read, only ours moves, to DONE (no writer there).
-        conn.client_is_waiting_for_100_continue = False
-        if conn.their_state is h11.DONE or conn.their_state is h11.SEND_BODY:
-            state.states[h11.SERVER] = h11.DONE
-            conn._writer = None  # noqa: SLF001  # as h11 drops its writer on reaching DONE
-        else:
-            before = dict(state.states)
-            state.process_event(h11.SERVER, h11.Response)
-            state.process_event(h11.SERVER, h11.EndOfMessage)
-            conn._respond_to_state_changes(before)  # noqa: SLF001  # h11's own step after its sends
-        # uvicorn's end of a response.
-        cycle.response_complete = True
-        cycle.message_event.set()
-        if state.states[h11.SERVER] is h11.MUST_CLOSE:
-            conn.send(h11.ConnectionClosed())
-            cycle.transport.close()
-        cycle.on_response()
-        return True
-
 
 class Clients:
     """One server's open connections by client address, each address's oldest first."""
 
     def __init__(self) -> None:
         self.total = 0
-        self._by_address: dict[str, dict[GuardedH11Protocol, None]] = {}
+        self._by_address: dict[str, dict[GuardedProtocol, None]] = {}
 
-    def add(self, address: str, connection: GuardedH11Protocol) -> int:
+    def add(self, address: str, connection: GuardedProtocol) -> int:
         """Count ``connection``; how many ``address`` has now."""
         mine = self._by_address.setdefault(address, {})
         mine[connection] = None
         self.total += 1
         return len(mine)
 
-    def remove(self, address: str, connection: GuardedH11Protocol) -> None:
+    def remove(self, address: str, connection: GuardedProtocol) -> None:
         mine = self._by_address.get(address)
         if mine is not None and mine.pop(connection, False) is None:
             self.total -= 1
@@ -309,7 +181,7 @@ class Clients:
     def count(self, address: str) -> int:
         return len(self._by_address.get(address, ()))
 
-    def evictable(self, newcomer: GuardedH11Protocol, now: float) -> GuardedH11Protocol | None:
+    def evictable(self, newcomer: GuardedProtocol, now: float) -> GuardedProtocol | None:
         """Of the address with the most connections (the next one when that one has none to
         give), the oldest idle connection but ``newcomer``, else the one whose body is furthest
         behind the minimum rate; None when every connection is busy and keeping pace."""
@@ -328,9 +200,9 @@ class Clients:
         return None
 
 
-def protocol_factory(bounds: ConnectionLimits) -> Callable[..., GuardedH11Protocol]:
+def protocol_factory(bounds: ConnectionLimits) -> Callable[..., GuardedProtocol]:
     """What uvicorn's ``http`` setting takes: one shared table of connections per client."""
-    return functools.partial(GuardedH11Protocol, bounds=bounds, clients=Clients())
+    return functools.partial(GuardedProtocol, bounds=bounds, clients=Clients())
 
 
 def refusal(err: ACPError) -> bytes:
@@ -350,7 +222,33 @@ def refusal(err: ACPError) -> bytes:
     return head.encode("ascii") + body
 
 
-class GuardedH11Protocol(H11Protocol):
+# A request line's method and target, as far as this module reads one (``_unknown_method``).
+_REQUEST_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}) (/[!-~]{0,2048}) HTTP/1\.[01]")
+
+
+def _unknown_method(line: bytes) -> ACPError:
+    """The answer to a request whose method httptools does not know, from its request line
+    (empty when not at hand): NOT_FOUND, as the application answers a method no route
+    serves; an unreadable line is an unreadable request."""
+    found = _REQUEST_LINE.fullmatch(line)
+    if found is None:
+        return _unreadable()
+    method = found[1].decode("ascii")
+    path = unquote(found[2].decode("ascii").split("?", 1)[0])
+    return ACPError(
+        ErrorCode.NOT_FOUND, f"{method} is not served on {path}", {"path": path, "method": method}
+    )
+
+
+def _unreadable() -> ACPError:
+    return ACPError(ErrorCode.INVALID_PARAMS, "the request is not valid HTTP/1.1", {"field": "request"})
+
+
+class _HeadersTooLargeError(Exception):
+    """Raised in a parser callback: httptools stops, uvicorn calls ``send_400_response``."""
+
+
+class GuardedProtocol(HttpToolsProtocol):
     """One HTTP/1.1 connection, bounded (the module's docstring)."""
 
     def __init__(
@@ -375,13 +273,19 @@ class GuardedH11Protocol(H11Protocol):
         # by then has until this one to send its headers.
         self._headers_due: float | None = None
         self._timer: asyncio.TimerHandle | None = None
+        # The phase of the request the parser reads, and the bytes received since the last
+        # request's headers ended while the next one's were not (a head httptools still
+        # holds, or one that came in the same read as its end).
+        self.phase = _IDLE
+        self._unparsed = 0
+        self._too_large = False
         self._in_body = False
         # The body under way: when its headers ended (loop time; restarted when the server
         # stopped reading it), the bytes received since, and when its body timeout falls.
         self._body_began = 0.0
         self._body_bytes = 0
         self._body_due = 0.0
-        # Read by its transport (``_Lingering``) too. Bytes dropped since a refusal (0: not
+        # Read by its transport (``_Transport``) too. Bytes dropped since a refusal (0: not
         # refused); the connection is gone (``connection_lost``).
         self.draining = 0
         self.lost = False
@@ -394,10 +298,10 @@ class GuardedH11Protocol(H11Protocol):
 
     # connection ---------------------------------------------------------------------
 
-    transport: _Lingering  # type: ignore[assignment]
+    transport: _Transport  # type: ignore[assignment]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(cast(asyncio.Transport, _Lingering(transport, self)))
+        super().connection_made(_Transport(transport, self))  # type: ignore[arg-type]
         self._client_key = key = self.client[0] if self.client else ""
         clients = self.clients
         # A refused newcomer never holds a place, not even while it lingers.
@@ -415,10 +319,12 @@ class GuardedH11Protocol(H11Protocol):
         self._arm(self.bounds.header_timeout)
 
     def idle(self) -> bool:
-        """No request under way (none sent yet, or between two): closing loses nothing."""
+        """No request under way (none sent yet, or between two; a head not yet whole is no
+        request yet): closing loses nothing."""
+        phase = self.phase
         return (
             self._app_task is None
-            and self.conn.their_state is h11.IDLE
+            and (phase is _IDLE or phase is _HEAD)
             and not (self.draining or self.lost or self.transport.is_closing())
         )
 
@@ -464,8 +370,6 @@ class GuardedH11Protocol(H11Protocol):
         task = asyncio.current_task()
         self._app_task = task
         cycle = getattr(send, "__self__", None)
-        if isinstance(cycle, RequestResponseCycle):
-            send = _Answering(self, cycle)
         try:
             await self._app(scope, receive, send)
         except asyncio.CancelledError:
@@ -500,27 +404,78 @@ class GuardedH11Protocol(H11Protocol):
             if self.draining > _LINGER_BYTES:
                 self.transport.close()
             return
-        if self._in_body:
-            self._body_bytes += len(data)
-        super().data_received(data)
-        self._follow()
-
-    # request phases -----------------------------------------------------------------
-
-    def _follow(self) -> None:
-        """Re-arm the deadline as the request moves on: headers done, body done."""
-        if self.draining or self.transport.is_closing():
+        phase = self.phase
+        if phase is _BODY:
+            if self._in_body:
+                self._body_bytes += len(data)
+        elif phase is not _DONE:
+            self._unparsed += len(data)
+        # uvicorn's ``data_received`` (its keep-alive timer is never set here), except for a
+        # method httptools does not know: h11 took any token, and the application answers a
+        # method no route serves with NOT_FOUND; so does this.
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserInvalidMethodError:
+            line = data.split(b"\r\n", 1)[0] if phase is _IDLE and self._unparsed == len(data) else b""
+            self._refuse(_unknown_method(line))
             return
-        state = self.conn.their_state
-        if state is h11.SEND_BODY and not self._in_body:
-            self._in_body = True
-            now = self.loop.time()
-            self._body_began, self._body_bytes = now, 0
-            self._body_due = now + self.bounds.body_timeout
-            self._arm(min(self.bounds.body_timeout, self.bounds.min_body_rate_grace))
-        elif state is not h11.IDLE and state is not h11.SEND_BODY:
-            self._in_body = False
-            self._disarm()
+        except httptools.HttpParserError:
+            self.logger.warning("Invalid HTTP request received.")
+            self.send_400_response("Invalid HTTP request received.")
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        phase = self.phase
+        if phase is _BODY:
+            if not self._in_body and not (self.draining or self.transport.is_closing()):
+                self._begin_body()
+        elif (
+            phase is not _DONE
+            and self._unparsed > self.bounds.max_header_bytes
+            and not (self.draining or self.transport.is_closing())
+        ):
+            self._refuse(self._headers_too_large())
+
+    # request phases (httptools' callbacks) --------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.phase = _HEAD
+
+    def on_headers_complete(self) -> None:
+        self.phase = _BODY
+        limit = self.bounds.max_header_bytes
+        if self._unparsed > limit:
+            # A head that came whole with more than the limit (in one read): its own size.
+            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+            if size > limit:
+                self._too_large = True
+                raise _HeadersTooLargeError
+        self._unparsed = 0
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_body = False
+        cycle = self.cycle
+        if cycle is not None and cycle.response_complete:
+            # Answered before its body was all read (the rest was dropped): idle now.
+            self.phase = _IDLE
+            if not self.transport.is_closing():
+                self._idle_deadline()
+        else:
+            self.phase = _DONE
+            self._due = self._headers_due = None  # _disarm, on every request's path
+
+    def _begin_body(self) -> None:
+        self._in_body = True
+        now = self.loop.time()
+        self._body_began, self._body_bytes = now, 0
+        self._body_due = now + self.bounds.body_timeout
+        self._arm(min(self.bounds.body_timeout, self.bounds.min_body_rate_grace))
 
     def on_response_complete(self) -> None:
         """uvicorn's, except for its keep-alive timer (a TimerHandle made and cancelled per
@@ -529,26 +484,32 @@ class GuardedH11Protocol(H11Protocol):
         self._in_body = False
         if self.transport.is_closing():
             return
-        self._unset_keepalive_if_required()
-        self._arm(self.timeout_keep_alive)
-        self._headers_due = cast(float, self._due) + self.bounds.header_timeout
         self.flow.resume_reading()
-        # Unblock a pipelined request (nothing received yet: the next data_received reads it).
-        if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
-            self.conn.start_next_cycle()
-            if self.conn.trailing_data[0]:
-                self.handle_events()
-        self._follow()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            if self.phase is _DONE:
+                self.phase = _IDLE
+            self._headers_due = self._arm(self.timeout_keep_alive) + self.bounds.header_timeout
+        if self.phase is _BODY and not self.draining:
+            # Answered while its body still comes: the rest keeps its own pace.
+            self._begin_body()
 
-    def _arm(self, seconds: float) -> None:
+    def _idle_deadline(self) -> None:
+        self._headers_due = self._arm(self.timeout_keep_alive) + self.bounds.header_timeout
+
+    def _arm(self, seconds: float) -> float:
+        """Move the deadline to ``seconds`` from now; the deadline."""
         self._headers_due = None
         due = self._due = self.loop.time() + seconds
         timer = self._timer
         if timer is not None:
             if timer.when() <= due:
-                return
+                return due
             timer.cancel()
         self._timer = self.loop.call_at(due, self._check)
+        return due
 
     def _disarm(self) -> None:
         self._due = None
@@ -571,16 +532,16 @@ class GuardedH11Protocol(H11Protocol):
         its last response (or at all) is closed."""
         if self.transport.is_closing() or self.draining:
             return
-        state = self.conn.their_state
-        if state is h11.IDLE and not self.conn.trailing_data[0]:
+        phase = self.phase
+        if phase is _IDLE:
             self.transport.close()
-        elif state is h11.IDLE and self._headers_due is not None:
+        elif phase is _HEAD and self._headers_due is not None:
             self._due, self._headers_due = self._headers_due, None
             self._timer = self.loop.call_at(self._due, self._check)
-        elif state is h11.SEND_BODY and (self.loop.time() < self._body_due or self.flow.read_paused):
+        elif phase is _BODY and (self.loop.time() < self._body_due or self.flow.read_paused):
             self._pace()
-        elif state is h11.IDLE or state is h11.SEND_BODY:
-            headers = state is h11.IDLE
+        elif phase is _HEAD or phase is _BODY:
+            headers = phase is _HEAD
             seconds = self.bounds.header_timeout if headers else self.bounds.body_timeout
             self._refuse(
                 ACPError(
@@ -637,13 +598,11 @@ class GuardedH11Protocol(H11Protocol):
         )
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to a request h11 cannot read: an envelope instead."""
-        if len(self.conn.trailing_data[0]) > self.bounds.max_header_bytes:
+        """uvicorn's answer to a request httptools cannot read: an envelope instead."""
+        if self._too_large:
             self._refuse(self._headers_too_large())
             return
-        self._refuse(
-            ACPError(ErrorCode.INVALID_PARAMS, "the request is not valid HTTP/1.1", {"field": "request"})
-        )
+        self._refuse(_unreadable())
 
     def _refuse(self, err: ACPError) -> None:
         """Answer ``err`` (unless a response already began), drain for a moment, close."""

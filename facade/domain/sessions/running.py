@@ -15,10 +15,10 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ulid import ULID
 
@@ -35,6 +35,24 @@ from cleveragents.acp.v1 import events_pb2, session_pb2
 
 class _Publisher(Protocol):
     def publish(self, event: events_pb2.Event) -> events_pb2.Event: ...
+
+
+class _Feed(Protocol):
+    def __aiter__(self) -> AsyncIterator[events_pb2.Event]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class _Followed(Protocol):
+    """An event log that also delivers what other processes commit (``EventLog``)."""
+
+    @property
+    def delivered_sequence(self) -> int: ...
+
+    def subscribe(
+        self, *, namespaces: frozenset[str] | None, event_types: Sequence[str] = (), after_sequence: int = 0
+    ) -> _Feed: ...
 
 
 class Sessions(Protocol):
@@ -59,6 +77,7 @@ class Sessions(Protocol):
 
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # How often a runner looks for a stop request left on its lease by another process, and a
 # waiting turn looks again whether the turn before it ended in another process.
@@ -95,6 +114,37 @@ class Running:
 
 # The turn the current task runs for (set in the orchestrator's task only).
 CURRENT: ContextVar[Running | None] = ContextVar("acp_session_turn", default=None)
+
+
+async def fenced(store: Store, running: Running, write: Callable[[Store], T]) -> T | None:
+    """``write`` in a transaction that first checks the turn's run lease is still its
+    runner's (token and expiry, on the store's clock), as every write of a turn is: a runner
+    frozen past its lease and taken over (SIGSTOP, a long GC pause) stores nothing more when
+    it wakes. None, and the turn asked to stop, when the lease is lost or a stop was asked."""
+    if running.stop.done():
+        return None
+
+    def guarded(s: Store) -> T:
+        s.check_lease(turns.run_lease(running.session_id), running.token)
+        return write(s)
+
+    try:
+        return await store.write(guarded)
+    except LeaseLostError:
+        running.request("lost")
+        return None
+
+
+async def still_running(store: Store, running: Running) -> bool:
+    """Whether the turn's runner still holds its lease (a read: before a side effect that
+    cannot share the lease's transaction, such as starting a plan)."""
+    if running.stop.done():
+        return False
+    lease = await store.read(lambda s: s.get_lease(turns.run_lease(running.session_id)))
+    if lease is not None and lease.live and lease.token == running.token:
+        return True
+    running.request("lost")
+    return False
 
 
 @dataclass(frozen=True)
@@ -134,6 +184,10 @@ class TurnRunner:
         self.tasks: set[asyncio.Task[Any]] = set()
         self._beat: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        # Turns of this process waiting for their place, and what wakes them when a turn
+        # ends in another process (a feed of session.turn_completed events).
+        self._waiting = 0
+        self._watcher: asyncio.Task[None] | None = None
         self._closed = False
 
     # tell -----------------------------------------------------------------------------
@@ -216,9 +270,15 @@ class TurnRunner:
     async def _drive(
         self, ctx: CallContext, session_id: str, turn_id: str, orchestrator: Orchestrator
     ) -> session_pb2.TellSessionResponse:
+        waited = False
         try:
             while True:
-                if await self.store.read(lambda _s: self._may_start(session_id, turn_id)):
+                # Taken before looking, so a turn ending while we look still wakes us.
+                changed = self._changed
+                # The first try is the write itself (an idle session's tell, the common
+                # case, starts in one store round trip); a turn that waits then looks with
+                # reads until a write could get anywhere.
+                if not waited or await self.store.read(lambda _s: self._may_start(session_id, turn_id)):
                     got: _Try = await self.store.write(lambda _s: self._try_start(session_id, turn_id))
                     if isinstance(got, _Ended):
                         if got.error is not None:
@@ -226,9 +286,17 @@ class TurnRunner:
                         return got.response
                     if isinstance(got, _Started):
                         break
-                await self._wait()
+                if not waited:
+                    waited = True
+                    self._waiting += 1
+                    self._watch()
+                await self._wait(changed)
         finally:
             self.held.pop(turns.queue_lease(turn_id), None)
+            if waited:
+                self._waiting -= 1
+                if not self._waiting and self._watcher is not None:
+                    self._watcher.cancel()
         return await self._run(ctx, got, orchestrator)
 
     def _may_start(self, session_id: str, turn_id: str) -> bool:
@@ -309,9 +377,34 @@ class TurnRunner:
                 lease = self.store.claim_lease(name, self.owner, self.ttl, steal_token=current.token)
         return lease
 
-    async def _wait(self) -> None:
+    async def _wait(self, changed: asyncio.Event | None = None) -> None:
+        """Until a turn of this process ends, a turn ends in another (``_watch``), or the
+        poll interval passes (what another process's lapsed lease needs)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), POLL_SECONDS)
+            await asyncio.wait_for((changed or self._changed).wait(), POLL_SECONDS)
+
+    def _watch(self) -> None:
+        """While turns wait here, follow the event log's ``session.turn_completed`` events
+        (other processes' too: workers wake each other's followers at once, PostgreSQL
+        replicas through LISTEN/NOTIFY), so a turn queued behind one that ends elsewhere
+        starts at once instead of at the next poll."""
+        events = self.sessions.events
+        if self._closed or not isinstance(events, _Followed):
+            return
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._watching(events))
+
+    async def _watching(self, events: _Followed) -> None:
+        feed = events.subscribe(
+            namespaces=None, event_types=["session.turn_completed"], after_sequence=events.delivered_sequence
+        )
+        try:
+            async for _ in feed:
+                self._changed_now()
+        except ACPError:
+            pass  # the feed ended (its queue overflowed, the log closed): the poll remains
+        finally:
+            feed.close()
 
     def _changed_now(self) -> None:
         """Wake this process's waiting turns (one of their sessions moved)."""
@@ -625,9 +718,10 @@ class TurnRunner:
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        if self._beat is not None:
-            self._beat.cancel()
-            await asyncio.gather(self._beat, return_exceptions=True)
+        for helper in (self._beat, self._watcher):
+            if helper is not None:
+                helper.cancel()
+                await asyncio.gather(helper, return_exceptions=True)
         held = dict(self.held)
         if held:
             with contextlib.suppress(Exception):

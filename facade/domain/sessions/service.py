@@ -49,7 +49,7 @@ from cleveragents.acp.facade.domain.sessions.records import (
     set_now,
     to_record,
 )
-from cleveragents.acp.facade.domain.sessions.running import CURRENT, TurnRunner
+from cleveragents.acp.facade.domain.sessions.running import CURRENT, TurnRunner, fenced, still_running
 from cleveragents.acp.facade.store.base import (
     ListQuery,
     Record,
@@ -111,10 +111,12 @@ def label_problem(labels: Mapping[str, str]) -> tuple[str, str] | None:
 
 class _TurnPlans:
     """The plan starter a session's orchestrators get: it notes each plan on the turn
-    that started it (``Turn.plan_ids``), even when the turn is stopped before it replies."""
+    that started it (``Turn.plan_ids``), even when the turn is stopped before it replies.
+    A turn that was stopped or taken over (its runner frozen past its lease) starts none."""
 
-    def __init__(self, starter: PlanStarter) -> None:
+    def __init__(self, starter: PlanStarter, store: Store) -> None:
         self.starter = starter
+        self.store = store
 
     async def start_plan(
         self,
@@ -126,10 +128,17 @@ class _TurnPlans:
         session_id: str,
         inputs: dict[str, Any],
     ) -> plan_pb2.Plan:
+        running = CURRENT.get()
+        if running is not None and not await still_running(self.store, running):
+            raise ACPError(
+                ErrorCode.INVALID_STATE,
+                f"turn {running.turn_id} was stopped or taken over by another process; it starts no plan",
+                {"session_id": session_id, "turn_id": running.turn_id},
+                refinement="TURN_FINISHED",
+            )
         plan = await self.starter.start_plan(
             ctx, namespace=namespace, action=action, project=project, session_id=session_id, inputs=inputs
         )
-        running = CURRENT.get()
         if running is not None:
             running.plan_ids.append(plan.meta.id)
         return plan
@@ -154,7 +163,7 @@ class Sessions:
         self.pages = paging.Pager(store)
         self.plan_cancel = plan_cancel
         self.runner = TurnRunner(self)
-        builtin = BuiltinOrchestrator(registries, _TurnPlans(plan_starter) if plan_starter else None)
+        builtin = BuiltinOrchestrator(registries, _TurnPlans(plan_starter, store) if plan_starter else None)
         # Actor provider -> the orchestrator that runs sessions of actors of that provider.
         self.orchestrators: dict[str, Orchestrator] = {BuiltinOrchestrator.provider: builtin}
         if models is not None:
@@ -177,16 +186,16 @@ class Sessions:
         turn_id = running.turn_id if running is not None else ""
 
         async def emit(index: int, text: str) -> None:
-            if running is not None:
-                running.text.setdefault(turn, []).append(text)
             delta = events_pb2.TextDelta(actor=actor, turn=turn, index=index, text=text, turn_id=turn_id)
-            await self.events.append(
-                [
-                    events_pb2.Event(
-                        namespace=session.meta.namespace, session_id=session.meta.id, session_text_delta=delta
-                    )
-                ]
+            event = events_pb2.Event(
+                namespace=session.meta.namespace, session_id=session.meta.id, session_text_delta=delta
             )
+            if running is None:
+                await self.events.append([event])
+                return
+            # Fenced like the turn's replies: a stopped or taken-over turn streams no more.
+            if await fenced(self.store, running, lambda _s: self.events.publish(event)) is not None:
+                running.text.setdefault(turn, []).append(text)
 
         return emit
 

@@ -3,6 +3,7 @@ a streamed reply that starts a plan, slash commands, the history within the budg
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pathlib
 from collections.abc import AsyncIterator
@@ -14,9 +15,10 @@ from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.facade.factory import open_facade
 from cleveragents.acp.v1 import plan_pb2, session_pb2
+from tests.conformance.test_turns import held
 from tests.facade.plans.helpers import plan_events, wait_for
 from tests.facade.plans.model_world import KEY, KEY_ENV, model_world
-from tests.fake_openai import FakeOpenAI, error, turn
+from tests.fake_openai import FakeOpenAI, error, eventually, turn
 
 
 @pytest.fixture
@@ -158,3 +160,31 @@ async def test_a_session_without_a_project_offers_no_tool(client: ACPClient, fak
     fake.then(turn("Hello!"))
     await tell(client, response.session.meta.id, "hi")
     assert "tools" not in fake.requests[0].body
+
+
+@pytest.mark.parametrize("cancel_plans", [False, True])
+async def test_cancelling_a_turn_leaves_its_plans_alone_unless_asked(
+    client: ACPClient, fake: FakeOpenAI, cancel_plans: bool
+) -> None:
+    """session.cancel_turn of a turn that started a plan and is still answering: the turn
+    ends cancelled naming the plan; the plan keeps its state unless ``cancel_plans``."""
+    fake.then(
+        turn("Starting.", [("start_plan", {"action": "act", "inputs": {"word": "old"}, "reason": "asked"})]),
+        held("Never finished.", asyncio.Event()),
+    )
+    session_id = await session_of(client)
+    started = await client.call("session.tell", session_id=session_id, content="rename old", background=True)
+    assert isinstance(started, session_pb2.TellSessionResponse)
+    # The plan is started and the model's answer to its result is in flight.
+    await eventually(lambda: len(fake.requests) == 2)
+    cancelled = await client.call(
+        "session.cancel_turn", session_id=session_id, turn_id=started.turn.id, cancel_plans=cancel_plans
+    )
+    assert isinstance(cancelled, session_pb2.CancelTurnResponse)
+    assert cancelled.turn.state == session_pb2.TURN_STATE_CANCELLED
+    (plan_id,) = cancelled.turn.plan_ids
+    status = await client.call("plan.status", plan_id=plan_id)
+    assert isinstance(status, plan_pb2.GetPlanStatusResponse)
+    expected = plan_pb2.PLAN_STATE_CANCELLED if cancel_plans else plan_pb2.PLAN_STATE_PENDING
+    assert status.plan.state == expected
+    assert status.plan.session_id == session_id

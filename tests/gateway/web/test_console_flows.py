@@ -5,10 +5,12 @@ registry form's field errors, and what users or models wrote staying text."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
 import pathlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +20,7 @@ import pytest
 from tests.facade.plans.model_world import KEY, KEY_ENV
 from tests.fake_openai import FakeOpenAI, turn
 from tests.gateway.web.conftest import Console, watch
-from tests.server_process import Children, Tokens, start_server
+from tests.server_process import Children, ServerProcess, Tokens, start_server
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -292,51 +294,71 @@ def test_the_consoles_action_table_is_the_servers() -> None:
     assert {verb: sorted(pairs) for verb, pairs in table.items()} == expected
 
 
+@dataclasses.dataclass
+class ModelChat:
+    """A server whose session ``session_id`` has a model orchestrator on the fake server,
+    and a signed-in page on its chat with the live feed up."""
+
+    server: ServerProcess
+    token: str
+    session_id: str
+    page: Any
+    problems: list[str]
+
+    def call(self, operation: str, params: dict[str, Any]) -> Any:
+        answer = httpx.post(
+            self.server.http + "/api/v1/acp",
+            json={"operation": operation, "params": params},
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=30,
+        ).json()
+        assert answer["status"] == "ok", answer["error"]
+        return answer["data"]
+
+
+@contextlib.contextmanager
+def model_chat(
+    browser: Any, tmp_path: pathlib.Path, children: Children, fake: FakeOpenAI
+) -> Iterator[ModelChat]:
+    tokens = Tokens.create(tmp_path)
+    flags = ["--model-endpoint", fake.base_url, "--model-key-env", KEY_ENV]
+    server = children.server(
+        start_server(tmp_path, *flags, tokens=tokens.path, env={**os.environ, KEY_ENV: KEY})
+    )
+    chat = ModelChat(server, tokens.tokens["alice"], "", None, [])
+    model = {"provider": "openai", "model": "fake-model", "base_url": fake.base_url, "api_key_env": KEY_ENV}
+    chat.call("actor.add", {"name": "chat", "spec": model})
+    created = chat.call("session.create", {"title": "Streamed", "orchestrator": "chat"})
+    chat.session_id = created["session"]["meta"]["id"]
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    chat.page = page = context.new_page()
+    page.set_default_timeout(20_000)
+    watch(page, chat.problems)
+    try:
+        page.goto(server.http + "/")
+        page.fill("#token", chat.token)
+        page.click("#sign-in button[type=submit]")
+        page.wait_for_selector("#nav:not([hidden])")
+        page.wait_for_selector("#status[data-state=live]")
+        page.goto(server.http + f"/#/sessions/{chat.session_id}")
+        page.wait_for_selector("#tell")
+        yield chat
+    finally:
+        context.close()
+    assert server.stop() == 0, server.stderr()
+
+
 def test_a_model_reply_streams_into_the_chat(
     browser: Any, tmp_path: pathlib.Path, children: Children, fake: FakeOpenAI
 ) -> None:
     """docs/console.md promised replies token by token once model actors existed; they
     arrived whole. The model's answer is held halfway: the text sent so far shows, then the
     stored reply takes its place, once."""
-    tokens = Tokens.create(tmp_path)
-    flags = ["--model-endpoint", fake.base_url, "--model-key-env", KEY_ENV]
-    server = children.server(
-        start_server(tmp_path, *flags, tokens=tokens.path, env={**os.environ, KEY_ENV: KEY})
-    )
-    model = {"provider": "openai", "model": "fake-model", "base_url": fake.base_url, "api_key_env": KEY_ENV}
-    auth = {"Authorization": f"Bearer {tokens.tokens['alice']}"}
-
-    def call(operation: str, params: dict[str, Any]) -> Any:
-        answer = httpx.post(
-            server.http + "/api/v1/acp",
-            json={"operation": operation, "params": params},
-            headers=auth,
-            timeout=30,
-        ).json()
-        assert answer["status"] == "ok", answer["error"]
-        return answer["data"]
-
-    call("actor.add", {"name": "chat", "spec": model})
-    session_id = call("session.create", {"title": "Streamed", "orchestrator": "chat"})["session"]["meta"][
-        "id"
-    ]
     release = asyncio.Event()
     # Chunks: the role, "Hello ", "there ", (held) "friend", the finish, the usage.
     fake.then(dataclasses.replace(turn("Hello there friend", pieces=3), hold=release, hold_after=3))
-
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
-    page = context.new_page()
-    page.set_default_timeout(20_000)
-    problems: list[str] = []
-    watch(page, problems)
-    try:
-        page.goto(server.http + "/")
-        page.fill("#token", tokens.tokens["alice"])
-        page.click("#sign-in button[type=submit]")
-        page.wait_for_selector("#nav:not([hidden])")
-        page.wait_for_selector("#status[data-state=live]")
-        page.goto(server.http + f"/#/sessions/{session_id}")
-        page.wait_for_selector("#tell")
+    with model_chat(browser, tmp_path, children, fake) as chat:
+        page = chat.page
         page.fill("#message-input", "hi")
         page.click("#tell button[type=submit]")
         page.wait_for_function(
@@ -350,7 +372,50 @@ def test_a_model_reply_streams_into_the_chat(
         )
         page.wait_for_selector("#messages li.streaming", state="detached")
         assert len(page.query_selector_all("#messages li.orchestrator")) == 1
-        assert problems == []
-    finally:
-        context.close()
-    assert server.stop() == 0, server.stderr()
+        assert chat.problems == []
+
+
+def test_a_turn_shows_its_state_cancels_and_sends_once(
+    browser: Any, tmp_path: pathlib.Path, children: Children, fake: FakeOpenAI
+) -> None:
+    """Issue 33's console: each turn's state on its message, a Cancel button while it runs
+    (session.cancel_turn closes the model's stream), and a double Enter sends once."""
+    release = asyncio.Event()
+    fake.then(
+        dataclasses.replace(turn("Never finished", pieces=3), hold=release, hold_after=2), turn("Answer two.")
+    )
+    with model_chat(browser, tmp_path, children, fake) as chat:
+        page = chat.page
+        page.fill("#message-input", "Q1")
+        page.press("#message-input", "Enter")
+        page.press("#message-input", "Enter")
+        running = page.wait_for_selector("#messages li.user .turn[data-state=running]")
+        # Mid-answer: the model's first piece has streamed into the chat.
+        page.wait_for_selector("#messages li.streaming .content:text-is('Never')")
+        assert running.query_selector(".state").text_content() == "running"
+        page.screenshot(path=str(tmp_path / "turn-running.png"), full_page=True)
+        page.click("#messages li.user .turn[data-state=running] button.cancel-turn")
+        page.wait_for_selector("#messages li.user .turn[data-state=cancelled]")
+        assert page.query_selector_all("button.cancel-turn") == []
+        # What it had streamed goes with it.
+        page.wait_for_selector("#messages li.streaming", state="detached")
+        shown = chat.call("session.show", {"session_id": chat.session_id})
+        # One tell reached the server and one model request the fake; its stream was closed.
+        assert [t["state"] for t in shown["turns"]] == ["TURN_STATE_CANCELLED"]
+        assert [m["content"] for m in shown["messages"]] == ["Q1"]
+        assert len(fake.requests) == 1
+        for _ in range(500):
+            if fake.dropped:
+                break
+            time.sleep(0.02)
+        assert fake.dropped == 1
+
+        # The next message runs and succeeds; its reply shows.
+        page.fill("#message-input", "Q2")
+        page.press("#message-input", "Enter")
+        page.wait_for_selector("#messages li.orchestrator .content:text-is('Answer two.')")
+        page.wait_for_selector("#messages li.user:has-text('Q2') .turn[data-state=succeeded]")
+        states = [t.get_attribute("data-state") for t in page.query_selector_all("#messages .turn")]
+        assert states == ["cancelled", "succeeded"]
+        page.screenshot(path=str(tmp_path / "turn-states.png"), full_page=True)
+        assert chat.problems == []

@@ -2,7 +2,8 @@
 
 ``client.call("plan.status", {"plan_id": ...})`` or with a request message;
 ``client.ops.plan.status(plan_id=...)`` reads the same from the catalog;
-``client.subscribe({...})`` yields events.
+``client.subscribe({...})`` yields events; ``client.on({...}, callback)`` hands them to a
+callback, resuming after a reconnect (``contract/listening.py``).
 
 It lives in the contract runtime, beside ``Transport``, because both sides use it: the
 clients over their transports, the gateway for the routes users add (its ``CallerClient``
@@ -15,7 +16,7 @@ The operation called is the one of the major the client's ``acp_version`` names
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 from google.protobuf import message
@@ -24,6 +25,7 @@ from cleveragents.acp.contract import catalog, codec
 from cleveragents.acp.contract.catalog import Catalog, Major, Operation
 from cleveragents.acp.contract.envelope import new_request_id
 from cleveragents.acp.contract.errors import ACPError, ErrorCode
+from cleveragents.acp.contract.listening import EventCallback, Filters, Listener, StateCallback
 from cleveragents.acp.contract.retry import RetryPolicy
 from cleveragents.acp.contract.transport import CallOptions, Transport
 from cleveragents.acp.v1 import events_pb2
@@ -90,6 +92,18 @@ class _Operations:
         return _Group(self._client, group)
 
 
+async def _events_of(items: AsyncIterator[message.Message]) -> AsyncGenerator[events_pb2.Event, None]:
+    try:
+        async for item in items:
+            if not isinstance(item, events_pb2.SubscribeEventsResponse):
+                raise ACPError(ErrorCode.INTERNAL_ERROR, f"unexpected stream item {type(item).__name__}")
+            yield item.event
+    finally:
+        aclose = getattr(items, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
 class ACPClient:
     def __init__(
         self,
@@ -140,17 +154,35 @@ class ACPClient:
     async def subscribe(self, params: Params = None, **fields: Any) -> AsyncIterator[events_pb2.Event]:
         major = self.major
         op = major.operations.get("events.subscribe") or resolve("events.subscribe", major)
-        items = await self.transport.open_stream(op, request_for(op, params, fields), self._options())
+        events = await self.open_events(request_for(op, params, fields))
         try:
-            async for item in items:
-                if not isinstance(item, events_pb2.SubscribeEventsResponse):
-                    raise ACPError(ErrorCode.INTERNAL_ERROR, f"unexpected stream item {type(item).__name__}")
-                yield item.event
+            async for event in events:
+                yield event
         finally:
             # A subscriber that stops early releases the stream (connection, subscription) now.
-            aclose = getattr(items, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await events.aclose()
+
+    async def open_events(
+        self, request: message.Message, *, retry: RetryPolicy | None = None
+    ) -> AsyncGenerator[events_pb2.Event, None]:
+        """The events of a subscription the server has admitted (an error admitting it, such
+        as a wrong token or a server out of reach, is raised here). ``retry`` overrides the
+        client's policy for opening it."""
+        major = self.major
+        op = major.operations.get("events.subscribe") or resolve("events.subscribe", major)
+        options = self._options()
+        if retry is not None:
+            options.retry = retry
+        items = await self.transport.open_stream(op, request, options)
+        return _events_of(items)
+
+    def on(
+        self, filters: Filters, callback: EventCallback, *, on_state: StateCallback | None = None
+    ) -> Listener:
+        """Hand each event matching ``filters`` (the fields of ``events.subscribe``) to
+        ``callback`` from a task of its own, resuming after the last one delivered when the
+        connection comes back; ``await handle.stop()`` ends it (``contract/listening.py``)."""
+        return Listener(self, filters, callback, on_state)
 
     async def close(self) -> None:
         await self.transport.close()

@@ -55,11 +55,12 @@ LOCAL_POLL_SECONDS = 0.5
 PROGRESS_GRACE_SECONDS = 1.0
 
 
-def open_client(conn: Connection) -> ACPClient:
+def open_client(conn: Connection, notify: Callable[[Retrying], None] | None = None) -> ACPClient:
     """The client for the connection; each transport is imported only when used, which
-    keeps the start of a command short."""
+    keeps the start of a command short. ``notify`` is told of each retry (default: a line on
+    stderr)."""
     ca = pathlib.Path(conn.ca_cert).read_bytes() if conn.ca_cert else None
-    retry = retry_policy(conn, _tell_retry)
+    retry = retry_policy(conn, notify or _tell_retry)
     transport: Any
     if conn.server:
         import ssl

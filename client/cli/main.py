@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from cleveragents.acp.client.cli import editor, exits, serve, tokens
+from cleveragents.acp.client.cli import editor, exits, serve, terminal, tokens
 from cleveragents.acp.client.cli.connect import add_options, given_globally
 from cleveragents.acp.contract.errors import TABLE
 
@@ -145,12 +145,12 @@ def command_words(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple
 def _command_modules(words: tuple[str, ...] | None) -> tuple[ModuleType, ...]:
     """The modules whose commands the parser needs: a module of its own alone when the line
     names one of its commands, else all (``calls`` imports the client and the catalog)."""
-    for module in (serve, tokens, editor):
+    for module in (serve, tokens, editor, terminal):
         if words and words[0] in module.NAMES:
             return (module,)
     from cleveragents.acp.client.cli import calls
 
-    return (serve, tokens, editor, calls)
+    return (serve, tokens, editor, terminal, calls)
 
 
 def build_parser(argv: Sequence[str] | None = None) -> Parser:

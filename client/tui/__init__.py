@@ -1,0 +1,5 @@
+"""``agents tui``: the terminal client, built with Textual, over ``ACPClient`` only.
+
+Screens: sessions, a session (history, streamed model text, prompt, cancel of a turn),
+plans, a plan (status, tree, diff, explain, artifacts, actions), events, registries, and
+the place kept for the approvals inbox (docs/tui.md)."""

@@ -133,6 +133,12 @@ _FIELD_HELP: dict[str, str] = {
     "CorrectPlanRequest.text": "the correction, in words, for the actor",
     "TellSessionRequest.background": "answer at once with the queued turn; follow it with session turn",
     "CancelTurnRequest.cancel_plans": "also cancel the plans the turn started",
+    "AddWebhookRequest.disabled": "start disabled (deliveries wait; the cursor stays)",
+    "RotateWebhookSecretRequest.overlap_seconds": "how long the old secret stays valid beside the new one",
+    "UpdateWebhookRequest.url": "the new receiver URL (checked as at add)",
+    "UpdateWebhookRequest.enabled": "deliver (true) or hold deliveries (false); name it in --update-mask",
+    "ReplayWebhookRequest.from_sequence": "deliver again from this event sequence on",
+    "AddWebhookRequest.cursor": "deliver the events after this sequence (default 0: only events from now on)",
 }
 
 

@@ -7,7 +7,7 @@ THIRD_PARTY := .build/third_party
 RELEASED_IMAGE := proto/released/acp-1.2.binpb
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup serve test test-loops browser postgres programs newest-protobuf editor-clients fuzz chaos lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bytecode bench bench-quick bench-tools bench-peer release-image clean
+.PHONY: setup serve test test-loops browser postgres programs newest-protobuf editor-clients node-packages fuzz chaos lint typecheck buf-deps buf-lint buf-breaking gen gen-check import-lint pytest bytecode bench bench-quick bench-tools bench-peer release-image clean
 
 setup: $(STAMP)
 
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/agents serve --state-dir .acp $(SERVE_FLAGS)
 
-test: $(STAMP) browser postgres programs newest-protobuf editor-clients
+test: $(STAMP) browser postgres programs newest-protobuf editor-clients node-packages
 	$(MAKE) --no-print-directory lint typecheck buf-lint gen-check buf-breaking import-lint pytest
 
 # Debian's Chromium for the console tests (Playwright drives it; `playwright install` is
@@ -84,6 +84,17 @@ editor-clients: $(STAMP)
 			&& echo "$$sdk" >.build/zed-acp-sdk/.version; \
 		else echo "!!! test: could not fetch the Zed ACP SDK's sdist (.build/zed-acp-sdk.log): its example-client test will skip (fail under CI=true)"; fi; \
 		rm -rf .build/zed-acp-sdk.tmp; fi
+
+# The npm standardwebhooks package, for the test that runs docs/webhooks.md's Node example
+# (tests/facade/webhooks/test_node_verify.py): into .build/standardwebhooks, never during a
+# test; without it (or Node) that test skips loudly (fails under CI=true).
+STANDARDWEBHOOKS_NODE_VERSION := 1.3.0
+node-packages:
+	@mkdir -p .build
+	@if [ "$$(cat .build/standardwebhooks/.version 2>/dev/null)" = "$(STANDARDWEBHOOKS_NODE_VERSION)" ]; then :; \
+	elif command -v npm >/dev/null && npm install --silent --no-audit --no-fund --prefix .build/standardwebhooks standardwebhooks@$(STANDARDWEBHOOKS_NODE_VERSION) >.build/standardwebhooks.log 2>&1; then \
+		echo "$(STANDARDWEBHOOKS_NODE_VERSION)" >.build/standardwebhooks/.version; \
+	else echo "!!! test: could not install standardwebhooks $(STANDARDWEBHOOKS_NODE_VERSION) from npm (.build/standardwebhooks.log): the Node webhook example test will skip (fail under CI=true)"; fi
 
 # The local PostgreSQL for the PostgreSQL tests (tests/postgres.py): started when it is
 # installed but stopped and we may (root); otherwise those tests skip, which the run says
@@ -152,7 +163,7 @@ pytest: $(STAMP) bytecode
 # The whole suite the other way round from `make test`: in-process tests on uvloop, the
 # servers tests start (agents serve subprocesses) on asyncio's loop. Together with `make
 # test` every test has run on both loops (docs/testing.md).
-test-loops: $(STAMP) bytecode browser postgres programs newest-protobuf editor-clients
+test-loops: $(STAMP) bytecode browser postgres programs newest-protobuf editor-clients node-packages
 	ACP_TEST_LOOP=uvloop ACP_LOOP=asyncio $(BIN)/python -m pytest
 
 # The fuzz tests with many more examples than `make test` runs (ACP_FUZZ_EXAMPLES there: 4).

@@ -10,7 +10,6 @@ import json
 import pathlib
 import random
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 import standardwebhooks
@@ -27,18 +26,6 @@ from cleveragents.acp.facade.store.base import EventFilter
 from cleveragents.acp.v1 import webhook_pb2
 from tests.facade.webhooks.helpers import LOOPBACK_POLICY, delivering, event_log, fast_retries, log_events
 from tests.facade.webhooks.receiver import Received, Receiver
-
-
-@pytest.fixture
-async def served(
-    db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[ServiceFacade, ACPClient]]:
-    fast_retries(monkeypatch)
-    facade = delivering(db_path)
-    client = ACPClient(LocalTransport(facade))
-    yield facade, client
-    await client.close()
-    await facade.close()
 
 
 def _accepted_ids(receiver: Receiver) -> list[str]:

@@ -91,10 +91,23 @@ def watch(page: Any, problems: list[str]) -> None:
 
 
 @pytest.fixture
-def console(browser: Any, tmp_path: pathlib.Path, children: Children) -> Iterator[Console]:
+def server_options() -> tuple[tuple[str, ...], dict[str, str]]:
+    """The console server's extra ``agents serve`` options and environment; a test module
+    overrides it (the webhooks view lets webhooks reach its loopback receiver)."""
+    return (), {}
+
+
+@pytest.fixture
+def console(
+    browser: Any,
+    tmp_path: pathlib.Path,
+    children: Children,
+    server_options: tuple[tuple[str, ...], dict[str, str]],
+) -> Iterator[Console]:
     """Its server belongs to ``children``; the teardown checks that it stops cleanly."""
     tokens = Tokens.create(tmp_path)
-    server = children.server(start_server(tmp_path, tokens=tokens.path))
+    extra, env = server_options
+    server = children.server(start_server(tmp_path, *extra, tokens=tokens.path, env=env))
     context = browser.new_context(viewport={"width": 1280, "height": 860})
     page = context.new_page()
     page.set_default_timeout(20_000)

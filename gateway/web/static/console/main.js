@@ -10,6 +10,7 @@ import { showPlans } from "./views/plans.js";
 import { showRegistries } from "./views/registries.js";
 import { showEvents } from "./views/events.js";
 import { showApprovals, watchInbox } from "./views/approvals.js";
+import { showWebhooks } from "./views/webhooks.js";
 
 const view = document.getElementById("view");
 const nav = document.getElementById("nav");
@@ -25,6 +26,7 @@ const routes = {
   registries: showRegistries,
   events: showEvents,
   approvals: showApprovals,
+  webhooks: showWebhooks,
 };
 
 function startFeed() {

@@ -92,7 +92,7 @@ def details(item: approval_pb2.Approval, show: Display) -> RenderableType:
     """Everything the request says, and what would happen (coloured diff, arguments, argv)."""
     head = Text()
     head.append(f"{item.kind} ", style="bold")
-    head.append(f"{what(item)}\n", style="bold cyan")
+    head.append(what(item), style="bold cyan")
     lines = [
         f"request   {show.id(item.id)} · {enum(approval_pb2.ApprovalState, item.state)}",
         f"plan      {show.id(item.plan_id)}"
@@ -100,24 +100,23 @@ def details(item: approval_pb2.Approval, show: Display) -> RenderableType:
         f"asked by  {item.rule}" + (f" · step {item.step_id}" if item.step_id else ""),
         f"asked at  {show.time(item.create_time)} · expires {show.time(item.expire_time)}"
         + (f" (then {item.fallback})" if item.fallback and item.expire_time.seconds else ""),
-        f"who       {', '.join(item.answerable_by) or '-'}",
+        f"who may   {', '.join(item.answerable_by) or '-'}",
         f"digest    {item.digest}",
     ]
     if item.state != PENDING:
         answer = enum(approval_pb2.ApprovalAnswer, item.answer) if item.answer else "-"
         lines.append(f"answered  {answer} by {item.answered_by or '-'} at {show.time(item.decide_time)}")
-    head.append("\n".join(lines) + "\n")
     parts: list[RenderableType] = [head]
+    # What would happen first (a small terminal shows it without scrolling), then the request.
     if item.kind == "apply":
-        parts.append(Text("the diff:", style="bold"))
-        parts.append(Syntax(item.diff or "(empty)", "diff", theme="ansi_dark", word_wrap=True))
+        parts.append(Syntax(item.diff or "(empty diff)", "diff", theme="ansi_dark", word_wrap=True))
     else:
         if item.command:
-            parts.append(Text("command line:", style="bold"))
-            parts.append(Text("  " + " ".join(item.command)))
+            parts.append(Text("command line: " + " ".join(item.command)))
         args = json_format.MessageToDict(item.args) if item.HasField("args") else {}
         parts.append(Text(f"{item.tool} arguments:", style="bold"))
         parts.append(Syntax(show.text(json.dumps(args, indent=2, sort_keys=True)), "json", theme="ansi_dark"))
+    parts.append(Text("\n" + "\n".join(lines)))
     parts.append(Text("a allow once · A allow always · x reject once · X reject always", style="dim"))
     return Group(*parts)
 
@@ -135,8 +134,8 @@ class ApprovalsScreen(Listing):
     PLACEHOLDER = "/ filter: any text (tool, command, plan, rule)"
     HINT = "a/A allow once/always · x/X reject once/always"
     DEFAULT_CSS = """
-    ApprovalsScreen #rows { height: 1fr; max-height: 10; }
-    ApprovalsScreen #detail { height: 2fr; border-top: solid $accent; }
+    ApprovalsScreen #rows { height: auto; max-height: 8; }
+    ApprovalsScreen #detail { height: 1fr; border-top: solid $accent; }
     """
 
     def __init__(self) -> None:

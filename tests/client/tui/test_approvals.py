@@ -41,7 +41,9 @@ async def careful(client: ACPClient, folder: pathlib.Path) -> None:
         {"id": "greet", "tool": "fs.write", "args": {"path": "hello.txt", "content": "Hello, {{name}}!\n"}}
     ]
     await client.call(
-        "action.add", name="careful", spec={"actor": "scripted", "steps": steps, "automation_profile": "careful"}
+        "action.add",
+        name="careful",
+        spec={"actor": "scripted", "steps": steps, "automation_profile": "careful"},
     )
 
 
@@ -75,7 +77,9 @@ async def test_answering_in_the_inbox_resumes_the_plan_and_another_clients_answe
         await pilot.press("i")
         await until(
             pilot,
-            lambda: isinstance(app.screen, ApprovalsScreen) and app.screen.query_one(DataTable).row_count == 1,
+            lambda: (
+                isinstance(app.screen, ApprovalsScreen) and app.screen.query_one(DataTable).row_count == 1
+            ),
         )
         shown = screen_text(app, "#approval")
         assert "fs.write arguments:" in shown
@@ -99,13 +103,16 @@ async def test_answering_in_the_inbox_resumes_the_plan_and_another_clients_answe
         second = await waiting_plan(other)
         await until(
             pilot,
-            lambda: app.sub_title == "test · 1 approval pending (i)"
-            and app.screen.query_one(DataTable).row_count == 1,
+            lambda: (
+                app.sub_title == "test · 1 approval pending (i)"
+                and app.screen.query_one(DataTable).row_count == 1
+            ),
         )
         screen = app.screen
         assert isinstance(screen, ApprovalsScreen)
         stale = screen.current()
-        assert stale is not None and stale.plan_id == second
+        assert stale is not None
+        assert stale.plan_id == second
         await other.call(
             "approval.answer",
             approval_id=stale.id,
@@ -114,8 +121,9 @@ async def test_answering_in_the_inbox_resumes_the_plan_and_another_clients_answe
         )
         await until(
             pilot,
-            lambda: app.sub_title == "test · no approvals pending"
-            and screen.query_one(DataTable).row_count == 0,
+            lambda: (
+                app.sub_title == "test · no approvals pending" and screen.query_one(DataTable).row_count == 0
+            ),
         )
         assert "nothing waits for an answer" in screen_text(app, "#approval")
         # An answer that comes second (the TUI still had the request) is told who decided.

@@ -108,7 +108,16 @@ class ACPApp(App[None]):
     async def count_pending(self) -> None:
         """Read the pending requests again (at start and after a lost connection); events keep
         the count between reads."""
-        found = await self.approvals.read(self.call)
+        try:
+            found = await self.approvals.read(self.client.call)
+        except ACPError as exc:
+            if isinstance(exc, TransportError) or exc.code in AUTH_CODES:
+                self.report(exc)
+            else:
+                # A server (or --acp-version) without the approval operations: said in the
+                # header, not as an error on every start.
+                self.sub_title = f"{self.where} · approvals not served ({exc.code})"
+            return
         if found is not None:
             self.pending = found
 

@@ -2,4 +2,4 @@
 
 Screens: sessions, a session (history, streamed model text, prompt, cancel of a turn),
 plans, a plan (status, tree, diff, explain, artifacts, actions), events, registries, and
-the place kept for the approvals inbox (docs/tui.md)."""
+the approvals inbox, whose pending count is in the header of every screen (docs/tui.md)."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from google.protobuf import message
+from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.reactive import reactive
@@ -62,6 +63,8 @@ class ACPApp(App[None]):
     }
 
     banner: reactive[str] = reactive("")
+    # Pending approval requests, in the header of every screen (see ``approvals.Pending``).
+    pending: reactive[int] = reactive(0)
 
     def __init__(
         self,
@@ -77,6 +80,7 @@ class ACPApp(App[None]):
         self.show = display or Display()
         self.owns_client = owns_client
         self.sub_title = where
+        self.approvals = approvals.Pending()
         self.events: deque[events_pb2.Event] = deque(maxlen=KEPT_EVENTS)
         self.online = False
         self.listener: Listener | None = None
@@ -94,7 +98,28 @@ class ACPApp(App[None]):
             self.banner = f"cannot connect to {self.where}: {exc}"
             return
         self.listener = self.client.on({}, self._event, on_state=self._state)
+        self.count_pending()
         await self.switch_mode("sessions")
+
+    def watch_pending(self, count: int) -> None:
+        self.sub_title = f"{self.where} · {approvals.count_text(count)}"
+
+    @work(exclusive=True, group="pending")
+    async def count_pending(self) -> None:
+        """Read the pending requests again (at start and after a lost connection); events keep
+        the count between reads."""
+        try:
+            found = await self.approvals.read(self.client.call)
+        except ACPError as exc:
+            if isinstance(exc, TransportError) or exc.code in AUTH_CODES:
+                self.report(exc)
+            else:
+                # A server (or --acp-version) without the approval operations: said in the
+                # header, not as an error on every start.
+                self.sub_title = f"{self.where} · approvals not served ({exc.code})"
+            return
+        if found is not None:
+            self.pending = found
 
     async def on_unmount(self) -> None:
         if self.listener is not None:
@@ -124,6 +149,7 @@ class ACPApp(App[None]):
 
     def _event(self, event: events_pb2.Event) -> None:
         self.events.append(event)
+        self.pending = self.approvals.follow(event)
         for screen in self._every_screen():
             try:
                 screen.on_acp_event(event)
@@ -142,6 +168,7 @@ class ACPApp(App[None]):
         if connected:
             self.banner = ""
             if not was:
+                self.count_pending()
                 for screen in self._every_screen():
                     screen.reconnected()
         elif error is not None:

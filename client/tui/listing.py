@@ -49,6 +49,10 @@ class Listing(Page):
     def open(self, key: str) -> None:
         raise NotImplementedError
 
+    def filters(self) -> dict[str, Any]:
+        """Fields of the list call beside the page (the inbox asks for pending requests)."""
+        return {}
+
     def matches(self, words: list[str], cells: Sequence[str]) -> bool:
         return all(any(word in cell.lower() for cell in cells) for word in words)
 
@@ -68,7 +72,7 @@ class Listing(Page):
         found: list[Any] = []
         token = ""
         while len(found) < MAX_ITEMS:
-            page = await self.acp.call(self.OPERATION, page_size=PAGE, page_token=token)
+            page = await self.acp.call(self.OPERATION, page_size=PAGE, page_token=token, **self.filters())
             if page is None:
                 self.query_one("#status", Static).update(
                     f"could not list the {self.WHAT} (see the message above)"

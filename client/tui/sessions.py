@@ -166,7 +166,6 @@ class SessionScreen(Page):
                 f"{len(self.messages)} messages"
             )
         )
-        self.sub_title = session.title
 
     def on_resize(self) -> None:
         # The history's lines are wrapped when written: again at the new width.

@@ -14,15 +14,17 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import DataTable
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.local import LocalTransport
 from cleveragents.acp.client.tui.app import ACPApp
+from cleveragents.acp.client.tui.approvals import ApprovalsScreen
 from cleveragents.acp.client.tui.modals import KeysScreen
 from cleveragents.acp.client.tui.plans import PlanScreen, PlansScreen
 from cleveragents.acp.client.tui.sessions import SessionScreen
 from cleveragents.acp.facade.factory import open_facade
-from cleveragents.acp.v1 import plan_pb2, session_pb2
+from cleveragents.acp.v1 import approval_pb2, plan_pb2, session_pb2
 from tests.client.tui.helpers import StableDisplay, settle, tour, until
 
 SIZES = [(80, 24), (160, 48)]
@@ -46,6 +48,57 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
             plans = await client.call("plan.list")
             assert isinstance(plans, plan_pb2.ListPlansResponse)
             await client.call("plan.execute", plan_id=plans.plans[0].meta.id, wait=True)
+        finally:
+            await client.close()
+            await facade.close()
+
+    asyncio.run(seed())
+    return folder / "acp.db"
+
+
+@pytest.fixture(scope="module")
+def approvals_db(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The tour's action under a profile that asks before a write and before the apply: one
+    plan waits for its write, another (written, allowed) for its apply, the newest."""
+    folder = tmp_path_factory.mktemp("tui-approvals")
+
+    async def seed() -> None:
+        facade = open_facade(folder / "acp.db")
+        client = ACPClient(LocalTransport(facade))
+        try:
+            await tour(client, folder)
+            await client.call(
+                "automation_profile.add", name="careful", spec={"approval": {"ask": ["fs.write", "apply"]}}
+            )
+            steps = [
+                {"id": "greet", "tool": "fs.write", "args": {"path": "hello.txt", "content": "Hello!\n"}}
+            ]
+            await client.call(
+                "action.add",
+                name="careful",
+                spec={"actor": "scripted", "steps": steps, "automation_profile": "careful"},
+            )
+            made = []
+            for _ in range(2):
+                used = await client.call("plan.use", action="careful", project="demo")
+                assert isinstance(used, plan_pb2.UsePlanResponse)
+                await client.call("plan.execute", plan_id=used.plan.meta.id, wait=True)
+                made.append(used.plan.meta.id)
+            listed = await client.call("approval.list", plan_id=made[0])
+            assert isinstance(listed, approval_pb2.ListApprovalsResponse)
+            await client.call(
+                "approval.answer",
+                approval_id=listed.approvals[0].id,
+                answer=approval_pb2.APPROVAL_ANSWER_ALLOW_ONCE,
+            )
+            async with asyncio.timeout(30):
+                while True:
+                    status = await client.call("plan.status", plan_id=made[0])
+                    assert isinstance(status, plan_pb2.GetPlanStatusResponse)
+                    if status.plan.state == plan_pb2.PLAN_STATE_SUCCEEDED:
+                        break
+                    await asyncio.sleep(0.02)
+            await client.call("plan.apply", plan_id=made[0])
         finally:
             await client.close()
             await facade.close()
@@ -105,6 +158,20 @@ def mode(key: str) -> Callable[[Pilot[None]], Awaitable[None]]:
     return run
 
 
+async def inbox(pilot: Pilot[None]) -> None:
+    await settle(pilot)
+    await pilot.press("i")
+    await until(
+        pilot,
+        lambda: (
+            isinstance(pilot.app.screen, ApprovalsScreen)
+            and pilot.app.screen.query_one("#rows", DataTable).row_count == 2
+            and "2 approvals pending" in pilot.app.sub_title
+        ),
+    )
+    await settle(pilot)
+
+
 async def keys(pilot: Pilot[None]) -> None:
     await plan_tab("1")(pilot)
     await pilot.press("question_mark")
@@ -122,7 +189,7 @@ SCREENS: dict[str, Callable[[Pilot[None]], Awaitable[None]]] = {
     "plan_artifacts": plan_tab("5"),
     "events": mode("e"),
     "registries": mode("r"),
-    "approvals": mode("i"),
+    "approvals": inbox,
     "keys": keys,
 }
 
@@ -130,8 +197,13 @@ SCREENS: dict[str, Callable[[Pilot[None]], Awaitable[None]]] = {
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 @pytest.mark.parametrize("screen", list(SCREENS))
 def test_screen(
-    snap_compare: Callable[..., bool], db: pathlib.Path, screen: str, size: tuple[int, int]
+    snap_compare: Callable[..., bool],
+    request: pytest.FixtureRequest,
+    screen: str,
+    size: tuple[int, int],
 ) -> None:
+    # The inbox is shown with requests waiting (a write and an apply); the other screens have none.
+    db: pathlib.Path = request.getfixturevalue("approvals_db" if screen == "approvals" else "db")
     assert snap_compare(app_for(db), terminal_size=size, run_before=SCREENS[screen])
 
 

@@ -47,9 +47,10 @@ def tour(cli: Cli) -> pathlib.Path:
 
 class Recorder:
     """A Zed ACP client that records every update and answers permission requests with
-    ``allow`` (an option id) or refuses them."""
+    ``allow`` (an option id), refuses them (None: the method is not supported) or fails
+    (``"error"``: an internal error)."""
 
-    def __init__(self, allow: str | None = "apply") -> None:
+    def __init__(self, allow: str | None = "allow") -> None:
         self.updates: list[Any] = []
         self.asked: list[Any] = []
         self.allow = allow
@@ -63,6 +64,8 @@ class Recorder:
         self.asked.append(tool_call)
         if self.allow is None:
             raise RequestError.method_not_found("session/request_permission")
+        if self.allow == "error":
+            raise RequestError.internal_error({"details": "the editor broke"})
         return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=self.allow))
 
     def kinds(self, name: str) -> list[Any]:
@@ -145,7 +148,7 @@ def test_a_prompt_runs_the_tour_and_a_second_bridge_continues_the_session(cli: C
     asyncio.run(_flow(cli))
 
 
-def test_the_sdk_example_client_gets_answers_and_its_refusal_leaves_the_plan_staged(local_cli: Cli) -> None:
+def test_the_sdk_example_client_gets_answers_and_its_refusal_leaves_the_approval_pending(local_cli: Cli) -> None:
     example = SDK_EXAMPLES / "client.py"
     if not example.exists():
         unavailable(f"the Zed ACP SDK's example client (make setup puts it at {example})")
@@ -161,8 +164,43 @@ def test_the_sdk_example_client_gets_answers_and_its_refusal_leaves_the_plan_sta
     )
     assert done.returncode == 0, done.stderr
     assert "| Agent: I am the built-in orchestrator" in done.stdout, done.stdout
-    assert "is staged (no permission was given)" in done.stdout, done.stdout
+    assert "(no answer was given)" in done.stdout, done.stdout
     assert not (site / "hello.txt").exists()
+    _assert_pending(local_cli)
+
+
+def _assert_pending(cli: Cli) -> None:
+    """The plan's apply request was never answered (fail closed): pending, its plan waiting."""
+    approvals = json.loads(cli("approval", "list", "--json").out)["approvals"]
+    assert [(a["kind"], a["state"], a.get("answered_by", "")) for a in approvals] == [
+        ("apply", "APPROVAL_STATE_PENDING", "")
+    ], approvals
+    plans = json.loads(cli("plan", "list", "--json").out)["plans"]
+    assert [p["state"] for p in plans] == ["PLAN_STATE_AWAITING_APPROVAL"], plans
+
+
+async def _failing_client(cli: Cli) -> None:
+    site = tour(cli)
+    recorder = Recorder(allow="error")
+    command = agents_command("editor")
+    async with spawn_agent_process(cast(Client, recorder), *command, env=_bridge_env(cli), cwd=site) as (
+        conn,
+        _,
+    ):
+        await _initialize(conn)
+        created = await conn.new_session(cwd=str(site), mcp_servers=[])
+        answer = await conn.prompt(session_id=created.session_id, prompt=[text_block("/hello name=Ada")])
+        assert answer.stop_reason == "end_turn"
+    assert len(recorder.asked) == 1
+    assert recorder.asked[0].content[0].new_text == "Hello, Ada!\n"
+    texts = "".join(u.content.text for u in recorder.kinds("agent_message_chunk"))
+    assert "waits for approval" in texts, texts
+    assert not (site / "hello.txt").exists()
+
+
+def test_a_client_error_leaves_the_approval_pending(local_cli: Cli) -> None:
+    asyncio.run(_failing_client(local_cli))
+    _assert_pending(local_cli)
 
 
 def _raw(cli: Cli, lines: list[str], *extra: str) -> tuple[list[dict[str, Any]], str]:

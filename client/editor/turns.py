@@ -100,6 +100,8 @@ class PromptTurn:
         self._task: asyncio.Task[Any] | None = None
         # The permission request outstanding now (session/cancel gives it up).
         self._asking: asyncio.Task[Decision | None] | None = None
+        # Set once session/cancel has cancelled the turn and its plans (the prompt answers after).
+        self._cancelled_all = asyncio.Event()
 
     async def send(self, update: Any) -> None:
         await self.editor.session_update(self.session_id, update)
@@ -115,6 +117,7 @@ class PromptTurn:
                 break
             await self._follow_plan(plan_id)
         if self.cancelled:
+            await self._cancelled_all.wait()
             return "cancelled"
         if turn.state == session_pb2.TURN_STATE_FAILED:
             raise RequestError(
@@ -154,6 +157,10 @@ class PromptTurn:
         await self.send(helpers.update_agent_message_text(_paragraph(message.content)))
 
     async def _follow_plan(self, plan_id: str) -> None:
+        if plan_id not in self._plans:
+            # session/cancel cancels every plan the prompt follows (one the turn's messages
+            # did not name too).
+            self._plans.append(plan_id)
         status = await self.client.call("plan.status", plan_id=plan_id)
         plan: plan_pb2.Plan = status.plan  # type: ignore[attr-defined]
         view = PlanView(self.client, plan_id, await self.folders(plan.meta.namespace, plan.project))
@@ -166,6 +173,8 @@ class PromptTurn:
             while not (run_over(view.plan) or staged_for_good(view.plan) or self.cancelled):
                 if awaiting(view.plan):
                     asked = await self._ask(view)
+                    if self.cancelled:
+                        break
                     if asked is not None:
                         if asked.approval is None or (not asked.allowed and asked.approval.kind == "apply"):
                             # Unanswered (it stays pending) or an apply kept staged: nothing
@@ -230,8 +239,14 @@ class PromptTurn:
         """Stop the turn (and the plans it started); the prompt then answers ``cancelled``."""
         self.cancelled = True
         if self._asking is not None:
-            # The client answers the request ``cancelled``; the approval stays pending.
+            # The client answers the request ``cancelled``; the bridge never answers the approval.
             self._asking.cancel()
+        try:
+            await self._cancel_all()
+        finally:
+            self._cancelled_all.set()
+
+    async def _cancel_all(self) -> None:
         if not self.turn_id:
             return
         with contextlib.suppress(ACPError):

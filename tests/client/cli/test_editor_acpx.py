@@ -1,6 +1,7 @@
 """``agents editor`` driven by acpx (npm; ``--format json`` prints the JSON-RPC transcript),
 a Zed ACP client nobody here wrote: the README tour's plan from ``/hello name=Ada`` with
-``--approve-all`` (the file written) and ``--deny-all`` (staged), and a second acpx process
+``--approve-all`` (the file written) and ``--deny-all`` (staged), both answering the server's
+approval request of the apply, and a second acpx process
 continuing the session with ``session/load``. ``make test`` installs acpx (.build/acpx)."""
 
 from __future__ import annotations

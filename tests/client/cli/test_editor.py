@@ -217,6 +217,46 @@ def test_a_client_error_leaves_the_approval_pending(local_cli: Cli) -> None:
     _assert_pending(local_cli)
 
 
+async def _step_approval(cli: Cli) -> None:
+    site = tour(cli)
+    spec = {"auto_execute": True, "auto_apply": True, "approval": {"ask": ["fs.write"]}}
+    cli("automation-profile", "add", "careful", "--spec", json.dumps(spec))
+    recorder = Recorder()
+    command = agents_command("editor")
+    async with spawn_agent_process(cast(Client, recorder), *command, env=_bridge_env(cli), cwd=site) as (
+        conn,
+        _,
+    ):
+        await _initialize(conn)
+        created = await conn.new_session(cwd=str(site), mcp_servers=[])
+        profile = json.dumps({"automation_profile": "careful"})
+        cli(
+            "session",
+            "update",
+            created.session_id,
+            "--session",
+            profile,
+            "--update-mask",
+            "automationProfile",
+        )
+        answer = await conn.prompt(session_id=created.session_id, prompt=[text_block("/hello name=Ada")])
+        assert answer.stop_reason == "end_turn"
+    # The step's request: the tool and its arguments, on the step's own tool call.
+    assert [(c.kind, c.tool_call_id.endswith("/greet")) for c in recorder.asked] == [("edit", True)]
+    text = recorder.asked[0].content[0].content.text
+    assert text.startswith("fs.write "), text
+    assert '"path": "hello.txt"' in text, text
+    assert (site / "hello.txt").read_text() == "Hello, Ada!\n"
+
+
+def test_a_step_approval_is_asked_with_the_tool_and_arguments(local_cli: Cli) -> None:
+    asyncio.run(_step_approval(local_cli))
+    approvals = json.loads(local_cli("approval", "list", "--json").out)["approvals"]
+    assert [(a["kind"], a["tool"], a["answer"]) for a in approvals] == [
+        ("step", "fs.write", "APPROVAL_ANSWER_ALLOW_ONCE")
+    ], approvals
+
+
 async def _cancel_while_asking(cli: Cli) -> None:
     site = tour(cli)
     recorder = Recorder(allow="wait")

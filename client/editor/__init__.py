@@ -3,7 +3,7 @@
 
 ``agent`` maps the Zed ACP methods onto ACP operations; ``turns`` runs a prompt as a background
 turn; ``plans`` shows a plan as a Zed ACP plan and tool calls; ``history`` replays a session;
-``modes`` holds the modes and slash commands; ``permissions`` is the seam where a person allows
-an apply; ``stdio`` keeps stdout for JSON-RPC alone; ``errors`` turns ACP errors into JSON-RPC
+``modes`` holds the modes and slash commands; ``permissions`` asks the person the server's
+approval requests; ``stdio`` keeps stdout for JSON-RPC alone; ``errors`` turns ACP errors into JSON-RPC
 ones. Imports only the client side (``ACPClient``, the contract) and the Zed ACP SDK.
 """

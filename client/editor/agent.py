@@ -10,7 +10,7 @@ caches of what the server says).
 | ``session/new {cwd}`` | ``project.resolve {path: cwd}``, ``session.create`` |
 | ``session/load`` | ``session.show`` (paged), ``plan.status/tree/artifacts/diff`` |
 | ``session/list`` | ``project.resolve``, ``session.list`` |
-| ``session/prompt`` | ``session.tell`` (background), ``events.subscribe`` |
+| ``session/prompt`` | ``session.tell`` (background), ``events.subscribe``, ``approval.list/answer`` |
 | ``session/cancel`` | ``session.cancel_turn`` (with its plans) |
 | ``session/set_mode`` | ``session.update`` (``automation_profile``) |
 """
@@ -47,7 +47,7 @@ from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.editor import modes
 from cleveragents.acp.client.editor.errors import translated
 from cleveragents.acp.client.editor.history import replay
-from cleveragents.acp.client.editor.permissions import ApplyGate, Permissions
+from cleveragents.acp.client.editor.permissions import Permissions, ServerApprovals
 from cleveragents.acp.client.editor.turns import PromptTurn
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.v1 import session_pb2
@@ -91,7 +91,7 @@ class EditorAgent:
     def on_connect(self, conn: Client) -> None:
         self._editor = conn
         if self._permissions is None:
-            self._permissions = ApplyGate(self.client, conn)
+            self._permissions = ServerApprovals(self.client, conn)
 
     @property
     def editor(self) -> Client:

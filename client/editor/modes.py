@@ -5,7 +5,7 @@ ACP 1.3): each names an automation profile of the namespace, made on first use.
 
 | mode | profile | what a plan the session starts does |
 | --- | --- | --- |
-| ``ask`` | ``editor-ask`` | runs, stages its changes, and applies them once the person allows it |
+| ``ask`` | ``editor-ask`` | runs; its apply asks the person first (approval policy ``ask: [apply]``) |
 | ``auto`` | ``editor-auto`` | runs and applies |
 | ``stage`` | ``editor-stage`` | runs and stays staged (``agents plan apply`` applies it) |
 
@@ -18,6 +18,7 @@ docs/sessions.md) and one per action of the namespace (``/hello name=Ada`` is se
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,6 @@ class Mode:
     name: str
     description: str
     spec: dict[str, Any]
-    asks: bool
 
 
 MODES = (
@@ -48,9 +48,9 @@ MODES = (
         "ask",
         "editor-ask",
         "Ask",
-        "Plans run and stage their changes; applying them waits for your permission.",
-        {"auto_execute": True, "auto_apply": False},
-        asks=True,
+        "Plans run; applying their changes waits for your permission.",
+        # The server asks (docs/approvals.md): the apply pauses for an approval request.
+        {"auto_execute": True, "auto_apply": True, "approval": {"ask": ["apply"]}},
     ),
     Mode(
         "auto",
@@ -58,7 +58,6 @@ MODES = (
         "Auto",
         "Plans run and apply their changes.",
         {"auto_execute": True, "auto_apply": True},
-        asks=False,
     ),
     Mode(
         "stage",
@@ -66,7 +65,6 @@ MODES = (
         "Stage",
         "Plans run and stay staged; nothing is applied from here.",
         {"auto_execute": True, "auto_apply": False},
-        asks=False,
     ),
 )
 BY_ID = {mode.id: mode for mode in MODES}
@@ -101,11 +99,29 @@ def state(profile: str) -> SessionModeState:
 async def ensure_profile(client: ACPClient, namespace: str, mode: Mode) -> None:
     """The mode's automation profile exists in the namespace (made now if it does not)."""
     try:
-        await client.call("automation_profile.show", namespace=namespace, name=mode.profile)
-        return
+        shown = await client.call("automation_profile.show", namespace=namespace, name=mode.profile)
     except ACPError as exc:
         if exc.code != "NOT_FOUND":
             raise
+    else:
+        profile = shown.automation_profile  # type: ignore[attr-defined]
+        wanted = list(mode.spec.get("approval", {}).get("ask", []))
+        if list(profile.spec.approval.ask) != wanted or profile.spec.auto_apply != mode.spec["auto_apply"]:
+            # Made by an earlier bridge (before server approvals): brought to the mode's spec.
+            try:
+                await client.call(
+                    "automation_profile.update",
+                    namespace=namespace,
+                    name=mode.profile,
+                    revision=profile.revision,
+                    spec=mode.spec,
+                    update_mask="spec",
+                )
+            except ACPError as exc:
+                sys.stderr.write(
+                    f"agents editor: could not update the profile {mode.profile}: {exc.code}: {exc.message}\n"
+                )
+        return
     try:
         await client.call(
             "automation_profile.add",

@@ -2,7 +2,11 @@
 ``background: true``, the turn's events become ``session/update`` notifications (streamed text
 as ``agent_message_chunk``, replies that did not stream as whole chunks), each plan it starts is
 followed to the end of its run as a ``plan`` and tool calls, and the turn's end is the
-``stopReason``. ``session/cancel`` cancels the turn (and its plans) with ``session.cancel_turn``.
+``stopReason``. A plan ``awaiting_approval`` asks the person (``Permissions``: the request as
+``session/request_permission``, the answer as ``approval.answer``) and is followed on once
+answered; unanswered, it stays waiting and the prompt ends. ``session/cancel`` cancels the
+turn (and its plans) with ``session.cancel_turn``; a permission request outstanding then is
+given up (the approval is never answered by the bridge).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from acp.interfaces import Client
 
 from cleveragents.acp.client.acp_client import ACPClient
 from cleveragents.acp.client.editor import modes
-from cleveragents.acp.client.editor.permissions import Permissions
+from cleveragents.acp.client.editor.permissions import Decision, Permissions
 from cleveragents.acp.client.editor.plans import PlanView
 from cleveragents.acp.contract.errors import ACPError
 from cleveragents.acp.v1 import events_pb2, plan_pb2, session_pb2
@@ -31,6 +35,7 @@ PLAN_EVENTS = [
     "tool.completed",
     "plan.apply_completed",
     "validation.completed",
+    "approval.decided",
 ]
 # A plan that rests (staged, or waiting to be executed) for this long without an event has
 # ended its run: nothing more happens to it without a person.
@@ -49,6 +54,10 @@ def run_over(plan: plan_pb2.Plan) -> bool:
     if plan.state in _ENDED:
         return True
     return plan.phase == plan_pb2.PLAN_PHASE_APPLY and plan.state == plan_pb2.PLAN_STATE_SUCCEEDED
+
+
+def awaiting(plan: plan_pb2.Plan) -> bool:
+    return plan.state == plan_pb2.PLAN_STATE_AWAITING_APPROVAL
 
 
 def resting(plan: plan_pb2.Plan) -> bool:
@@ -89,6 +98,10 @@ class PromptTurn:
         self.cancelled = False
         self._plans: list[str] = []
         self._task: asyncio.Task[Any] | None = None
+        # The permission request outstanding now (session/cancel gives it up).
+        self._asking: asyncio.Task[Decision | None] | None = None
+        # Set once session/cancel has cancelled the turn and its plans (the prompt answers after).
+        self._cancelled_all = asyncio.Event()
 
     async def send(self, update: Any) -> None:
         await self.editor.session_update(self.session_id, update)
@@ -104,6 +117,7 @@ class PromptTurn:
                 break
             await self._follow_plan(plan_id)
         if self.cancelled:
+            await self._cancelled_all.wait()
             return "cancelled"
         if turn.state == session_pb2.TURN_STATE_FAILED:
             raise RequestError(
@@ -143,14 +157,33 @@ class PromptTurn:
         await self.send(helpers.update_agent_message_text(_paragraph(message.content)))
 
     async def _follow_plan(self, plan_id: str) -> None:
+        if plan_id not in self._plans:
+            # session/cancel cancels every plan the prompt follows (one the turn's messages
+            # did not name too).
+            self._plans.append(plan_id)
         status = await self.client.call("plan.status", plan_id=plan_id)
         plan: plan_pb2.Plan = status.plan  # type: ignore[attr-defined]
         view = PlanView(self.client, plan_id, await self.folders(plan.meta.namespace, plan.project))
         await self._refresh(view)
         events: asyncio.Queue[events_pb2.Event | None] = asyncio.Queue()
         pump = asyncio.create_task(self._pump(plan_id, events))
+        # Set when the run stopped at a request the person did not allow (its note was said).
+        told = False
         try:
             while not (run_over(view.plan) or staged_for_good(view.plan) or self.cancelled):
+                if awaiting(view.plan):
+                    asked = await self._ask(view)
+                    if self.cancelled:
+                        break
+                    if asked is not None:
+                        if asked.approval is None or (not asked.allowed and asked.approval.kind == "apply"):
+                            # Unanswered (it stays pending) or an apply kept staged: nothing
+                            # more happens to the plan without a person.
+                            told = True
+                            break
+                        await self._refresh(view)
+                        continue
+                    # None pending (answered elsewhere just now): the plan's events follow.
                 try:
                     event = await asyncio.wait_for(events.get(), REST_SECONDS if resting(view.plan) else None)
                 except TimeoutError:
@@ -167,15 +200,25 @@ class PromptTurn:
         if self.cancelled:
             return
         await self._refresh(view)
-        session = await self.current()
-        mode = modes.BY_PROFILE.get(session.automation_profile, modes.BY_ID["stage"])
-        decision = await self.permissions.settle(self.session_id, view, mode)
+        if not told:
+            await self.send(helpers.update_agent_message_text(_paragraph(outcome(view.plan))))
+
+    async def _ask(self, view: PlanView) -> Decision | None:
+        """Ask the plan's pending request; None when none was (it was answered meanwhile)."""
+        self._asking = asyncio.create_task(self.permissions.ask(self.session_id, view))
+        try:
+            decision = await self._asking
+        except asyncio.CancelledError:
+            if not self.cancelled:
+                raise
+            return None
+        finally:
+            self._asking = None
         if decision is not None:
             await self.send(helpers.update_agent_message_text(_paragraph(decision.note)))
             if decision.mode is not None:
                 await self.send(helpers.update_current_mode(decision.mode.id))
-        else:
-            await self.send(helpers.update_agent_message_text(_paragraph(outcome(view.plan))))
+        return decision
 
     async def _pump(self, plan_id: str, events: asyncio.Queue[events_pb2.Event | None]) -> None:
         try:
@@ -195,6 +238,15 @@ class PromptTurn:
     async def cancel(self) -> None:
         """Stop the turn (and the plans it started); the prompt then answers ``cancelled``."""
         self.cancelled = True
+        if self._asking is not None:
+            # The client answers the request ``cancelled``; the bridge never answers the approval.
+            self._asking.cancel()
+        try:
+            await self._cancel_all()
+        finally:
+            self._cancelled_all.set()
+
+    async def _cancel_all(self) -> None:
         if not self.turn_id:
             return
         with contextlib.suppress(ACPError):
@@ -218,6 +270,8 @@ def outcome(plan: plan_pb2.Plan) -> str:
         return f"Plan {pid} failed: {plan.last_error.code}: {plan.last_error.message}"
     if plan.state in _ENDED:
         return f"Plan {pid} ended {plan_pb2.PlanState.Name(plan.state).removeprefix('PLAN_STATE_').lower()}."
+    if awaiting(plan):
+        return f"Plan {pid} waits for approval: `agents approval list --state pending` shows the request."
     if plan.phase == plan_pb2.PLAN_PHASE_EXECUTE and plan.state == plan_pb2.PLAN_STATE_SUCCEEDED:
         return (
             f"Plan {pid} is staged: `agents plan diff {pid}` shows it, `agents plan apply {pid}` applies it."

@@ -16,7 +16,13 @@ from typing import Any, cast
 
 from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block
 from acp.interfaces import Client
-from acp.schema import AllowedOutcome, ClientCapabilities, Implementation, RequestPermissionResponse
+from acp.schema import (
+    AllowedOutcome,
+    ClientCapabilities,
+    DeniedOutcome,
+    Implementation,
+    RequestPermissionResponse,
+)
 
 from tests.client.cli.conftest import Cli, clean_env
 from tests.needs import ROOT, unavailable
@@ -47,12 +53,16 @@ def tour(cli: Cli) -> pathlib.Path:
 
 class Recorder:
     """A Zed ACP client that records every update and answers permission requests with
-    ``allow`` (an option id) or refuses them."""
+    ``allow`` (an option id), refuses them (None: the method is not supported) or fails
+    (``"error"``: an internal error)."""
 
-    def __init__(self, allow: str | None = "apply") -> None:
+    def __init__(self, allow: str | None = "allow") -> None:
         self.updates: list[Any] = []
         self.asked: list[Any] = []
         self.allow = allow
+        # With ``allow="wait"``: set by the test once it sent session/cancel.
+        self.cancelled = asyncio.Event()
+        self.asking = asyncio.Event()
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
         self.updates.append(update)
@@ -63,6 +73,13 @@ class Recorder:
         self.asked.append(tool_call)
         if self.allow is None:
             raise RequestError.method_not_found("session/request_permission")
+        if self.allow == "wait":
+            self.asking.set()
+            # As the spec asks of a client: after session/cancel, answer ``cancelled``.
+            await self.cancelled.wait()
+            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        if self.allow == "error":
+            raise RequestError.internal_error({"details": "the editor broke"})
         return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=self.allow))
 
     def kinds(self, name: str) -> list[Any]:
@@ -145,7 +162,7 @@ def test_a_prompt_runs_the_tour_and_a_second_bridge_continues_the_session(cli: C
     asyncio.run(_flow(cli))
 
 
-def test_the_sdk_example_client_gets_answers_and_its_refusal_leaves_the_plan_staged(local_cli: Cli) -> None:
+def test_the_sdk_example_client_gets_answers_and_its_refusal_leaves_approval_pending(local_cli: Cli) -> None:
     example = SDK_EXAMPLES / "client.py"
     if not example.exists():
         unavailable(f"the Zed ACP SDK's example client (make setup puts it at {example})")
@@ -161,8 +178,113 @@ def test_the_sdk_example_client_gets_answers_and_its_refusal_leaves_the_plan_sta
     )
     assert done.returncode == 0, done.stderr
     assert "| Agent: I am the built-in orchestrator" in done.stdout, done.stdout
-    assert "is staged (no permission was given)" in done.stdout, done.stdout
+    assert "(no answer was given)" in done.stdout, done.stdout
     assert not (site / "hello.txt").exists()
+    _assert_pending(local_cli)
+
+
+def _assert_pending(cli: Cli) -> None:
+    """The plan's apply request was never answered (fail closed): pending, its plan waiting."""
+    approvals = json.loads(cli("approval", "list", "--json").out)["approvals"]
+    assert [(a["kind"], a["state"], a.get("answered_by", "")) for a in approvals] == [
+        ("apply", "APPROVAL_STATE_PENDING", "")
+    ], approvals
+    plans = json.loads(cli("plan", "list", "--json").out)["plans"]
+    assert [p["state"] for p in plans] == ["PLAN_STATE_AWAITING_APPROVAL"], plans
+
+
+async def _failing_client(cli: Cli) -> None:
+    site = tour(cli)
+    recorder = Recorder(allow="error")
+    command = agents_command("editor")
+    async with spawn_agent_process(cast(Client, recorder), *command, env=_bridge_env(cli), cwd=site) as (
+        conn,
+        _,
+    ):
+        await _initialize(conn)
+        created = await conn.new_session(cwd=str(site), mcp_servers=[])
+        answer = await conn.prompt(session_id=created.session_id, prompt=[text_block("/hello name=Ada")])
+        assert answer.stop_reason == "end_turn"
+    assert len(recorder.asked) == 1
+    assert recorder.asked[0].content[0].new_text == "Hello, Ada!\n"
+    texts = "".join(u.content.text for u in recorder.kinds("agent_message_chunk"))
+    assert "waits for approval" in texts, texts
+    assert not (site / "hello.txt").exists()
+
+
+def test_a_client_error_leaves_the_approval_pending(local_cli: Cli) -> None:
+    asyncio.run(_failing_client(local_cli))
+    _assert_pending(local_cli)
+
+
+async def _step_approval(cli: Cli) -> None:
+    site = tour(cli)
+    spec = {"auto_execute": True, "auto_apply": True, "approval": {"ask": ["fs.write"]}}
+    cli("automation-profile", "add", "careful", "--spec", json.dumps(spec))
+    recorder = Recorder()
+    command = agents_command("editor")
+    async with spawn_agent_process(cast(Client, recorder), *command, env=_bridge_env(cli), cwd=site) as (
+        conn,
+        _,
+    ):
+        await _initialize(conn)
+        created = await conn.new_session(cwd=str(site), mcp_servers=[])
+        profile = json.dumps({"automation_profile": "careful"})
+        cli(
+            "session",
+            "update",
+            created.session_id,
+            "--session",
+            profile,
+            "--update-mask",
+            "automationProfile",
+        )
+        answer = await conn.prompt(session_id=created.session_id, prompt=[text_block("/hello name=Ada")])
+        assert answer.stop_reason == "end_turn"
+    # The step's request: the tool and its arguments, on the step's own tool call.
+    assert [(c.kind, c.tool_call_id.endswith("/greet")) for c in recorder.asked] == [("edit", True)]
+    text = recorder.asked[0].content[0].content.text
+    assert text.startswith("fs.write "), text
+    assert '"path": "hello.txt"' in text, text
+    assert (site / "hello.txt").read_text() == "Hello, Ada!\n"
+
+
+def test_a_step_approval_is_asked_with_the_tool_and_arguments(local_cli: Cli) -> None:
+    asyncio.run(_step_approval(local_cli))
+    approvals = json.loads(local_cli("approval", "list", "--json").out)["approvals"]
+    assert [(a["kind"], a["tool"], a["answer"]) for a in approvals] == [
+        ("step", "fs.write", "APPROVAL_ANSWER_ALLOW_ONCE")
+    ], approvals
+
+
+async def _cancel_while_asking(cli: Cli) -> None:
+    site = tour(cli)
+    recorder = Recorder(allow="wait")
+    command = agents_command("editor")
+    async with spawn_agent_process(cast(Client, recorder), *command, env=_bridge_env(cli), cwd=site) as (
+        conn,
+        _,
+    ):
+        await _initialize(conn)
+        created = await conn.new_session(cwd=str(site), mcp_servers=[])
+        prompt = asyncio.create_task(
+            conn.prompt(session_id=created.session_id, prompt=[text_block("/hello name=Ada")])
+        )
+        await asyncio.wait_for(recorder.asking.wait(), 60)
+        await conn.cancel(session_id=created.session_id)
+        recorder.cancelled.set()
+        answer = await asyncio.wait_for(prompt, 60)
+        assert answer.stop_reason == "cancelled"
+    assert not (site / "hello.txt").exists()
+
+
+def test_session_cancel_while_asking_ends_the_prompt_and_never_answers_the_approval(local_cli: Cli) -> None:
+    asyncio.run(_cancel_while_asking(local_cli))
+    approvals = json.loads(local_cli("approval", "list", "--json").out)["approvals"]
+    # Nobody answered it: the cancel of the plan voids it (docs/approvals.md), the bridge never allows.
+    assert [(a["state"], a["answer"], a["answered_by"]) for a in approvals] == [
+        ("APPROVAL_STATE_VOID", "APPROVAL_ANSWER_UNSPECIFIED", "")
+    ], approvals
 
 
 def _raw(cli: Cli, lines: list[str], *extra: str) -> tuple[list[dict[str, Any]], str]:

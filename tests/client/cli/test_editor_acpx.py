@@ -1,6 +1,7 @@
 """``agents editor`` driven by acpx (npm; ``--format json`` prints the JSON-RPC transcript),
 a Zed ACP client nobody here wrote: the README tour's plan from ``/hello name=Ada`` with
-``--approve-all`` (the file written) and ``--deny-all`` (staged), and a second acpx process
+``--approve-all`` (the file written) and ``--deny-all`` (staged), both answering the server's
+approval request of the apply, and a second acpx process
 continuing the session with ``session/load``. ``make test`` installs acpx (.build/acpx)."""
 
 from __future__ import annotations
@@ -76,6 +77,17 @@ def test_acpx_runs_the_tour_plan_to_a_written_file_or_leaves_it_staged(local_cli
     assert (diff["type"], diff["path"], diff["newText"]) == ("diff", str(site / "hello.txt"), "Hello, Ada!\n")
     ended = [m["result"] for m in transcript if "stopReason" in m.get("result", {})]
     assert ended == [{"stopReason": "end_turn"}], transcript
+    # The answer went to the server's approval request (approval.answer), asked before the apply.
+    approvals = json.loads(local_cli("approval", "list", "--json").out)["approvals"]
+    assert [(a["kind"], a["answer"], a["answered_by"]) for a in approvals] == [
+        (
+            "apply",
+            "APPROVAL_ANSWER_ALLOW_ONCE" if policy == "--approve-all" else "APPROVAL_ANSWER_REJECT_ONCE",
+            "local",
+        )
+    ], approvals
+    assert approvals[0]["digest"].startswith("sha256:")
+    assert approvals[0]["reason"] == "answered in the editor (Zed ACP session/request_permission)"
     if policy == "--approve-all":
         assert (site / "hello.txt").read_text() == "Hello, Ada!\n"
     else:

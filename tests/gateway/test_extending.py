@@ -168,6 +168,10 @@ async def test_an_access_log_never_shows_a_ticket(
     )
     task = asyncio.create_task(server.serve())
     caplog.set_level(logging.INFO, logger="uvicorn.access")
+    # Captured at the logger itself: a uvicorn started earlier in this process with its default
+    # logging config leaves "uvicorn.access" not propagating to the root, where caplog listens.
+    access = logging.getLogger("uvicorn.access")
+    access.addHandler(caplog.handler)
     try:
         for _ in range(500):
             if server.started:
@@ -185,6 +189,7 @@ async def test_an_access_log_never_shows_a_ticket(
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 10)
+        access.removeHandler(caplog.handler)
     lines = [record.getMessage() for record in caplog.records if record.name == "uvicorn.access"]
     assert any("/api/v1/events/stream?plan_id=p2&ticket=[redacted]" in line for line in lines), lines
     assert all(ticket not in line for line in lines)
